@@ -1,0 +1,79 @@
+// Occupancy accounting shared by every stoker queue.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+namespace stoker {
+
+/// What a monitor reads off a queue at one instant.
+struct QueueStats {
+  std::string_view name;
+  std::size_t capacity = 0;
+  std::size_t size = 0;
+  std::chrono::nanoseconds time_empty{0};  ///< total time spent holding nothing
+  std::chrono::nanoseconds time_full{0};   ///< total time spent at capacity
+  std::chrono::nanoseconds lifetime{0};    ///< time since construction
+};
+
+/// Name, capacity, current size and time spent empty and full, for a queue.
+///
+/// The size is kept in one atomic counter that a queue bumps after each insertion and
+/// drops after each removal. Time accounting runs only when the size crosses a boundary
+/// (0 or capacity), so a queue that stays between the two pays one atomic add per
+/// operation and nothing more. Every public method is safe from any thread.
+class QueueMeter {
+ public:
+  QueueMeter(std::string name, std::size_t capacity);
+  QueueMeter(const QueueMeter&) = delete;
+  QueueMeter& operator=(const QueueMeter&) = delete;
+
+  const std::string& name() const noexcept { return name_; }
+  std::size_t capacity() const noexcept { return capacity_; }
+  /// Items held now. Exact when the queue is quiescent, otherwise a recent value.
+  std::size_t size() const noexcept {
+    auto s = size_.load(std::memory_order_relaxed);
+    return s < 0 ? 0 : static_cast<std::size_t>(s);
+  }
+  QueueStats stats() const;
+
+ protected:
+  ~QueueMeter() = default;
+  void count_in() noexcept { crossed(size_.fetch_add(1), +1); }
+  void count_out() noexcept { crossed(size_.fetch_sub(1), -1); }
+  void count_in(std::size_t n) noexcept;
+  void count_out(std::size_t n) noexcept;
+  std::ptrdiff_t raw_size() const noexcept { return size_.load(); }
+
+ private:
+  enum State { kEmpty, kPartial, kFull };
+  using Clock = std::chrono::steady_clock;
+
+  void crossed(std::ptrdiff_t before, std::ptrdiff_t delta) noexcept {
+    const auto after = before + delta;
+    const auto cap = static_cast<std::ptrdiff_t>(capacity_);
+    if (before == 0 || after == 0 || before == cap || after == cap) account();
+  }
+  void account() const noexcept;
+  void integrate_locked() const noexcept;
+
+  const std::string name_;
+  const std::size_t capacity_;
+  std::atomic<std::ptrdiff_t> size_{0};
+
+  // Time accounting. Whoever wins `busy_` classifies the *current* size and charges the
+  // time since the previous classification to the previous state. A thread that loses
+  // the race sets `dirty_` so the winner looks once more before leaving: no crossing is
+  // ever left unaccounted, and no caller waits.
+  mutable std::atomic<bool> dirty_{false};
+  mutable std::atomic_flag busy_ = ATOMIC_FLAG_INIT;
+  mutable State state_ = kEmpty;
+  mutable Clock::time_point since_;
+  mutable Clock::duration in_state_[3]{};
+  const Clock::time_point born_;
+};
+
+}  // namespace stoker

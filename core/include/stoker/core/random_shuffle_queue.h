@@ -1,0 +1,204 @@
+// A queue that hands out its elements in random order (TensorFlow's RandomShuffleQueue).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "stoker/core/queue_meter.h"
+#include "stoker/core/random.h"
+
+namespace stoker {
+
+struct ShuffleOptions {
+  std::size_t capacity = 10000;          ///< most elements held at once
+  std::size_t min_after_dequeue = 2000;  ///< a dequeue leaves at least this many behind
+  std::uint64_t seed = 0;
+};
+
+/// Bounded MPMC queue whose dequeue returns a uniformly random element.
+///
+/// A dequeue waits until more than `min_after_dequeue` elements are held (or the queue is
+/// closed) and takes one of the oldest `min_after_dequeue + 1` held elements, chosen
+/// uniformly at random. When the consumer keeps up with the producers, which is the case
+/// that matters, exactly `min_after_dequeue + 1` are held at each dequeue and this is
+/// TensorFlow's rule. Drawing from the oldest ones rather than from all held elements
+/// makes the output a pure function of the seed and the arrival order, however far the
+/// producers run ahead: with one producer and one consumer, of the seed alone. Elements
+/// past that window wait in arrival order, up to `capacity` in all. After `close()` the
+/// remainder drains in random order. Nothing is lost or repeated.
+///
+/// Every member function is thread-safe except construction and destruction.
+template <class T>
+class RandomShuffleQueue : public QueueMeter {
+ public:
+  RandomShuffleQueue(std::string name, ShuffleOptions options)
+      : QueueMeter(std::move(name), checked(options)),
+        window_size_(options.min_after_dequeue + 1),
+        rng_(options.seed) {
+    window_.reserve(window_size_);
+  }
+
+  std::size_t min_after_dequeue() const noexcept { return window_size_ - 1; }
+
+  /// Waits while full. Returns false, leaving `value` untouched, if the queue is closed.
+  template <class U = T>
+  bool push(U&& value) {
+    std::unique_lock lock(mutex_);
+    not_full_.wait(lock, [&] { return closed_ || held() < capacity(); });
+    return insert(lock, std::forward<U>(value));
+  }
+  template <class U = T>
+  bool try_push(U&& value) {
+    std::unique_lock lock(mutex_);
+    return held() < capacity() && insert(lock, std::forward<U>(value));
+  }
+  template <class U = T, class Rep, class Period>
+  bool push_for(U&& value, std::chrono::duration<Rep, Period> timeout) {
+    std::unique_lock lock(mutex_);
+    return not_full_.wait_for(lock, timeout, [&] { return closed_ || held() < capacity(); }) &&
+           insert(lock, std::forward<U>(value));
+  }
+
+  /// Waits until an element may be dequeued. Returns false once closed and drained.
+  bool pop(T& out) {
+    std::unique_lock lock(mutex_);
+    ready_.wait(lock, [&] { return can_pop(1); });
+    return take(lock, out);
+  }
+  /// Returns false at once when no element may be dequeued yet.
+  bool try_pop(T& out) {
+    std::unique_lock lock(mutex_);
+    return can_pop(1) && take(lock, out);
+  }
+  template <class Rep, class Period>
+  bool pop_for(T& out, std::chrono::duration<Rep, Period> timeout) {
+    std::unique_lock lock(mutex_);
+    return ready_.wait_for(lock, timeout, [&] { return can_pop(1); }) && take(lock, out);
+  }
+
+  /// Appends `n` elements to `out`, the same elements in the same order as `n` calls to
+  /// `pop`. Waits until all `n` may be taken. Once the queue is closed with fewer than `n`
+  /// left, takes them all if `allow_partial`; otherwise takes none, and they stay for a
+  /// later call. Returns how many were appended; 0 means none were.
+  /// `n` may be at most `capacity - min_after_dequeue`, else no call could ever finish.
+  std::size_t pop_many(std::vector<T>& out, std::size_t n, bool allow_partial = true) {
+    check_batch(n);
+    std::unique_lock lock(mutex_);
+    ready_.wait(lock, [&] { return can_pop(n); });
+    return take_many(lock, out, n, allow_partial);
+  }
+  /// `pop_many` that returns 0 at once instead of waiting.
+  std::size_t try_pop_many(std::vector<T>& out, std::size_t n, bool allow_partial = true) {
+    check_batch(n);
+    std::unique_lock lock(mutex_);
+    return can_pop(n) ? take_many(lock, out, n, allow_partial) : 0;
+  }
+
+  /// Idempotent. Wakes every blocked producer and consumer.
+  void close() {
+    {
+      std::lock_guard lock(mutex_);
+      closed_ = true;
+    }
+    not_full_.notify_all();
+    ready_.notify_all();
+  }
+  bool closed() const {
+    std::lock_guard lock(mutex_);
+    return closed_;
+  }
+  /// True once closed and empty: no pop can succeed.
+  bool drained() const {
+    std::lock_guard lock(mutex_);
+    return closed_ && held() == 0;
+  }
+ private:
+  static std::size_t checked(const ShuffleOptions& o) {
+    if (o.capacity == 0) throw std::invalid_argument("shuffle capacity must be at least 1");
+    if (o.min_after_dequeue >= o.capacity)
+      throw std::invalid_argument("shuffle min_after_dequeue (" + std::to_string(o.min_after_dequeue) +
+                                  ") must be less than capacity (" + std::to_string(o.capacity) + ")");
+    return o.capacity;
+  }
+  void check_batch(std::size_t n) const {
+    if (n == 0 || n > capacity() - min_after_dequeue())
+      throw std::invalid_argument("pop_many of " + std::to_string(n) + " from shuffle queue '" + name() +
+                                  "' must be between 1 and capacity - min_after_dequeue = " +
+                                  std::to_string(capacity() - min_after_dequeue()));
+  }
+
+  std::size_t held() const { return window_.size() + backlog_.size(); }
+  // n pops in a row are possible when each leaves min_after_dequeue behind.
+  bool can_pop(std::size_t n) const { return closed_ || held() >= min_after_dequeue() + n; }
+
+  template <class U>
+  bool insert(std::unique_lock<std::mutex>& lock, U&& value) {
+    if (closed_) return false;
+    if (window_.size() < window_size_)
+      window_.emplace_back(std::forward<U>(value));
+    else
+      backlog_.emplace_back(std::forward<U>(value));
+    count_in();
+    const bool wake = can_pop(1);
+    lock.unlock();
+    // notify_all: waiters may want different counts (pop and pop_many).
+    if (wake) ready_.notify_all();
+    return true;
+  }
+
+  // The window's order must not depend on timing: removal is always swap-with-last, and
+  // the backlog's oldest element then arrives at the end, exactly where a push made after
+  // this dequeue would have put it.
+  T take_one() {
+    const auto i = static_cast<std::size_t>(rng_.below(window_.size()));
+    T value = std::move(window_[i]);
+    if (i + 1 != window_.size()) window_[i] = std::move(window_.back());
+    window_.pop_back();
+    if (!backlog_.empty()) {
+      window_.push_back(std::move(backlog_.front()));
+      backlog_.pop_front();
+    }
+    return value;
+  }
+
+  bool take(std::unique_lock<std::mutex>& lock, T& out) {
+    if (held() == 0) return false;  // closed and drained
+    out = take_one();
+    count_out();
+    lock.unlock();
+    not_full_.notify_one();
+    return true;
+  }
+
+  std::size_t take_many(std::unique_lock<std::mutex>& lock, std::vector<T>& out, std::size_t n,
+                        bool allow_partial) {
+    if (held() < n) {
+      if (!allow_partial || held() == 0) return 0;
+      n = held();
+    }
+    out.reserve(out.size() + n);
+    for (std::size_t k = 0; k < n; ++k) out.push_back(take_one());
+    count_out(n);
+    lock.unlock();
+    not_full_.notify_all();
+    return n;
+  }
+
+  const std::size_t window_size_;
+  mutable std::mutex mutex_;
+  std::condition_variable not_full_;
+  std::condition_variable ready_;
+  std::vector<T> window_;  // candidates for the next dequeue, oldest elements first in
+  std::deque<T> backlog_;  // the rest, in arrival order
+  Rng rng_;
+  bool closed_ = false;
+};
+
+}  // namespace stoker

@@ -1,0 +1,228 @@
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <numeric>
+#include <set>
+#include <string>
+
+#include "core/queue_contract.h"
+#include "stoker/core/random_shuffle_queue.h"
+
+using stoker::RandomShuffleQueue;
+using stoker::ShuffleOptions;
+using namespace stoker::test;
+
+namespace {
+
+using Queue = RandomShuffleQueue<std::uint32_t>;
+
+// Pushes 0..n-1 and pops everything, one thread, the consumer keeping up: each pop
+// happens as soon as it is allowed. Returns the output order.
+std::vector<std::uint32_t> shuffle_sequentially(ShuffleOptions o, std::uint32_t n) {
+  Queue q("q", o);
+  std::vector<std::uint32_t> out;
+  std::uint32_t v;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    REQUIRE(q.try_push(i));
+    if (q.try_pop(v)) out.push_back(v);
+  }
+  q.close();
+  while (q.pop(v)) out.push_back(v);
+  return out;
+}
+
+// Same, with a producer and a consumer thread that run at varying speeds.
+std::vector<std::uint32_t> shuffle_threaded(ShuffleOptions o, std::uint32_t n, std::uint64_t jitter_seed) {
+  Queue q("q", o);
+  std::vector<std::uint32_t> out;
+  run_threads(2, [&](int id) {
+    stoker::Rng jitter(jitter_seed + static_cast<std::uint64_t>(id));
+    if (id == 0) {
+      for (std::uint32_t i = 0; i < n; ++i) {
+        REQUIRE(q.push(i));
+        if (jitter.below(64) == 0) std::this_thread::sleep_for(std::chrono::microseconds(jitter.below(200)));
+      }
+      q.close();
+    } else {
+      std::uint32_t v;
+      while (q.pop(v)) {
+        out.push_back(v);
+        if (jitter.below(64) == 0) std::this_thread::sleep_for(std::chrono::microseconds(jitter.below(200)));
+      }
+    }
+  });
+  return out;
+}
+
+bool is_permutation_of_iota(std::vector<std::uint32_t> v, std::uint32_t n) {
+  if (v.size() != n) return false;
+  std::sort(v.begin(), v.end());
+  for (std::uint32_t i = 0; i < n; ++i)
+    if (v[i] != i) return false;
+  return true;
+}
+
+double chi_square(const std::vector<double>& observed, double expected) {
+  double x = 0;
+  for (double o : observed) x += (o - expected) * (o - expected) / expected;
+  return x;
+}
+
+}  // namespace
+
+TEST_SUITE("RandomShuffleQueue") {
+  TEST_CASE("4 producers x 4 consumers: 1,000,000 items arrive exactly once, within the bound" *
+            doctest::timeout(120)) {
+    Queue q("q", {.capacity = 1000, .min_after_dequeue = 200, .seed = 1});
+    check_exactly_once(q, 4, 4, 1'000'000);
+  }
+
+  TEST_CASE("close() wakes blocked producers and consumers within 100 ms" * doctest::timeout(30)) {
+    check_close_wakes_everyone(
+        [] { return std::make_unique<Queue>("q", ShuffleOptions{.capacity = 8, .min_after_dequeue = 3}); });
+  }
+
+  TEST_CASE("each dequeue is uniform over the oldest min_after_dequeue + 1 held elements") {
+    // Model the queue's contents alongside it and record, for every dequeue, the age rank
+    // of the element taken among those held. FIFO always gives rank 0, a queue that
+    // favours recent elements gives high ranks; a fair one gives every rank equally often.
+    constexpr std::size_t kMad = 19;
+    constexpr std::uint32_t kItems = 200'000;
+    Queue q("q", {.capacity = 256, .min_after_dequeue = kMad, .seed = 42});
+    std::set<std::uint32_t> held;
+    std::vector<double> rank_count(kMad + 1, 0.0);
+    std::uint32_t v;
+    std::size_t pops = 0;
+    for (std::uint32_t i = 0; i < kItems; ++i) {
+      REQUIRE(q.try_push(i));
+      held.insert(i);
+      // Let the producer run ahead at times: the window must still be the oldest ones.
+      if (i % 1000 < 900) {
+        while (q.try_pop(v)) {
+          auto it = held.find(v);
+          REQUIRE(it != held.end());
+          const auto rank = static_cast<std::size_t>(std::distance(held.begin(), it));
+          REQUIRE(rank <= kMad);
+          rank_count[rank] += 1;
+          held.erase(it);
+          ++pops;
+        }
+      }
+    }
+    const double expected = static_cast<double>(pops) / (kMad + 1);
+    // 19 degrees of freedom: P(chi2 > 43.8) = 0.001.
+    CHECK(chi_square(rank_count, expected) < 43.8);
+  }
+
+  TEST_CASE("the first dequeue is uniform over the first min_after_dequeue + 1 pushed") {
+    constexpr std::uint32_t kMad = 9;
+    constexpr int kTrials = 20'000;
+    std::vector<double> first(kMad + 1, 0.0);
+    for (int t = 0; t < kTrials; ++t) {
+      Queue q("q", {.capacity = 32, .min_after_dequeue = kMad, .seed = stoker::derive_seed(7, t)});
+      std::uint32_t v = 0;
+      for (std::uint32_t i = 0; i <= kMad; ++i) REQUIRE(q.try_push(i));
+      REQUIRE(q.try_pop(v));
+      first[v] += 1;
+    }
+    // 9 degrees of freedom: P(chi2 > 27.9) = 0.001.
+    CHECK(chi_square(first, kTrials / double(kMad + 1)) < 27.9);
+  }
+
+  TEST_CASE("elements travel about as far as a window of min_after_dequeue + 1 predicts") {
+    // Each element stays in the window a geometric number of dequeues with mean m + 1, so
+    // its mean distance from its input position is close to 2m/e (about 0.74 m).
+    constexpr std::size_t kMad = 500;
+    constexpr std::uint32_t kItems = 100'000;
+    const auto out = shuffle_sequentially({.capacity = 1000, .min_after_dequeue = kMad, .seed = 3}, kItems);
+    REQUIRE(is_permutation_of_iota(out, kItems));
+    double total = 0;
+    for (std::uint32_t pos = 0; pos < kItems; ++pos) total += std::abs(double(out[pos]) - double(pos));
+    const double mean = total / kItems;
+    CHECK(mean > 0.6 * kMad);
+    CHECK(mean < 0.9 * kMad);
+  }
+
+  TEST_CASE("one producer, one consumer: the order is a function of the seed alone" * doctest::timeout(60)) {
+    const ShuffleOptions o{.capacity = 300, .min_after_dequeue = 100, .seed = 11};
+    const auto a = shuffle_threaded(o, 20'000, 1);
+    const auto b = shuffle_threaded(o, 20'000, 2);
+    const auto c = shuffle_sequentially(o, 20'000);
+    REQUIRE(is_permutation_of_iota(a, 20'000));
+    CHECK(a == b);
+    CHECK(a == c);
+    auto other = o;
+    other.seed = 12;
+    CHECK(shuffle_threaded(other, 20'000, 1) != a);
+  }
+
+  TEST_CASE("fewer elements than min_after_dequeue still drain, in random order, after close") {
+    Queue q("q", {.capacity = 1000, .min_after_dequeue = 500, .seed = 5});
+    std::uint32_t v;
+    for (std::uint32_t i = 0; i < 100; ++i) REQUIRE(q.push(i));
+    CHECK_FALSE(q.try_pop(v));  // not enough held yet
+    q.close();
+    std::vector<std::uint32_t> out;
+    while (q.pop(v)) out.push_back(v);
+    CHECK(is_permutation_of_iota(out, 100));
+    CHECK_FALSE(std::is_sorted(out.begin(), out.end()));
+    CHECK(q.drained());
+  }
+
+  TEST_CASE("pop_many takes the same elements in the same order as that many pops") {
+    const ShuffleOptions o{.capacity = 100, .min_after_dequeue = 20, .seed = 9};
+    Queue single("a", o), many("b", o);
+    for (std::uint32_t i = 0; i < 100; ++i) {
+      REQUIRE(single.push(i));
+      REQUIRE(many.push(i));
+    }
+    std::vector<std::uint32_t> by_one, by_many;
+    std::uint32_t v;
+    for (int k = 0; k < 30; ++k) {
+      REQUIRE(single.pop(v));
+      by_one.push_back(v);
+    }
+    CHECK(many.pop_many(by_many, 30) == 30);
+    CHECK(by_one == by_many);
+    CHECK(many.size() == 70);
+  }
+
+  TEST_CASE("pop_many after close: a short final batch is taken or left by option") {
+    Queue q("q", {.capacity = 100, .min_after_dequeue = 10, .seed = 9});
+    for (std::uint32_t i = 0; i < 25; ++i) REQUIRE(q.push(i));
+    std::vector<std::uint32_t> out;
+    CHECK(q.try_pop_many(out, 10) == 10);  // 25 held, 10 may go
+    CHECK(q.try_pop_many(out, 10) == 0);   // 15 held: one more batch would leave 5 < 10
+    q.close();
+    CHECK(q.pop_many(out, 10, false) == 10);
+    CHECK(q.pop_many(out, 10, false) == 0);  // 5 left: not a full batch, left in place
+    CHECK(q.size() == 5);
+    CHECK(q.pop_many(out, 10, true) == 5);
+    CHECK(is_permutation_of_iota(out, 25));
+    CHECK(q.pop_many(out, 10, true) == 0);
+  }
+
+  TEST_CASE("impossible configurations are rejected with a message naming the option") {
+    CHECK_THROWS_WITH_AS(Queue("q", {.capacity = 10, .min_after_dequeue = 10}),
+                         doctest::Contains("min_after_dequeue"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(Queue("q", {.capacity = 0, .min_after_dequeue = 0}), doctest::Contains("capacity"),
+                         std::invalid_argument);
+    Queue q("q", {.capacity = 10, .min_after_dequeue = 4});
+    std::vector<std::uint32_t> out;
+    CHECK_THROWS_WITH_AS(q.pop_many(out, 7), doctest::Contains("capacity - min_after_dequeue"),
+                         std::invalid_argument);
+  }
+
+  TEST_CASE("move-only elements") {
+    RandomShuffleQueue<std::unique_ptr<int>> q("q", {.capacity = 4, .min_after_dequeue = 1});
+    for (int i = 0; i < 4; ++i) REQUIRE(q.push(std::make_unique<int>(i)));
+    q.close();
+    std::vector<std::unique_ptr<int>> out;
+    CHECK(q.pop_many(out, 3) == 3);
+    std::unique_ptr<int> last;
+    CHECK(q.pop(last));
+    int sum = *last;
+    for (auto& p : out) sum += *p;
+    CHECK(sum == 6);
+  }
+}
