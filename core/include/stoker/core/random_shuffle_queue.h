@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -77,6 +78,16 @@ class RandomShuffleQueue : public QueueMeter {
     std::unique_lock lock(mutex_);
     return can_pop(1) && take(lock, out);
   }
+  /// `try_pop` for element types without a default constructor.
+  std::optional<T> try_pop() {
+    std::unique_lock lock(mutex_);
+    if (!can_pop(1) || held() == 0) return std::nullopt;
+    std::optional<T> out(take_one());
+    count_out();
+    lock.unlock();
+    not_full_.notify_one();
+    return out;
+  }
   template <class Rep, class Period>
   bool pop_for(T& out, std::chrono::duration<Rep, Period> timeout) {
     std::unique_lock lock(mutex_);
@@ -118,6 +129,20 @@ class RandomShuffleQueue : public QueueMeter {
   bool drained() const {
     std::lock_guard lock(mutex_);
     return closed_ && held() == 0;
+  }
+  /// True when a pop would not wait: an element may be dequeued, or the queue is drained.
+  bool ready() const {
+    std::lock_guard lock(mutex_);
+    return can_pop(1);
+  }
+  /// Makes a closed, drained queue accept elements again, drawing from a new seed (one
+  /// epoch after another). Throws std::logic_error if the queue is open or not empty.
+  void reopen(std::uint64_t seed) {
+    std::lock_guard lock(mutex_);
+    if (!closed_ || held() != 0)
+      throw std::logic_error("shuffle queue '" + name() + "' can only be reopened when closed and drained");
+    closed_ = false;
+    rng_ = Rng(seed);
   }
  private:
   static std::size_t checked(const ShuffleOptions& o) {

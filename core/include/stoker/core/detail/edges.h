@@ -1,0 +1,252 @@
+// The queues between stages, as stages see them. Internal to the pipeline.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "stoker/core/bounded_queue.h"
+#include "stoker/core/random.h"
+#include "stoker/core/random_shuffle_queue.h"
+
+namespace stoker::detail {
+
+/// An item, or the end-of-epoch marker when `value` is empty. `seq` numbers the items of
+/// an epoch densely from 0 (the marker gets the count); only deterministic mode uses it.
+template <class T>
+struct Envelope {
+  std::optional<T> value;
+  std::uint64_t seq = 0;
+};
+
+enum class Pop { item, empty, closed };
+
+/// Tells when all of an epoch's items have arrived. The end-of-epoch marker carries how
+/// many items were sent before it, because it can overtake some of them: moodycamel keeps
+/// order per producing thread only, and a stage's bodies run on several.
+class ArrivalCount {
+ public:
+  ArrivalCount() = default;
+  /// Not thread-safe: for moving a pipeline that no other thread is using.
+  ArrivalCount(ArrivalCount&& o) noexcept : arrived_(o.arrived_.load()), expected_(o.expected_.load()) {}
+  ArrivalCount& operator=(ArrivalCount&& o) noexcept {
+    arrived_.store(o.arrived_.load());
+    expected_.store(o.expected_.load());
+    return *this;
+  }
+  void item() { arrived_.fetch_add(1); }
+  void marker(std::uint64_t sent) { expected_.store(sent); }
+  bool complete() const { return arrived_.load() == expected_.load(); }
+  void reset() {
+    arrived_.store(0);
+    expected_.store(kUnknown);
+  }
+
+ private:
+  static constexpr std::uint64_t kUnknown = ~std::uint64_t{0};
+  std::atomic<std::uint64_t> arrived_{0};
+  std::atomic<std::uint64_t> expected_{kUnknown};
+};
+
+/// What the pipeline needs of an edge whatever its item type.
+class EdgeBase {
+ public:
+  EdgeBase(std::string producer, std::string consumer)
+      : producer_(std::move(producer)), consumer_(std::move(consumer)) {}
+  virtual ~EdgeBase() = default;
+  /// Starts epoch `epoch`. Called only while no stage is running.
+  virtual void begin_epoch(std::uint32_t epoch) = 0;
+  /// Aborts the stream for good: pops report `closed`, waiters wake.
+  virtual void close() = 0;
+  virtual const QueueMeter& meter() const = 0;
+
+  const std::string& producer() const { return producer_; }
+  const std::string& consumer() const { return consumer_; }
+
+ private:
+  std::string producer_, consumer_;
+};
+
+/// A named, bounded edge of the graph. Stages only ever try: nothing here blocks a
+/// oneTBB worker, except `pop_wait`, which only the consumer's own thread calls.
+template <class T>
+class Edge : public EdgeBase {
+ public:
+  using EdgeBase::EdgeBase;
+
+  /// Moves from `e` only on success. Calls for one epoch arrive in `seq` order in
+  /// deterministic mode (the producer serialises them).
+  virtual bool try_push(Envelope<T>& e) = 0;
+  virtual Pop try_pop(Envelope<T>& e) = 0;
+  /// True when `try_pop` would not return `empty`.
+  virtual bool ready() const = 0;
+  virtual bool has_room() const { return meter().size() < meter().capacity(); }
+};
+
+/// A BoundedQueue edge. In deterministic mode it hands items out in `seq` order: pushes
+/// arrive in order, but moodycamel only keeps order per producing thread, so a pop may
+/// see a later item first and must hold it back.
+template <class T>
+class QueueEdge final : public Edge<T> {
+ public:
+  QueueEdge(std::string name, std::size_t capacity, bool in_order, std::string producer, std::string consumer)
+      : Edge<T>(std::move(producer), std::move(consumer)), queue_(std::move(name), capacity), in_order_(in_order) {}
+
+  bool try_push(Envelope<T>& e) override { return queue_.try_push(std::move(e)); }
+
+  Pop try_pop(Envelope<T>& e) override {
+    if (!in_order_) return queue_.try_pop(e) ? Pop::item : (queue_.drained() ? Pop::closed : Pop::empty);
+    std::lock_guard lock(order_mutex_);
+    return pop_in_order(e, [&](Envelope<T>& x) { return queue_.try_pop(x); });
+  }
+
+  /// Blocking pop for the consumer's thread (the only one popping this edge).
+  bool pop_wait(Envelope<T>& e) {
+    if (!in_order_) return queue_.pop(e);
+    std::lock_guard lock(order_mutex_);
+    return pop_in_order(e, [&](Envelope<T>& x) { return queue_.pop(x); }) == Pop::item;
+  }
+
+  bool ready() const override {
+    if (queue_.size() > 0 || queue_.drained()) return true;
+    if (!in_order_) return false;
+    std::lock_guard lock(order_mutex_);
+    return held_back_.count(next_seq_) != 0;
+  }
+  void begin_epoch(std::uint32_t) override {
+    next_seq_ = 0;
+    held_back_.clear();
+  }
+  void close() override { queue_.close(); }
+  const QueueMeter& meter() const override { return queue_; }
+
+ private:
+  template <class PopFn>
+  Pop pop_in_order(Envelope<T>& e, PopFn pop) {
+    for (;;) {
+      if (auto it = held_back_.find(next_seq_); it != held_back_.end()) {
+        e = std::move(it->second);
+        held_back_.erase(it);
+        ++next_seq_;
+        return Pop::item;
+      }
+      Envelope<T> x;
+      if (!pop(x)) return queue_.drained() ? Pop::closed : Pop::empty;
+      if (x.seq == next_seq_) {
+        e = std::move(x);
+        ++next_seq_;
+        return Pop::item;
+      }
+      held_back_.emplace(x.seq, std::move(x));
+    }
+  }
+
+  BoundedQueue<Envelope<T>> queue_;
+  const bool in_order_;
+  mutable std::mutex order_mutex_;
+  std::uint64_t next_seq_ = 0;
+  std::map<std::uint64_t, Envelope<T>> held_back_;
+};
+
+/// A RandomShuffleQueue edge. The end-of-epoch marker closes the queue so that the
+/// remainder drains; the marker comes out after the last item, and the next epoch
+/// reopens the queue with a seed derived from the pipeline seed and the epoch.
+template <class T>
+class ShuffleEdge final : public Edge<T> {
+ public:
+  ShuffleEdge(std::string name, ShuffleOptions options, std::string producer, std::string consumer)
+      : Edge<T>(std::move(producer), std::move(consumer)),
+        seed_(options.seed),
+        queue_(std::move(name), {options.capacity, options.min_after_dequeue, derive_seed(options.seed, 0)}) {}
+
+  bool try_push(Envelope<T>& e) override {
+    if (!e.value) {
+      queue_.close();
+      return true;
+    }
+    return queue_.try_push(std::move(*e.value));
+  }
+
+  Pop try_pop(Envelope<T>& e) override {
+    std::lock_guard lock(pop_mutex_);  // so that `seq` follows the pop order
+    if (aborted_.load()) return Pop::closed;
+    if (auto value = queue_.try_pop()) {
+      e.value = std::move(value);
+      e.seq = popped_++;
+      return Pop::item;
+    }
+    if (!queue_.drained() || marker_sent_.load()) return Pop::empty;
+    marker_sent_.store(true);
+    e.value.reset();
+    e.seq = popped_;
+    return Pop::item;
+  }
+
+  bool ready() const override { return aborted_.load() || (!marker_sent_.load() && queue_.ready()); }
+  void begin_epoch(std::uint32_t epoch) override {
+    if (epoch != 0) queue_.reopen(derive_seed(seed_, epoch));
+    popped_ = 0;
+    marker_sent_.store(false);
+  }
+  void close() override {
+    aborted_.store(true);
+    queue_.close();
+  }
+  const QueueMeter& meter() const override { return queue_; }
+
+ private:
+  const std::uint64_t seed_;
+  RandomShuffleQueue<T> queue_;
+  std::mutex pop_mutex_;
+  std::uint64_t popped_ = 0;
+  std::atomic<bool> marker_sent_{false};
+  std::atomic<bool> aborted_{false};
+};
+
+/// A stage's output: pushes to the edge when it has room, otherwise parks the envelope
+/// here so the stage's body can return instead of waiting. Envelopes leave in the order
+/// they were emitted. A stage with parked envelopes takes no new input: that is
+/// backpressure, and it bounds what a stage holds to one input's outputs per body.
+template <class T>
+class Output {
+ public:
+  void attach(Edge<T>* edge) { edge_ = edge; }
+  Edge<T>& edge() const { return *edge_; }
+
+  void emit(Envelope<T>&& e) {
+    if (parked_.load() == 0 && edge_->try_push(e)) return;
+    std::lock_guard lock(mutex_);
+    parking_.push_back(std::move(e));
+    parked_.fetch_add(1);
+    flush_locked();
+  }
+  /// Pushes what is parked, as far as the edge has room. True when nothing is left.
+  bool flush() {
+    if (parked_.load() == 0) return true;
+    std::lock_guard lock(mutex_);
+    flush_locked();
+    return parking_.empty();
+  }
+  bool blocked() const { return parked_.load() != 0; }
+  /// Work for the stage: nothing parked, or room for what is.
+  bool can_move() const { return parked_.load() == 0 || edge_->has_room(); }
+
+ private:
+  void flush_locked() {
+    while (!parking_.empty() && edge_->try_push(parking_.front())) {
+      parking_.pop_front();
+      parked_.fetch_sub(1);
+    }
+  }
+
+  Edge<T>* edge_ = nullptr;
+  std::mutex mutex_;
+  std::deque<Envelope<T>> parking_;
+  std::atomic<std::size_t> parked_{0};
+};
+
+}  // namespace stoker::detail

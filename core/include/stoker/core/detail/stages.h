@@ -1,0 +1,349 @@
+// The typed stages: a source, 1 -> k transforms, and a batcher. Internal.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "stoker/core/detail/edges.h"
+#include "stoker/core/detail/runtime.h"
+
+namespace stoker {
+
+/// What a flat_map function emits its outputs through.
+template <class T>
+class Emitter {
+ public:
+  explicit Emitter(std::vector<T>& out) : out_(out) {}
+  void operator()(T value) { out_.push_back(std::move(value)); }
+
+ private:
+  std::vector<T>& out_;
+};
+
+namespace detail {
+
+/// Calls `f(args..., context)` if `f` takes a StageContext last, else `f(args...)`.
+template <class F, class... Args>
+decltype(auto) call_with_context(F& f, const StageContext& ctx, Args&&... args) {
+  if constexpr (std::is_invocable_v<F&, Args..., const StageContext&>)
+    return f(std::forward<Args>(args)..., ctx);
+  else
+    return f(std::forward<Args>(args)...);
+}
+
+/// A stage that emits T into an edge and wakes the stage that pops it.
+template <class T>
+class Producer : public StageBase {
+ public:
+  using StageBase::StageBase;
+  void connect_output(Edge<T>* edge, StageBase* consumer) {
+    out_.attach(edge);
+    downstream_ = consumer;
+  }
+
+ protected:
+  /// Sends an item, numbered `seq` (deterministic mode), or the end-of-epoch marker
+  /// when `e.value` is empty, which then carries the number of items sent this epoch.
+  void emit(Envelope<T>&& e) {
+    if (e.value)
+      sent_.fetch_add(1);
+    else
+      e.seq = sent_.load();
+    out_.emit(std::move(e));
+    if (downstream_) downstream_->wake();
+  }
+  void end_epoch() { emit({std::nullopt, 0}); }
+  /// Pushes what the output holds back. True when nothing is left.
+  bool flush() {
+    if (!out_.blocked()) return true;
+    const bool clear = out_.flush();
+    if (downstream_) downstream_->wake();
+    return clear;
+  }
+  void begin_epoch(std::uint32_t epoch) override {
+    StageBase::begin_epoch(epoch);
+    sent_.store(0);
+  }
+  bool output_blocked() const override { return out_.blocked(); }
+  Output<T> out_;
+
+ private:
+  StageBase* downstream_ = nullptr;  // none for the last stage: the consumer pops
+  std::atomic<std::uint64_t> sent_{0};
+};
+
+/// Calls the user's source until it returns nullopt, which ends the epoch.
+template <class T, class F>
+class SourceStage final : public Producer<T> {
+  using Step = StageBase::Step;
+
+ public:
+  SourceStage(PipelineCore& core, std::string name, F fn) : Producer<T>(core, std::move(name), 1), fn_(std::move(fn)) {}
+
+  void begin_epoch(std::uint32_t epoch) override {
+    Producer<T>::begin_epoch(epoch);
+    exhausted_.store(false);
+    seq_ = 0;
+  }
+
+ protected:
+  Step step() override {
+    if (!this->flush()) return Step::blocked;
+    if (exhausted_.load()) return Step::done;
+    const auto ctx = this->context();
+    std::optional<T> v = this->timed([&] { return call_with_context(fn_, ctx); });
+    if (!v) {
+      exhausted_.store(true);
+      this->end_epoch();
+      return Step::done;
+    }
+    this->count_out();
+    this->emit({std::move(v), seq_++});
+    return this->out_.blocked() ? Step::blocked : Step::progressed;
+  }
+  bool has_work() const override { return this->out_.blocked() ? this->out_.can_move() : !exhausted_.load(); }
+
+ private:
+  F fn_;
+  std::atomic<bool> exhausted_{false};
+  std::uint64_t seq_ = 0;  // touched by one body at a time: the source is serial
+};
+
+/// Restores input order at the output of a stage in deterministic mode. Bodies complete
+/// inputs in any order; outputs leave in input order and are numbered afresh, which a
+/// 1 -> k stage needs. At most `window` inputs may be taken ahead of the oldest one not
+/// yet complete, which bounds what waits here.
+template <class T>
+class Sequencer {
+ public:
+  explicit Sequencer(std::size_t window) : window_(window) {}
+  bool window_full() const { return taken_.load() - released_.load() >= window_; }
+  void taken() { taken_.fetch_add(1); }
+
+  template <class Emit>
+  void complete(std::uint64_t seq, std::vector<T>&& outputs, Emit&& emit) {
+    std::lock_guard lock(mutex_);
+    waiting_.emplace(seq, std::move(outputs));
+    for (auto it = waiting_.begin(); it != waiting_.end() && it->first == next_in_; it = waiting_.erase(it)) {
+      for (auto& v : it->second) emit(Envelope<T>{std::move(v), next_out_++});
+      ++next_in_;
+      released_.fetch_add(1);
+    }
+  }
+  /// Runs `f` in order with the releases.
+  template <class F>
+  void after_all(F&& f) {
+    std::lock_guard lock(mutex_);
+    f();
+  }
+  void reset() {
+    waiting_.clear();
+    next_in_ = next_out_ = 0;
+    taken_.store(0);
+    released_.store(0);
+  }
+
+ private:
+  const std::size_t window_;
+  std::mutex mutex_;
+  std::map<std::uint64_t, std::vector<T>> waiting_;
+  std::uint64_t next_in_ = 0, next_out_ = 0;
+  std::atomic<std::uint64_t> taken_{0}, released_{0};
+};
+
+/// Shared by the stages that pop from an edge.
+template <class In, class Out>
+class Transformer : public Producer<Out> {
+ public:
+  using Producer<Out>::Producer;
+  void connect_input(Edge<In>* edge, StageBase* producer) {
+    in_ = edge;
+    upstream_ = producer;
+  }
+  void begin_epoch(std::uint32_t epoch) override {
+    Producer<Out>::begin_epoch(epoch);
+    arrivals_.reset();
+  }
+
+ protected:
+  /// Pops an item, or reports `empty` (including after the marker) or `closed`.
+  Pop pop(Envelope<In>& e) {
+    for (;;) {
+      const auto r = in_->try_pop(e);
+      if (r != Pop::item) return r;
+      if (upstream_) upstream_->wake_if_blocked();
+      if (e.value) {
+        arrivals_.item();
+        return r;
+      }
+      arrivals_.marker(e.seq);
+    }
+  }
+  /// True once every item of the epoch has been popped.
+  bool input_ended() const { return arrivals_.complete(); }
+  bool input_ready() const { return in_->ready(); }
+
+ private:
+  Edge<In>* in_ = nullptr;
+  StageBase* upstream_ = nullptr;
+  ArrivalCount arrivals_;
+};
+
+/// 1 -> 1 (`map`) or 1 -> k (`flat_map`) on up to `threads` bodies at once.
+template <class In, class Out, class F, bool Flat>
+class TransformStage final : public Transformer<In, Out> {
+  using Step = StageBase::Step;
+
+ public:
+  TransformStage(PipelineCore& core, std::string name, int threads, F fn, bool deterministic)
+      : Transformer<In, Out>(core, std::move(name), threads), fn_(std::move(fn)) {
+    if (deterministic) sequencer_.emplace(2 * static_cast<std::size_t>(threads) + 2);
+  }
+
+  void begin_epoch(std::uint32_t epoch) override {
+    Transformer<In, Out>::begin_epoch(epoch);
+    finished_.store(false);
+    if (sequencer_) sequencer_->reset();
+  }
+
+ protected:
+  Step step() override {
+    if (!this->flush()) return Step::blocked;
+    if (sequencer_ && sequencer_->window_full()) return Step::blocked;
+    // Counted before the pop, so that whoever sees the last item arrive cannot also see
+    // "nothing in process" while this one is on its way.
+    in_process_.fetch_add(1);
+    Envelope<In> e;
+    const auto r = this->pop(e);
+    if (r != Pop::item) {
+      in_process_.fetch_sub(1);
+      maybe_finish();
+      return r == Pop::empty ? Step::starved : Step::done;
+    }
+    if (this->threads() > 1) this->wake();  // a sibling may take the next input
+    this->count_in();
+    if (sequencer_) sequencer_->taken();
+    process(std::move(e));
+    in_process_.fetch_sub(1);
+    maybe_finish();
+    return this->out_.blocked() ? Step::blocked : Step::progressed;
+  }
+
+  bool has_work() const override {
+    if (this->out_.blocked()) return this->out_.can_move();
+    return !(sequencer_ && sequencer_->window_full()) && this->input_ready();
+  }
+
+ private:
+  void process(Envelope<In>&& e) {
+    const auto ctx = this->context();
+    if constexpr (!Flat) {
+      Out out = this->timed([&] { return call_with_context(fn_, ctx, std::move(*e.value)); });
+      this->count_out();
+      if (!sequencer_) return this->emit({std::move(out), 0});
+      std::vector<Out> outputs;
+      outputs.push_back(std::move(out));
+      release(e.seq, std::move(outputs));
+    } else {
+      // Reused, so that the steady state does not allocate per input.
+      thread_local std::vector<Out> outputs;
+      outputs.clear();
+      Emitter<Out> emit(outputs);
+      this->timed([&] { call_with_context(fn_, ctx, std::move(*e.value), emit); });
+      this->count_out(outputs.size());
+      if (!sequencer_) {
+        for (auto& o : outputs) this->emit({std::move(o), 0});
+      } else {
+        release(e.seq, std::move(outputs));
+      }
+    }
+  }
+
+  void release(std::uint64_t seq, std::vector<Out>&& outputs) {
+    sequencer_->complete(seq, std::move(outputs), [&](Envelope<Out>&& o) { this->emit(std::move(o)); });
+    if (this->threads() > 1) this->wake();  // the window may have room again
+  }
+
+  // Sends the marker once every item has arrived and been processed. Any body may be
+  // the one to see both, so every body asks after each item and after an empty pop.
+  void maybe_finish() {
+    if (!this->input_ended() || in_process_.load() != 0 || finished_.exchange(true)) return;
+    if (sequencer_)
+      sequencer_->after_all([&] { this->end_epoch(); });
+    else
+      this->end_epoch();
+  }
+
+  F fn_;
+  std::optional<Sequencer<Out>> sequencer_;
+  std::atomic<int> in_process_{0};
+  std::atomic<bool> finished_{false};
+};
+
+/// Groups `size` items into a std::vector; serial. The last batch of an epoch may be
+/// smaller, or dropped.
+template <class T>
+class BatchStage final : public Transformer<T, std::vector<T>> {
+  using Step = StageBase::Step;
+
+ public:
+  BatchStage(PipelineCore& core, std::string name, std::size_t size, bool drop_remainder)
+      : Transformer<T, std::vector<T>>(core, std::move(name), 1), size_(size), drop_remainder_(drop_remainder) {
+    batch_.reserve(size_);
+  }
+
+  void begin_epoch(std::uint32_t epoch) override {
+    Transformer<T, std::vector<T>>::begin_epoch(epoch);
+    batch_.clear();
+    batches_ = 0;
+    finished_ = false;
+  }
+
+ protected:
+  Step step() override {
+    if (!this->flush()) return Step::blocked;
+    if (finished_) return Step::done;
+    Envelope<T> e;
+    const auto r = this->pop(e);
+    if (r == Pop::closed) return Step::done;
+    if (r == Pop::item) {
+      this->count_in();
+      batch_.push_back(std::move(*e.value));
+      if (batch_.size() == size_) send();
+    }
+    if (this->input_ended()) {
+      if (!batch_.empty() && !drop_remainder_) send();
+      batch_.clear();
+      this->end_epoch();
+      finished_ = true;
+      return Step::done;
+    }
+    if (r == Pop::empty) return Step::starved;
+    return this->out_.blocked() ? Step::blocked : Step::progressed;
+  }
+  bool has_work() const override {
+    return this->out_.blocked() ? this->out_.can_move() : this->input_ready();
+  }
+
+ private:
+  void send() {
+    this->count_out();
+    this->emit({std::move(batch_), batches_++});
+    batch_ = {};
+    batch_.reserve(size_);
+  }
+
+  const std::size_t size_;
+  const bool drop_remainder_;
+  std::vector<T> batch_;
+  std::uint64_t batches_ = 0;
+  bool finished_ = false;  // serial: one body at a time
+};
+
+}  // namespace detail
+}  // namespace stoker

@@ -1,0 +1,45 @@
+// What a pipeline counts about each of its stages.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "stoker/core/queue_meter.h"
+
+namespace stoker {
+
+/// Counters of one stage over the pipeline's life, all epochs together.
+struct StageStats {
+  std::string name;
+  int threads = 1;
+  std::uint64_t items_in = 0;
+  std::uint64_t items_out = 0;
+  std::chrono::nanoseconds busy{0};     ///< time inside the stage's function, all threads
+  std::chrono::nanoseconds starved{0};  ///< time with no body running because its input was empty
+  std::chrono::nanoseconds blocked{0};  ///< time with no body running because its output was full
+};
+
+/// One queue of a pipeline, with the stages on either side.
+struct QueueReport {
+  std::string name, producer, consumer;
+  std::size_t capacity = 0;
+  std::size_t size = 0;
+  std::chrono::nanoseconds time_empty{0}, time_full{0}, lifetime{0};
+};
+
+/// A run's counters, for the summary table and for `stoker-inspect`.
+struct PipelineSummary {
+  std::chrono::nanoseconds wall{0};
+  std::chrono::nanoseconds consumer_wait{0};  ///< time the consumer spent waiting for input
+  std::uint64_t consumed = 0;                 ///< items handed to the consumer
+  std::vector<StageStats> stages;
+  std::vector<QueueReport> queues;
+};
+
+/// A fixed-width table: one row per stage, then one per queue.
+void print_summary(std::ostream& out, const PipelineSummary& summary);
+
+}  // namespace stoker

@@ -1,0 +1,312 @@
+#include "stoker/core/detail/runtime.h"
+
+#include <spdlog/async.h>
+#include <spdlog/async_logger.h>
+#include <spdlog/sinks/basic_file_sink.h>
+
+#include <condition_variable>
+#include <nlohmann/json.hpp>
+#include <oneapi/tbb/flow_graph.h>
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/info.h>
+#include <oneapi/tbb/task_arena.h>
+#include <stdexcept>
+#include <thread>
+
+#include "stoker/core/stage_error.h"
+
+namespace stoker::detail {
+
+using Clock = std::chrono::steady_clock;
+
+// ---------------------------------------------------------------------------------------
+// Engine: the arena every stage body runs in, and the flow graph that schedules them.
+
+struct PipelineCore::Engine {
+  explicit Engine(int threads)
+      // The consumer is the user's own thread and never joins the arena, so no slot is
+      // reserved for it, and oneTBB must be allowed one worker per requested thread.
+      : control(tbb::global_control::max_allowed_parallelism,
+                static_cast<std::size_t>(std::max(threads + 1, tbb::info::default_concurrency()))),
+        arena(threads, /*reserved_for_masters=*/0) {
+    arena.execute([&] { graph.emplace(); });
+  }
+  tbb::global_control control;
+  tbb::task_arena arena;
+  std::optional<tbb::flow::graph> graph;  // built inside `arena`, so it spawns there
+};
+
+struct Wake {};
+
+struct StageBase::Node {
+  // Unlimited concurrency: StageBase::active_ is what limits a stage to its threads,
+  // so a wake-up is never queued behind a busy body.
+  Node(tbb::flow::graph& g, StageBase& s)
+      : node(g, tbb::flow::unlimited, [&s](Wake) { s.run(); return tbb::flow::continue_msg{}; }) {}
+  tbb::flow::function_node<Wake, tbb::flow::continue_msg> node;
+};
+
+// ---------------------------------------------------------------------------------------
+// StageBase
+
+StageBase::StageBase(PipelineCore& core, std::string name, int threads)
+    : core_(core), name_(std::move(name)), threads_(threads) {
+  if (threads < 1) throw std::invalid_argument("stage '" + name_ + "': threads must be at least 1");
+  context_.seed = core.options().seed;
+}
+
+StageBase::~StageBase() = default;
+
+void StageBase::begin_epoch(std::uint32_t epoch) { context_.epoch = epoch; }
+
+void StageBase::wake() {
+  if (!node_ || core_.stopping()) return;
+  int a = active_.load();
+  while (a < threads_) {
+    if (!has_work()) return;
+    if (active_.compare_exchange_weak(a, a + 1)) {
+      node_->node.try_put(Wake{});
+      return;
+    }
+  }
+}
+
+// A body loops while it makes progress, then leaves. Leaving is the delicate part: a
+// producer may push just after we found our input empty. Both sides use sequentially
+// consistent operations: the body drops `active_` and then looks for work; the other
+// side changes a queue and then reads `active_` in wake(). One of the two must see the
+// other, so either the body stays or the other side starts a new one.
+void StageBase::run() {
+  body_started();
+  Step step_result = Step::done;
+  for (;;) {
+    try {
+      do step_result = step();
+      while (step_result == Step::progressed && !core_.stopping());
+    } catch (...) {
+      active_.fetch_sub(1);
+      body_left(Step::done);
+      core_.fail(name_, std::current_exception());
+      return;
+    }
+    active_.fetch_sub(1);
+    if (core_.stopping() || !has_work()) break;
+    int a = active_.load();
+    bool rejoined = false;
+    while (a < threads_ && !(rejoined = active_.compare_exchange_weak(a, a + 1))) {
+    }
+    if (!rejoined) break;
+  }
+  body_left(step_result);
+}
+
+void StageBase::body_started() {
+  std::lock_guard lock(idle_mutex_);
+  if (running_++ == 0 && idle_reason_) {
+    const auto idle = Clock::now() - idle_since_;
+    if (*idle_reason_ == Step::starved) starved_ += idle;
+    if (*idle_reason_ == Step::blocked) blocked_ += idle;
+    idle_reason_.reset();
+  }
+}
+
+void StageBase::body_left(Step why) {
+  std::lock_guard lock(idle_mutex_);
+  if (--running_ == 0) {
+    idle_since_ = Clock::now();
+    idle_reason_ = why;
+  }
+}
+
+StageStats StageBase::stats() const {
+  StageStats s;
+  s.name = name_;
+  s.threads = threads_;
+  s.items_in = items_in_.load();
+  s.items_out = items_out_.load();
+  s.busy = std::chrono::nanoseconds(busy_ns_.load());
+  std::lock_guard lock(idle_mutex_);
+  s.starved = starved_;
+  s.blocked = blocked_;
+  if (running_ == 0 && idle_reason_) {  // still idle: count up to now
+    const auto idle = Clock::now() - idle_since_;
+    if (*idle_reason_ == Step::starved) s.starved += idle;
+    if (*idle_reason_ == Step::blocked) s.blocked += idle;
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------
+// Monitor: samples every queue at a fixed interval into a JSON Lines file, through an
+// spdlog asynchronous logger so that the sampling thread never waits on the disk.
+
+class PipelineCore::Monitor {
+ public:
+  Monitor(const PipelineCore& core, const std::string& path, std::chrono::milliseconds interval)
+      : core_(core), interval_(interval) {
+    try {
+      pool_ = std::make_shared<spdlog::details::thread_pool>(8192, 1);
+      auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/true);
+      logger_ = std::make_shared<spdlog::async_logger>("stoker-occupancy", std::move(sink), pool_,
+                                                       spdlog::async_overflow_policy::block);
+      logger_->set_pattern("%v");
+    } catch (const std::exception& e) {
+      throw std::runtime_error("occupancy log '" + path + "': cannot open for writing: " + e.what());
+    }
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~Monitor() { finish(); }
+
+  // Takes a last sample, writes the per-stage counters, and flushes the file.
+  void finish() {
+    {
+      std::lock_guard lock(mutex_);
+      if (done_) return;
+      done_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+    sample();
+    for (const auto& s : core_.summary().stages) {
+      nlohmann::json j{{"type", "stage"},
+                       {"t", seconds()},
+                       {"stage", s.name},
+                       {"threads", s.threads},
+                       {"items_in", s.items_in},
+                       {"items_out", s.items_out},
+                       {"busy_s", to_s(s.busy)},
+                       {"starved_s", to_s(s.starved)},
+                       {"blocked_s", to_s(s.blocked)}};
+      logger_->info(j.dump());
+    }
+    logger_->flush();
+    logger_.reset();
+    pool_.reset();  // joins the logging thread after it has written everything
+  }
+
+ private:
+  static double to_s(std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); }
+  double seconds() const { return std::chrono::duration<double>(Clock::now() - born_).count(); }
+
+  void loop() {
+    std::unique_lock lock(mutex_);
+    auto next = Clock::now();
+    while (!done_) {
+      lock.unlock();
+      sample();
+      lock.lock();
+      next += interval_;
+      wake_.wait_until(lock, next, [&] { return done_; });
+    }
+  }
+
+  void sample() {
+    const double t = seconds();
+    for (const auto& e : core_.edges_) {
+      const auto& m = e->meter();
+      nlohmann::json j{{"type", "sample"},      {"t", t},
+                       {"queue", m.name()},     {"size", m.size()},
+                       {"capacity", m.capacity()}, {"producer", e->producer()},
+                       {"consumer", e->consumer()}};
+      logger_->info(j.dump());
+    }
+  }
+
+  const PipelineCore& core_;
+  const std::chrono::milliseconds interval_;
+  const Clock::time_point born_ = Clock::now();
+  std::shared_ptr<spdlog::details::thread_pool> pool_;
+  std::shared_ptr<spdlog::async_logger> logger_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// ---------------------------------------------------------------------------------------
+// PipelineCore
+
+PipelineCore::PipelineCore(CoreOptions options) : options_(std::move(options)) {}
+
+PipelineCore::~PipelineCore() { stop(); }
+
+StageBase& PipelineCore::add_stage(std::unique_ptr<StageBase> stage) {
+  for (const auto& s : stages_)
+    if (s->name() == stage->name())
+      throw std::invalid_argument("stage name '" + stage->name() + "' is used twice; names must be unique");
+  stages_.push_back(std::move(stage));
+  return *stages_.back();
+}
+
+void PipelineCore::start() {
+  if (options_.threads < 0) throw std::invalid_argument("pipeline threads must be at least 1 (or 0 for one per core)");
+  if (options_.sample_interval.count() <= 0)
+    throw std::invalid_argument("occupancy sample interval must be positive");
+  const int threads = options_.threads == 0 ? tbb::info::default_concurrency() : options_.threads;
+  if (!options_.occupancy_log.empty())
+    monitor_ = std::make_unique<Monitor>(*this, options_.occupancy_log, options_.sample_interval);
+  engine_ = std::make_unique<Engine>(threads);
+  engine_->arena.execute([&] {
+    for (auto& s : stages_) s->node_ = std::make_unique<StageBase::Node>(*engine_->graph, *s);
+  });
+  started_ = Clock::now();
+}
+
+void PipelineCore::wait_idle() {
+  for (const auto& s : stages_)
+    while (!s->idle()) std::this_thread::yield();
+}
+
+void PipelineCore::begin_epoch(std::uint32_t epoch) {
+  for (auto& e : edges_) e->begin_epoch(epoch);
+  for (auto& s : stages_) s->begin_epoch(epoch);
+}
+
+void PipelineCore::fail(const std::string& stage, std::exception_ptr error) {
+  {
+    std::lock_guard lock(error_mutex_);
+    if (!error_) {
+      error_ = std::move(error);
+      error_stage_ = stage;
+    }
+  }
+  stopping_.store(true);
+  for (auto& e : edges_) e->close();  // wakes the consumer
+}
+
+void PipelineCore::rethrow_if_failed() const {
+  std::lock_guard lock(error_mutex_);
+  if (!error_) return;
+  std::string message = "unknown exception";
+  try {
+    std::rethrow_exception(error_);
+  } catch (const std::exception& e) {
+    message = e.what();
+  } catch (...) {
+  }
+  throw StageError(error_stage_, message, error_);
+}
+
+void PipelineCore::stop() {
+  if (stopped_.exchange(true)) return;
+  stopping_.store(true);
+  for (auto& e : edges_) e->close();
+  if (engine_) engine_->graph->wait_for_all();  // every body has returned
+  if (monitor_) monitor_->finish();
+}
+
+PipelineSummary PipelineCore::summary() const {
+  PipelineSummary out;
+  out.wall = started_ == Clock::time_point{} ? std::chrono::nanoseconds{0} : Clock::now() - started_;
+  out.consumer_wait = consumer_wait_;
+  out.consumed = consumed_;
+  for (const auto& s : stages_) out.stages.push_back(s->stats());
+  for (const auto& e : edges_) {
+    const auto st = e->meter().stats();
+    out.queues.push_back({std::string(st.name), e->producer(), e->consumer(), st.capacity, st.size, st.time_empty,
+                          st.time_full, st.lifetime});
+  }
+  return out;
+}
+
+}  // namespace stoker::detail

@@ -1,0 +1,39 @@
+#include <cstdio>
+#include <ostream>
+
+#include "stoker/core/stage_stats.h"
+
+namespace stoker {
+
+namespace {
+double pct(std::chrono::nanoseconds part, std::chrono::nanoseconds whole) {
+  return whole.count() > 0 ? 100.0 * static_cast<double>(part.count()) / static_cast<double>(whole.count()) : 0.0;
+}
+}  // namespace
+
+void print_summary(std::ostream& out, const PipelineSummary& s) {
+  char line[256];
+  const double wall = std::chrono::duration<double>(s.wall).count();
+  std::snprintf(line, sizeof line, "%-20s %7s %12s %12s %8s %9s %9s\n", "stage", "threads", "items in", "items out",
+                "busy %", "starved %", "blocked %");
+  out << line;
+  for (const auto& st : s.stages) {
+    // Busy is summed over threads: divide by them so 100% means every thread busy.
+    std::snprintf(line, sizeof line, "%-20s %7d %12llu %12llu %8.1f %9.1f %9.1f\n", st.name.c_str(), st.threads,
+                  static_cast<unsigned long long>(st.items_in), static_cast<unsigned long long>(st.items_out),
+                  pct(st.busy, s.wall) / st.threads, pct(st.starved, s.wall), pct(st.blocked, s.wall));
+    out << line;
+  }
+  std::snprintf(line, sizeof line, "%-28s %8s %8s %8s %8s\n", "queue", "capacity", "size", "empty %", "full %");
+  out << line;
+  for (const auto& q : s.queues) {
+    std::snprintf(line, sizeof line, "%-28s %8zu %8zu %8.1f %8.1f\n", q.name.c_str(), q.capacity, q.size,
+                  pct(q.time_empty, q.lifetime), pct(q.time_full, q.lifetime));
+    out << line;
+  }
+  std::snprintf(line, sizeof line, "consumer: %llu items in %.3f s, waited %.1f%% of the time\n",
+                static_cast<unsigned long long>(s.consumed), wall, pct(s.consumer_wait, s.wall));
+  out << line;
+}
+
+}  // namespace stoker

@@ -1,0 +1,399 @@
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "stoker/core/pipeline.h"
+#include "support.h"
+
+using namespace stoker;
+using namespace stoker::test;
+
+namespace {
+
+// A source of 0, 1, ..., n-1 per epoch.
+struct Counter {
+  int n;
+  int next = 0;
+  std::optional<int> operator()() {
+    if (next == n) {
+      next = 0;  // ready for the next epoch
+      return std::nullopt;
+    }
+    return next++;
+  }
+};
+
+template <class T>
+std::vector<T> drain_epoch(Pipeline<T>& p) {
+  std::vector<T> out;
+  for (auto& x : p.epoch()) out.push_back(std::move(x));
+  return out;
+}
+
+std::vector<int> iota(int n) {
+  std::vector<int> v(static_cast<std::size_t>(n));
+  std::iota(v.begin(), v.end(), 0);
+  return v;
+}
+
+std::vector<int> sorted(std::vector<int> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+void spin_for(std::chrono::microseconds d) {
+  const auto until = Clock::now() + d;
+  while (Clock::now() < until) {
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("Pipeline") {
+  TEST_CASE("1 -> 1 and 1 -> k stages deliver every item exactly once, at several thread counts" *
+            doctest::timeout(120)) {
+    constexpr int kItems = 20'000;
+    for (int budget : {1, 2, 4}) {
+      for (int threads : {1, 2, 4}) {
+        CAPTURE(budget);
+        CAPTURE(threads);
+        auto pipe = PipelineBuilder{}
+                        .threads(budget)
+                        .epochs(1)
+                        .source("read", Counter{kItems}, {.queue = 16})
+                        .map("square", [](int x) { return x * 2; }, {.threads = threads, .queue = 16})
+                        // x -> x % 3 copies of x: zero, one or two outputs per input
+                        .flat_map<int>("copies", [](int x, Emitter<int>& emit) { for (int i = 0; i < x % 3; ++i) emit(x); },
+                                       {.threads = threads, .queue = 16})
+                        .build();
+        const auto out = sorted(drain_epoch(pipe));
+        std::vector<int> expected;
+        for (int x = 0; x < kItems; ++x)
+          for (int i = 0; i < (2 * x) % 3; ++i) expected.push_back(2 * x);
+        std::sort(expected.begin(), expected.end());
+        CHECK(out == expected);
+        CHECK(pipe.finished());
+        CHECK_FALSE(pipe.next().has_value());
+      }
+    }
+  }
+
+  TEST_CASE("items in flight never exceed the queue capacities plus what the running bodies hold" *
+            doctest::timeout(60)) {
+    // Every live Item is counted; the consumer is slow, so every queue fills up.
+    static std::atomic<int> live{0}, max_live{0};
+    struct Item {
+      bool owns = true;
+      explicit Item(int) { note(live.fetch_add(1) + 1); }
+      Item(Item&& o) noexcept : owns(std::exchange(o.owns, false)) {}
+      Item& operator=(Item&& o) noexcept {
+        if (owns) live.fetch_sub(1);
+        owns = std::exchange(o.owns, false);
+        return *this;
+      }
+      ~Item() {
+        if (owns) live.fetch_sub(1);
+      }
+      static void note(int n) {
+        int m = max_live.load();
+        while (n > m && !max_live.compare_exchange_weak(m, n)) {
+        }
+      }
+    };
+    live = 0;
+    max_live = 0;
+    constexpr std::size_t kQueue = 8;
+    constexpr int kThreads = 2, kFanOut = 3;
+    {
+      auto pipe = PipelineBuilder{}
+                      .threads(4)
+                      .epochs(1)
+                      .source("read", [n = 0]() mutable { return n < 2000 ? std::optional<Item>(Item(n++)) : std::nullopt; },
+                              {.queue = kQueue})
+                      .map("pass", [](Item x) { return x; }, {.threads = kThreads, .queue = kQueue})
+                      .flat_map<Item>("split", [](Item, Emitter<Item>& emit) { for (int i = 0; i < kFanOut; ++i) emit(Item(i)); },
+                                      {.threads = kThreads, .queue = kQueue})
+                      .build();
+      int n = 0;
+      while (auto x = pipe.next()) {
+        if (++n % 100 == 0) std::this_thread::sleep_for(1ms);
+      }
+      CHECK(n == 2000 * kFanOut);
+    }
+    // 3 queues; a source body holds 1; each map body 1 in + 1 out; each split body 1 in
+    // + 3 out; the consumer 1.
+    const int bound = 3 * kQueue + 1 + kThreads * 2 + kThreads * (1 + kFanOut) + 1;
+    CHECK(max_live.load() <= bound);
+    CHECK(max_live.load() >= static_cast<int>(3 * kQueue) - 2);  // the queues did fill up
+    CHECK(live.load() == 0);
+  }
+
+  TEST_CASE("a budget of one oneTBB thread still runs a pipeline of parallel stages to the end" *
+            doctest::timeout(60)) {
+    for (int budget : {1, 2}) {
+      CAPTURE(budget);
+      auto pipe = PipelineBuilder{}
+                      .threads(budget)
+                      .epochs(2)
+                      .source("read", Counter{5000}, {.queue = 2})
+                      .map("a", [](int x) { return x + 1; }, {.threads = 4, .queue = 2})
+                      .map("b", [](int x) { return x - 1; }, {.threads = 3, .queue = 2})
+                      .shuffle("shuffle", {.capacity = 64, .min_after_dequeue = 16, .seed = 1})
+                      .batch("batch", 10)
+                      .build();
+      for (int e = 0; e < 2; ++e) {
+        std::vector<int> all;
+        for (auto& b : pipe.epoch()) all.insert(all.end(), b.begin(), b.end());
+        CHECK(sorted(all) == iota(5000));
+      }
+      CHECK(pipe.finished());
+    }
+  }
+}
+
+TEST_SUITE("Pipeline") {
+  TEST_CASE("an exception in any stage reaches the consumer with the stage's name" * doctest::timeout(60)) {
+    for (std::string failing : {"read", "decode", "crops", "late"}) {
+      CAPTURE(failing);
+      auto thrower = [failing](const std::string& here, int x) {
+        if (here == failing && x == 500) throw std::runtime_error("bad item " + std::to_string(x));
+      };
+      auto pipe = PipelineBuilder{}
+                      .threads(2)
+                      .source("read", [n = 0, thrower]() mutable -> std::optional<int> {
+                        thrower("read", n);
+                        return n++;
+                      })
+                      .map("decode", [thrower](int x) { thrower("decode", x); return x; }, {.threads = 2})
+                      .flat_map<int>("crops", [thrower](int x, Emitter<int>& emit) { thrower("crops", x); emit(x); emit(x); },
+                                     {.threads = 2})
+                      .shuffle("shuffle", {.capacity = 100, .min_after_dequeue = 10})
+                      .map("late", [thrower](int x) { thrower("late", x); return x; })
+                      .batch("batch", 7)
+                      .build();
+      std::string caught;
+      try {
+        while (pipe.next()) {
+        }
+      } catch (const StageError& e) {
+        caught = e.stage();
+        CHECK(std::string(e.what()).find("bad item 500") != std::string::npos);
+        CHECK(std::string(e.what()).find("'" + failing + "'") != std::string::npos);
+      }
+      CHECK(caught == failing);
+      CHECK_THROWS_AS(pipe.next(), StageError);  // and again, not a silent end
+    }
+  }
+
+  TEST_CASE("stop() mid-epoch returns within 1 s with every stage body finished" * doctest::timeout(30)) {
+    static std::atomic<int> inside{0};
+    for (bool by_destructor : {false, true}) {
+      CAPTURE(by_destructor);
+      auto slow = [](int x) {
+        inside.fetch_add(1);
+        std::this_thread::sleep_for(2ms);
+        inside.fetch_sub(1);
+        return x;
+      };
+      std::optional<Pipeline<int>> pipe;
+      pipe.emplace(PipelineBuilder{}
+                       .threads(4)
+                       .source("read", [n = 0]() mutable { return std::optional<int>(n++); })  // endless
+                       .map("slow", slow, {.threads = 4})
+                       .map("slow2", slow, {.threads = 2})
+                       .build());
+      for (int i = 0; i < 50; ++i) REQUIRE(pipe->next());
+      const auto t0 = Clock::now();
+      if (by_destructor)
+        pipe.reset();
+      else
+        pipe->stop();
+      CHECK(ms_since(t0) < 1000.0);
+      CHECK(inside.load() == 0);
+      if (!by_destructor) {
+        CHECK_FALSE(pipe->next());
+        CHECK(pipe->finished());
+      }
+    }
+  }
+
+  TEST_CASE("an exception in the consumer's loop unwinds through the pipeline without hanging" *
+            doctest::timeout(30)) {
+    const auto t0 = Clock::now();
+    try {
+      auto pipe = PipelineBuilder{}
+                      .source("read", [n = 0]() mutable { return std::optional<int>(n++); })
+                      .map("work", [](int x) { return x; }, {.threads = 2})
+                      .build();
+      for (auto& x : pipe.epoch())
+        if (x == 100) throw std::runtime_error("trainer failed");
+    } catch (const std::runtime_error& e) {
+      CHECK(std::string(e.what()) == "trainer failed");
+    }
+    CHECK(ms_since(t0) < 1000.0);
+  }
+
+  TEST_CASE("deterministic mode gives the same sequence whatever the thread counts" * doctest::timeout(120)) {
+    auto run = [](int budget, int threads) {
+      auto pipe = PipelineBuilder{}
+                      .threads(budget)
+                      .deterministic()
+                      .seed(5)
+                      .epochs(2)
+                      .source("read", Counter{3000}, {.queue = 8})
+                      .map("jitter",
+                           [](int x, const StageContext& ctx) {
+                             // Time varies per item so that threads finish out of order.
+                             Rng r(derive_seed(ctx.seed, ctx.epoch, static_cast<std::uint64_t>(x)));
+                             spin_for(std::chrono::microseconds(r.below(20)));
+                             return x;
+                           },
+                           {.threads = threads, .queue = 8})
+                      .flat_map<int>("crops", [](int x, Emitter<int>& emit) { for (int i = 0; i <= x % 4; ++i) emit(x * 10 + i); },
+                                     {.threads = threads, .queue = 8})
+                      .shuffle("shuffle", {.capacity = 500, .min_after_dequeue = 100, .seed = 9})
+                      .batch("batch", 32)
+                      .build();
+      std::vector<std::vector<int>> batches;
+      for (int e = 0; e < 2; ++e)
+        for (auto& b : pipe.epoch()) batches.push_back(b);
+      return batches;
+    };
+    const auto reference = run(1, 1);
+    REQUIRE(!reference.empty());
+    CHECK(run(2, 4) == reference);
+    CHECK(run(4, 3) == reference);
+    CHECK(run(3, 2) == reference);
+  }
+
+  TEST_CASE("epochs: each one delivers every item, reshuffled, and ends visibly" * doctest::timeout(60)) {
+    auto pipe = PipelineBuilder{}
+                    .epochs(3)
+                    .source("read", Counter{1000})
+                    .map("id", [](int x) { return x; }, {.threads = 2})
+                    .shuffle("shuffle", {.capacity = 300, .min_after_dequeue = 100, .seed = 3})
+                    .batch("batch", 1)
+                    .build();
+    std::vector<std::vector<int>> orders;
+    for (int e = 0; e < 3; ++e) {
+      CHECK(pipe.current_epoch() == static_cast<std::uint32_t>(e));
+      std::vector<int> order;
+      for (auto& b : pipe.epoch()) order.push_back(b.at(0));
+      CHECK(sorted(order) == iota(1000));
+      orders.push_back(order);
+    }
+    CHECK(orders[0] != orders[1]);
+    CHECK(orders[1] != orders[2]);
+    CHECK(pipe.finished());
+    CHECK_FALSE(pipe.next());
+  }
+
+  TEST_CASE("a short last batch of an epoch is kept, or dropped by option") {
+    for (bool drop : {false, true}) {
+      CAPTURE(drop);
+      auto pipe = PipelineBuilder{}
+                      .epochs(2)
+                      .source("read", Counter{10})
+                      .batch("batch", 4, {.drop_remainder = drop})
+                      .build();
+      for (int e = 0; e < 2; ++e) {
+        std::vector<std::size_t> sizes;
+        for (auto& b : pipe.epoch()) sizes.push_back(b.size());
+        CHECK(sizes == (drop ? std::vector<std::size_t>{4, 4} : std::vector<std::size_t>{4, 4, 2}));
+      }
+    }
+  }
+
+  TEST_CASE("the occupancy log is JSON Lines naming every queue, with each stage's counters at the end" *
+            doctest::timeout(60)) {
+    const auto path = std::filesystem::temp_directory_path() / "stoker-test-occupancy.jsonl";
+    {
+      auto pipe = PipelineBuilder{}
+                      .epochs(1)
+                      .occupancy_log(path.string(), 5ms)
+                      .source("read", Counter{3000})
+                      .map("decode", [](int x) { spin_for(20us); return x; }, {.threads = 2})
+                      .shuffle("shuffle", {.capacity = 200, .min_after_dequeue = 50})
+                      .batch("batch", 10)
+                      .build();
+      while (pipe.next()) {
+      }
+    }
+    std::ifstream in(path);
+    REQUIRE(in);
+    std::set<std::string> queues, stages;
+    std::string line;
+    int samples = 0;
+    while (std::getline(in, line)) {
+      const auto j = nlohmann::json::parse(line);  // throws, failing the test, if malformed
+      if (j.at("type") == "sample") {
+        ++samples;
+        queues.insert(j.at("queue").get<std::string>());
+        CHECK(j.at("size").get<std::size_t>() <= j.at("capacity").get<std::size_t>());
+        CHECK(j.contains("producer"));
+        CHECK(j.contains("consumer"));
+        CHECK(j.at("t").get<double>() >= 0.0);
+      } else {
+        CHECK(j.at("type") == "stage");
+        stages.insert(j.at("stage").get<std::string>());
+        if (j.at("stage") == "decode") CHECK(j.at("items_in").get<int>() == 3000);
+      }
+    }
+    CHECK(samples >= 4);
+    CHECK(queues == std::set<std::string>{"read->decode", "shuffle", "batch->consumer"});
+    CHECK(stages == std::set<std::string>{"read", "decode", "batch"});
+    std::filesystem::remove(path);
+  }
+
+  TEST_CASE("an occupancy log that cannot be written is a clear error naming the file") {
+    // A path below a regular file can never be created.
+    const auto file = std::filesystem::temp_directory_path() / "stoker-test-not-a-dir";
+    std::ofstream(file) << "x";
+    const auto bad = (file / "x.jsonl").string();
+    CHECK_THROWS_WITH(PipelineBuilder{}.occupancy_log(bad).source("read", Counter{1}).build(), doctest::Contains(bad.c_str()));
+    std::filesystem::remove(file);
+  }
+
+  TEST_CASE("the summary counts items per stage and prints a table") {
+    auto pipe = PipelineBuilder{}
+                    .epochs(1)
+                    .source("read", Counter{100})
+                    .flat_map<int>("twice", [](int x, Emitter<int>& emit) { emit(x); emit(x); })
+                    .batch("batch", 50)
+                    .build();
+    while (pipe.next()) {
+    }
+    const auto s = pipe.summary();
+    REQUIRE(s.stages.size() == 3);
+    CHECK(s.stages[0].items_out == 100);
+    CHECK(s.stages[1].items_in == 100);
+    CHECK(s.stages[1].items_out == 200);
+    CHECK(s.stages[2].items_out == 4);
+    CHECK(s.consumed == 4);
+    std::ostringstream table;
+    print_summary(table, s);
+    CHECK(table.str().find("twice") != std::string::npos);
+    CHECK(table.str().find("batch->consumer") != std::string::npos);
+  }
+
+  TEST_CASE("impossible configurations are rejected with the option named") {
+    auto src = [] { return PipelineBuilder{}.source("read", Counter{1}); };
+    CHECK_THROWS_WITH(src().map("m", [](int x) { return x; }, {.threads = 0}), doctest::Contains("threads"));
+    CHECK_THROWS_WITH(src().map("m", [](int x) { return x; }, {.queue = 0}), doctest::Contains("queue"));
+    CHECK_THROWS_WITH(src().shuffle("s", {.capacity = 10, .min_after_dequeue = 10}),
+                      doctest::Contains("min_after_dequeue"));
+    CHECK_THROWS_WITH(src().shuffle("s", {.capacity = 10, .min_after_dequeue = 5}).batch("b", 6),
+                      doctest::Contains("capacity - min_after_dequeue"));
+    CHECK_THROWS_WITH(src().map("read", [](int x) { return x; }), doctest::Contains("used twice"));
+    CHECK_THROWS_WITH(src().shuffle("s", {.capacity = 10, .min_after_dequeue = 5}).build(),
+                      doctest::Contains("must be followed by a stage"));
+    CHECK_THROWS_WITH(src().threads(-1).build(), doctest::Contains("threads"));
+  }
+}
