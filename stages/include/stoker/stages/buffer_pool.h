@@ -1,0 +1,63 @@
+// Recycled byte buffers, so that a pipeline's steady state does not allocate per sample.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+namespace stoker {
+
+class BufferPool;
+
+/// An owned, 64-byte aligned byte buffer. Destroying it hands the memory back to its pool.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(Buffer&& o) noexcept;
+  Buffer& operator=(Buffer&& o) noexcept;
+  ~Buffer();
+
+  std::byte* data() noexcept { return data_; }
+  const std::byte* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+  bool empty() const noexcept { return size_ == 0; }
+
+ private:
+  friend class BufferPool;
+  Buffer(std::byte* data, std::size_t size, std::shared_ptr<BufferPool> pool) noexcept
+      : data_(data), size_(size), pool_(std::move(pool)) {}
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+  std::shared_ptr<BufferPool> pool_;
+};
+
+/// Thread-safe cache of freed buffers, by exact size: a pipeline makes the same few sizes
+/// over and over. Keeps at most `max_cached_bytes` of idle memory.
+class BufferPool : public std::enable_shared_from_this<BufferPool> {
+ public:
+  static std::shared_ptr<BufferPool> create(std::size_t max_cached_bytes = std::size_t{1} << 30);
+  ~BufferPool();
+
+  /// A buffer of `bytes` bytes, reused when one of that size is idle. Contents undefined.
+  Buffer acquire(std::size_t bytes);
+
+  std::uint64_t allocations() const noexcept { return allocations_.load(); }  ///< fresh allocations
+  std::uint64_t reuses() const noexcept { return reuses_.load(); }            ///< buffers handed out again
+
+ private:
+  friend class Buffer;
+  explicit BufferPool(std::size_t max_cached_bytes) : max_cached_(max_cached_bytes) {}
+  void release(std::byte* data, std::size_t size) noexcept;
+
+  const std::size_t max_cached_;
+  std::mutex mutex_;
+  std::unordered_map<std::size_t, std::vector<std::byte*>> idle_;
+  std::size_t cached_ = 0;
+  std::atomic<std::uint64_t> allocations_{0}, reuses_{0};
+};
+
+}  // namespace stoker

@@ -1,0 +1,74 @@
+// The unit of data that flows through a training pipeline.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <type_traits>
+#include <string>
+#include <vector>
+
+#include "stoker/stages/buffer_pool.h"
+
+namespace stoker {
+
+enum class DType : std::uint8_t { u8, u16, f32 };
+
+constexpr std::size_t dtype_size(DType t) noexcept { return t == DType::u8 ? 1 : t == DType::u16 ? 2 : 4; }
+const char* dtype_name(DType t) noexcept;
+
+template <class T>
+constexpr DType dtype_of();
+template <>
+constexpr DType dtype_of<std::uint8_t>() { return DType::u8; }
+template <>
+constexpr DType dtype_of<std::uint16_t>() { return DType::u16; }
+template <>
+constexpr DType dtype_of<float>() { return DType::f32; }
+
+/// Channels, depth, height, width. A 2D image has depth 1 and `volume == false`.
+struct Shape {
+  std::uint32_t channels = 1, depth = 1, height = 1, width = 1;
+  bool volume = false;  ///< 3D: depth is a spatial axis
+
+  std::size_t elements() const noexcept { return std::size_t{channels} * depth * height * width; }
+  bool operator==(const Shape&) const = default;
+  std::string str() const;  ///< "1x28x28" or "1x16x64x64"
+};
+
+/// An array of up to four dimensions with a label and an id. Its storage comes from a
+/// BufferPool and goes back there when the sample is destroyed.
+struct Sample {
+  Buffer data;
+  Shape shape;
+  DType dtype = DType::u8;
+  std::int32_t label = 0;
+  std::uint64_t id = 0;  ///< stable across epochs; seeds the sample's random draws
+
+  Sample() = default;
+  Sample(BufferPool& pool, Shape s, DType t, std::int32_t label_ = 0, std::uint64_t id_ = 0)
+      : data(pool.acquire(s.elements() * dtype_size(t))), shape(s), dtype(t), label(label_), id(id_) {}
+
+  /// The elements as T; throws std::invalid_argument if T is not the sample's type.
+  template <class T>
+  std::span<T> as() {
+    check<T>();
+    return {reinterpret_cast<T*>(data.data()), shape.elements()};
+  }
+  template <class T>
+  std::span<const T> as() const {
+    check<T>();
+    return {reinterpret_cast<const T*>(data.data()), shape.elements()};
+  }
+
+ private:
+  template <class T>
+  void check() const {
+    if (dtype_of<std::remove_const_t<T>>() != dtype)
+      throw std::invalid_argument(std::string("sample holds ") + dtype_name(dtype) + ", not " +
+                                  dtype_name(dtype_of<std::remove_const_t<T>>()));
+  }
+};
+
+}  // namespace stoker
