@@ -49,7 +49,7 @@ TEST_SUITE("BoundedQueue") {
     CHECK(q.size() == 0);
   }
 
-  TEST_CASE("move-only items; a failed push leaves the value with the caller" * doctest::timeout(30)) {
+  TEST_CASE("move-only items, and a failed push leaves the value with the caller" * doctest::timeout(30)) {
     BoundedQueue<std::unique_ptr<std::string>> q("q", 1);
     CHECK(q.push(std::make_unique<std::string>("a")));
     auto b = std::make_unique<std::string>("b");

@@ -267,7 +267,11 @@ class Pipeline {
       bool got = final_->try_pop(e) == detail::Pop::item;
       if (!got) {
         const auto t0 = std::chrono::steady_clock::now();
-        got = final_->pop_wait(e);
+        // Poll a few microseconds before sleeping: when items come that fast, a futex
+        // wake-up per item would cost more than the items themselves.
+        for (auto until = t0 + std::chrono::microseconds(20); !got && std::chrono::steady_clock::now() < until;)
+          for (int i = 0; i < 16 && !(got = final_->try_pop(e) == detail::Pop::item); ++i) detail::cpu_relax();
+        if (!got) got = final_->pop_wait(e);
         core_->add_consumer_wait(std::chrono::steady_clock::now() - t0);
       }
       if (!got) {  // stopped

@@ -17,7 +17,7 @@ struct StageStats {
   int threads = 1;
   std::uint64_t items_in = 0;
   std::uint64_t items_out = 0;
-  std::chrono::nanoseconds busy{0};     ///< time inside the stage's function, all threads
+  std::chrono::nanoseconds busy{0};     ///< time its bodies ran (not counting a short linger for input), all threads
   std::chrono::nanoseconds starved{0};  ///< time with no body running because its input was empty
   std::chrono::nanoseconds blocked{0};  ///< time with no body running because its output was full
 };

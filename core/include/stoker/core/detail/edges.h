@@ -84,7 +84,10 @@ class Edge : public EdgeBase {
   virtual Pop try_pop(Envelope<T>& e) = 0;
   /// True when `try_pop` would not return `empty`.
   virtual bool ready() const = 0;
-  virtual bool has_room() const { return meter().size() < meter().capacity(); }
+  /// True when a blocked producer should resume: the queue is at most half full. Waiting
+  /// for half rather than for one free slot makes the producer run in bursts instead of
+  /// being woken, and put back to sleep, once per item that the consumer takes.
+  bool has_room() const { return meter().size() <= meter().capacity() / 2; }
 };
 
 /// A BoundedQueue edge. In deterministic mode it hands items out in `seq` order: pushes
@@ -118,6 +121,8 @@ class QueueEdge final : public Edge<T> {
     return held_back_.count(next_seq_) != 0;
   }
   void begin_epoch(std::uint32_t) override {
+    // Locked: a body that has just left may still be asking ready().
+    std::lock_guard lock(order_mutex_);
     next_seq_ = 0;
     held_back_.clear();
   }
@@ -232,7 +237,7 @@ class Output {
     return parking_.empty();
   }
   bool blocked() const { return parked_.load() != 0; }
-  /// Work for the stage: nothing parked, or room for what is.
+  /// Work for the stage: nothing parked, or room (see Edge::has_room) for what is.
   bool can_move() const { return parked_.load() == 0 || edge_->has_room(); }
 
  private:

@@ -28,6 +28,15 @@ namespace detail {
 class PipelineCore;
 class EdgeBase;
 
+/// Tells the CPU that this is a spin-wait loop.
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
 /// One stage: up to `threads` bodies run at once as oneTBB tasks. A body never waits:
 /// it returns when its input is empty or its output full, and whoever changes that
 /// (the stage upstream after a push, downstream after a pop) wakes the stage again.
@@ -44,7 +53,8 @@ class StageBase {
   /// Makes sure a body will look for work, if the stage has any and a thread to spare.
   /// Safe from any thread.
   void wake();
-  /// For the stage downstream after it popped: wakes this stage if its output was full.
+  /// For the stage downstream after it popped: wakes this stage if its output was full
+  /// and now has room for a burst.
   void wake_if_blocked() {
     if (output_blocked()) wake();
   }
@@ -73,20 +83,10 @@ class StageBase {
   PipelineCore& core() { return core_; }
   void count_in(std::uint64_t n = 1) { items_in_.fetch_add(n, std::memory_order_relaxed); }
   void count_out(std::uint64_t n = 1) { items_out_.fetch_add(n, std::memory_order_relaxed); }
-  /// Runs `f`, charging its time to the stage's busy time.
-  template <class F>
-  decltype(auto) timed(F&& f) {
-    struct Charge {
-      StageBase* s;
-      std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
-      ~Charge() { s->busy_ns_.fetch_add((std::chrono::steady_clock::now() - t0).count(), std::memory_order_relaxed); }
-    } charge{this};
-    return std::forward<F>(f)();
-  }
-
  private:
   friend class PipelineCore;
   void run();  // one body, as a oneTBB task
+  bool linger(std::chrono::steady_clock::duration& lingered);
   void body_started();
   void body_left(Step why);
 
@@ -156,10 +156,12 @@ class PipelineCore {
   struct Engine;
   class Monitor;
 
+  // Destroyed bottom-up: the monitor reads edges and stages; the stages' flow-graph nodes
+  // belong to the engine's graph and use the edges.
   CoreOptions options_;
+  std::unique_ptr<Engine> engine_;
   std::vector<std::unique_ptr<EdgeBase>> edges_;
   std::vector<std::unique_ptr<StageBase>> stages_;
-  std::unique_ptr<Engine> engine_;
   std::unique_ptr<Monitor> monitor_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> stopped_{false};

@@ -96,7 +96,7 @@ class SourceStage final : public Producer<T> {
     if (!this->flush()) return Step::blocked;
     if (exhausted_.load()) return Step::done;
     const auto ctx = this->context();
-    std::optional<T> v = this->timed([&] { return call_with_context(fn_, ctx); });
+    std::optional<T> v = call_with_context(fn_, ctx);
     if (!v) {
       exhausted_.store(true);
       this->end_epoch();
@@ -243,7 +243,7 @@ class TransformStage final : public Transformer<In, Out> {
   void process(Envelope<In>&& e) {
     const auto ctx = this->context();
     if constexpr (!Flat) {
-      Out out = this->timed([&] { return call_with_context(fn_, ctx, std::move(*e.value)); });
+      Out out = call_with_context(fn_, ctx, std::move(*e.value));
       this->count_out();
       if (!sequencer_) return this->emit({std::move(out), 0});
       std::vector<Out> outputs;
@@ -254,7 +254,7 @@ class TransformStage final : public Transformer<In, Out> {
       thread_local std::vector<Out> outputs;
       outputs.clear();
       Emitter<Out> emit(outputs);
-      this->timed([&] { call_with_context(fn_, ctx, std::move(*e.value), emit); });
+      call_with_context(fn_, ctx, std::move(*e.value), emit);
       this->count_out(outputs.size());
       if (!sequencer_) {
         for (auto& o : outputs) this->emit({std::move(o), 0});
@@ -334,7 +334,7 @@ class BatchStage final : public Transformer<T, std::vector<T>> {
   void send() {
     this->count_out();
     this->emit({std::move(batch_), batches_++});
-    batch_ = {};
+    batch_ = std::vector<T>();  // not `= {}`: that assigns an initializer_list, which copies
     batch_.reserve(size_);
   }
 

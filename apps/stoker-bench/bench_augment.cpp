@@ -1,0 +1,424 @@
+// The `augment` suite: the brief's reference job (Fashion-MNIST, 5 random 24x24 crops per
+// image, mirrored with p = 0.5, normalized to float32, shuffled, batched by 255) through a
+// real stoker pipeline, and, in the same run, a plain loop doing the same arithmetic on all
+// cores with no pipeline at all: the practical limit.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <numeric>
+#include <oneapi/tbb/blocked_range.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/task_arena.h>
+#include <sstream>
+#include <stdexcept>
+#include <sys/resource.h>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench_suite.h"
+#include "stoker/core/pipeline.h"
+#include "stoker/stages/batch.h"
+#include "stoker/stages/idx.h"
+#include "stoker/stages/transforms.h"
+
+namespace stoker::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// CPU time of the whole process so far: on a shared machine, CPU time per crop shows what a
+// run costs even when other processes stretch its wall time.
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto seconds = [](timeval t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
+  return seconds(u.ru_utime) + seconds(u.ru_stime);
+}
+
+// The reference job.
+constexpr int kCropsPerImage = 5;
+constexpr CropSize kCrop{24, 24};
+constexpr double kMirrorP = 0.5;
+constexpr std::size_t kBatch = 255;
+constexpr ShuffleOptions kShuffle{.capacity = 10'000, .min_after_dequeue = 2'000};  // seeded by --seed
+const Normalization kNormalization{255.0f, {0.2860f}, {0.3530f}};
+
+struct AugmentOptions {
+  std::string data = kFashionMnistDir;
+  std::size_t images = 0;  // 0: all of them
+  int crop_threads = 2;
+  int collate_threads = 2;  // one collate alone can fall behind two crop threads
+  int plain_threads = 0;  // 0: every core
+  std::uint64_t seed = 0;
+};
+
+// What a consumer saw: enough to prove that nothing was lost or repeated, and, when `deep`,
+// a checksum of every crop's contents that does not depend on the order crops arrive in.
+struct Tally {
+  std::uint64_t crops = 0, batches = 0;
+  std::int64_t label_sum = 0;
+  std::uint64_t id_sum = 0;
+  std::uint64_t content = 0;  // sum of a hash of (id, label, bytes) per crop, when deep
+  float touched = 0;          // keeps the "touch" of each batch from being optimised away
+
+  void add(const Batch& b, bool deep) {
+    ++batches;
+    crops += b.count;
+    const auto labels = b.label_values();
+    const auto ids = b.id_values();
+    for (std::size_t i = 0; i < b.count; ++i) {
+      label_sum += labels[i];
+      id_sum += ids[i];
+    }
+    touched += b.as<float>()[0];
+    if (!deep) return;
+    for (std::size_t i = 0; i < b.count; ++i) {
+      std::uint64_t h = mix64(ids[i] ^ (static_cast<std::uint64_t>(labels[i]) << 48));
+      for (float v : b.sample<float>(i)) {
+        std::uint32_t bits;
+        std::memcpy(&bits, &v, sizeof bits);
+        h = mix64(h ^ bits);
+      }
+      content += h;
+    }
+  }
+  bool same_items(const Tally& o) const {
+    return crops == o.crops && batches == o.batches && label_sum == o.label_sum && id_sum == o.id_sum;
+  }
+};
+
+struct Job {
+  const AugmentOptions& options;
+  std::shared_ptr<const IdxDataset> data;
+  std::vector<Sample> images;  // the plain loop reads these: the same pixels, decoded once
+  Tally expected;              // what every run must deliver
+  std::shared_ptr<BufferPool> image_pool = BufferPool::create();
+  std::shared_ptr<BufferPool> crop_pool = BufferPool::create();
+  std::shared_ptr<BufferPool> batch_pool = BufferPool::create();
+  Normalizer normalizer{kNormalization};
+};
+
+struct RunResult {
+  double seconds = 0;
+  double cpu_seconds = 0;
+  Tally tally;
+  PipelineSummary summary;  // pipeline only
+};
+
+// (a) A real stoker pipeline: reader from memory -> crops on `crop_threads` -> shuffle ->
+// batch -> collate; this thread is the consumer and just touches each batch. The crop stage
+// is the fused crop + mirror + normalize path, or, with `normalize_at_collate`, crop + mirror
+// in uint8 with the normalize fused into the collate, so that crops wait in the shuffle buffer
+// as 576 bytes rather than 2,304.
+RunResult run_pipeline(Job& job, bool deep, bool normalize_at_collate) {
+  const AugmentOptions& o = job.options;
+  RunResult r;
+  const double cpu0 = cpu_seconds();
+  const auto t0 = Clock::now();
+  RandomCropOptions crops{.size = kCrop,
+                          .count = kCropsPerImage,
+                          .mirror = MirrorOptions{.axis = Axis::width, .p = kMirrorP},
+                          .normalize = kNormalization,
+                          .pool = job.crop_pool};
+  Collate collate{.pool = job.batch_pool};
+  if (normalize_at_collate) {
+    crops.normalize.reset();
+    collate.normalize = job.normalizer;
+  }
+  auto pipe = PipelineBuilder{}
+                  .seed(o.seed)
+                  .epochs(1)
+                  .source("read", IdxReader(job.data, {.pool = job.image_pool}))
+                  .flat_map<Sample>("crops", RandomCrops(std::move(crops)), {.threads = o.crop_threads})
+                  .shuffle("shuffle", {.capacity = kShuffle.capacity,
+                                       .min_after_dequeue = kShuffle.min_after_dequeue,
+                                       .seed = o.seed})
+                  .batch("batch", kBatch)
+                  .map("collate", std::move(collate), {.threads = o.collate_threads})
+                  .build();
+  for (auto& batch : pipe.epoch()) r.tally.add(batch, deep);
+  r.seconds = seconds_since(t0);
+  r.cpu_seconds = cpu_seconds() - cpu0;
+  r.summary = pipe.summary();
+  return r;
+}
+
+// Where crop c (= image * kCropsPerImage + k) comes from, drawn exactly as RandomCrops draws.
+struct CropPlan {
+  std::uint16_t y, x;
+  bool flip;
+};
+
+// (b) The same arithmetic with no pipeline, on every core: draw every crop's window and
+// mirror, shuffle the crops with one permutation, then fill each batch in place straight from
+// the images (each output element written once) and touch it. Batch buffers are recycled.
+RunResult run_plain(Job& job, tbb::task_arena& arena, bool deep) {
+  const AugmentOptions& o = job.options;
+  const std::size_t n_images = job.images.size();
+  const std::size_t n_crops = n_images * kCropsPerImage;
+  const std::size_t n_batches = (n_crops + kBatch - 1) / kBatch;
+  const StageContext ctx{.seed = o.seed, .epoch = 0};
+  const Shape crop_shape{1, 1, kCrop.height, kCrop.width, false};
+  RunResult r;
+  std::vector<Tally> tallies(n_batches);
+  const double cpu0 = cpu_seconds();
+  const auto t0 = Clock::now();
+
+  std::vector<CropPlan> plans(n_crops);
+  arena.execute([&] {
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n_images, 256), [&](const auto& range) {
+      for (std::size_t i = range.begin(); i != range.end(); ++i) {
+        Rng rng = sample_rng(ctx, job.images[i].id, kCropSalt);
+        for (int k = 0; k < kCropsPerImage; ++k) {
+          const Window w = random_window(job.images[i].shape, kCrop, rng);
+          const std::uint64_t id = job.images[i].id * kCropsPerImage + static_cast<std::uint64_t>(k);
+          Rng mirror_rng = sample_rng(ctx, id, kMirrorSalt);
+          plans[i * kCropsPerImage + static_cast<std::size_t>(k)] = {
+              static_cast<std::uint16_t>(w.y), static_cast<std::uint16_t>(w.x), mirror_rng.bernoulli(kMirrorP)};
+        }
+      }
+    });
+  });
+
+  // The shuffle: Fisher-Yates, serial as a shuffle buffer's pops are.
+  std::vector<std::uint32_t> order(n_crops);
+  std::iota(order.begin(), order.end(), 0u);
+  Rng shuffle_rng(derive_seed(o.seed, 0, 0x5348));
+  for (std::size_t i = n_crops; i > 1; --i) std::swap(order[i - 1], order[shuffle_rng.below(i)]);
+
+  arena.execute([&] {
+    tbb::parallel_for(tbb::blocked_range<std::size_t>(0, n_batches, 1), [&](const auto& range) {
+      for (std::size_t b = range.begin(); b != range.end(); ++b) {
+        const std::size_t first = b * kBatch, count = std::min(kBatch, n_crops - first);
+        Batch batch = Batch::allocate(*job.batch_pool, crop_shape, DType::f32, count);
+        auto labels = batch.label_values();
+        auto ids = batch.id_values();
+        for (std::size_t s = 0; s < count; ++s) {
+          const std::uint32_t c = order[first + s];
+          const Sample& image = job.images[c / kCropsPerImage];
+          const CropPlan& p = plans[c];
+          crop_mirror_normalize_into(image, {0, p.y, p.x, 1, kCrop.height, kCrop.width}, {.width = p.flip},
+                                     job.normalizer, batch.sample<float>(s));
+          labels[s] = image.label;
+          ids[s] = image.id * kCropsPerImage + c % kCropsPerImage;
+        }
+        tallies[b].add(batch, deep);
+      }
+    });
+  });
+  r.seconds = seconds_since(t0);
+  r.cpu_seconds = cpu_seconds() - cpu0;
+  for (const Tally& t : tallies) {
+    r.tally.crops += t.crops;
+    r.tally.batches += t.batches;
+    r.tally.label_sum += t.label_sum;
+    r.tally.id_sum += t.id_sum;
+    r.tally.content += t.content;
+    r.tally.touched += t.touched;
+  }
+  return r;
+}
+
+void check(const char* what, const Tally& got, const Tally& want) {
+  if (!got.same_items(want)) {
+    std::ostringstream s;
+    s << "augment: broken run, " << what << ": " << got.crops << " of " << want.crops << " crops in " << got.batches
+      << " of " << want.batches << " batches, label sum " << (got.label_sum == want.label_sum ? "ok" : "wrong")
+      << ", id sum " << (got.id_sum == want.id_sum ? "ok" : "wrong");
+    throw std::runtime_error(s.str());
+  }
+}
+
+std::string rate(double crops_per_s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f", crops_per_s / 1e6);
+  return buf;
+}
+
+Json stage_table(const PipelineSummary& s) {
+  Json stages = Json::array();
+  const double wall = std::chrono::duration<double>(s.wall).count();
+  for (const StageStats& st : s.stages) {
+    const double busy = std::chrono::duration<double>(st.busy).count();
+    stages.push_back({{"name", st.name},
+                      {"threads", st.threads},
+                      {"items_in", st.items_in},
+                      {"items_out", st.items_out},
+                      {"busy_s", busy},
+                      {"busy_per_thread_pct", wall > 0 ? 100.0 * busy / (wall * st.threads) : 0.0}});
+  }
+  return stages;
+}
+
+Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
+  if (opt.crop_threads < 1) throw std::invalid_argument("augment: --crop-threads must be at least 1");
+
+  // The decode of the data set is not part of the figure.
+  const auto t_load = Clock::now();
+  IdxDataset full = fashion_mnist(opt.data, "train");
+  if (opt.images != 0 && opt.images < full.size()) {
+    full.labels.resize(opt.images);
+    full.images.count = static_cast<std::uint32_t>(opt.images);
+    full.images.pixels.resize(opt.images * full.images.height * full.images.width);
+  }
+  Job job{.options = opt, .data = std::make_shared<const IdxDataset>(std::move(full)), .images = {}, .expected = {}};
+  const IdxReader loader(job.data, {.pool = job.image_pool});
+  for (std::uint64_t i = 0; i < loader.dataset_size(); ++i) job.images.push_back(loader.read(i));
+  const std::size_t n_images = job.images.size();
+  if (n_images == 0) throw std::invalid_argument("augment: the data set in " + opt.data + " is empty");
+  const std::size_t n_crops = n_images * kCropsPerImage;
+  for (const Sample& s : job.images) {
+    job.expected.label_sum += static_cast<std::int64_t>(s.label) * kCropsPerImage;
+    for (int k = 0; k < kCropsPerImage; ++k)
+      job.expected.id_sum += s.id * kCropsPerImage + static_cast<std::uint64_t>(k);
+  }
+  job.expected.crops = n_crops;
+  job.expected.batches = (n_crops + kBatch - 1) / kBatch;
+  const double load_s = seconds_since(t_load);
+
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int plain_threads = opt.plain_threads > 0 ? opt.plain_threads : cores;
+  tbb::task_arena arena(plain_threads);
+
+  std::cout << "augment: " << n_images << " images x " << kCropsPerImage << " crops " << kCrop.str()
+            << ", mirror p=" << kMirrorP << ", normalize (x/255-0.2860)/0.3530, shuffle " << kShuffle.capacity << "/"
+            << kShuffle.min_after_dequeue << ", batch " << kBatch << "; data loaded in " << std::fixed
+            << std::setprecision(2) << load_s << " s (excluded)\n"
+            << "pipeline: crop stage on " << opt.crop_threads << " threads, oneTBB on " << cores
+            << " cores; plain loop on " << plain_threads << " threads\n";
+
+  struct Contender {
+    const char* name;   // in the JSON
+    const char* label;  // in the table
+    std::function<RunResult(bool deep)> run;
+    std::vector<double> rates, seconds, cpu_ns;
+    RunResult last;
+  };
+  std::vector<Contender> contenders;
+  contenders.push_back({"stoker_pipeline", "stoker pipeline (fused crop stage)",
+                        [&](bool deep) { return run_pipeline(job, deep, false); }, {}, {}, {}, {}});
+  contenders.push_back({"stoker_pipeline_normalize_at_collate", "stoker pipeline (normalize at collate)",
+                        [&](bool deep) { return run_pipeline(job, deep, true); }, {}, {}, {}, {}});
+  contenders.push_back(
+      {"plain_loop", "plain loop", [&](bool deep) { return run_plain(job, arena, deep); }, {}, {}, {}, {}});
+  const std::size_t plain_index = contenders.size() - 1;
+
+  // One untimed round of each, which also checks that all of them make the very same crops:
+  // the plain loop is only a baseline if it does the same arithmetic.
+  std::uint64_t content = 0;
+  for (std::size_t c = 0; c < contenders.size(); ++c) {
+    const RunResult r = contenders[c].run(true);
+    check(contenders[c].name, r.tally, job.expected);
+    if (c == 0) content = r.tally.content;
+    if (r.tally.content != content)
+      throw std::runtime_error(std::string("augment: ") + contenders[c].name + " made other crops than " +
+                               contenders[0].name + " (checksums of the batches differ)");
+  }
+  std::cerr << "augment: warm-up done, every contender made the same " << n_crops << " crops\n";
+
+  const double crops = static_cast<double>(n_crops);
+  for (int rep = 0; rep < common.repeats; ++rep) {
+    std::cerr << "augment: repeat " << rep + 1 << "/" << common.repeats << "\n";
+    // Rotate which goes first, so that slow phases of a busy machine hit all of them alike.
+    for (std::size_t k = 0; k < contenders.size(); ++k) {
+      Contender& c = contenders[(k + static_cast<std::size_t>(rep)) % contenders.size()];
+      RunResult r = c.run(false);
+      check(c.name, r.tally, job.expected);
+      c.rates.push_back(crops / r.seconds);
+      c.seconds.push_back(r.seconds);
+      c.cpu_ns.push_back(r.cpu_seconds * 1e9 / crops);
+      c.last = std::move(r);
+    }
+  }
+
+  const double plain_median = spread(contenders[plain_index].rates).median;
+  std::cout << "\nMcrops/s, median (min-max) of " << common.repeats << " repeats, one epoch of " << n_crops
+            << " crops each; CPU ns per crop (process-wide); ratio to the plain loop\n\n";
+  Json results = Json::array(), ratios = Json::object();
+  for (const Contender& c : contenders) {
+    const Spread sp = spread(c.rates);
+    const double cpu = spread(c.cpu_ns).median;
+    std::cout << "  " << std::left << std::setw(40) << c.label << std::right << std::setprecision(3)
+              << rate(sp.median) << " (" << rate(sp.min) << "-" << rate(sp.max) << ")  " << std::setw(6)
+              << std::setprecision(0) << cpu << " ns  " << std::setprecision(3) << sp.median / plain_median << "\n";
+    results.push_back({{"name", c.name},
+                       {"crops_per_s_median", sp.median},
+                       {"min", sp.min},
+                       {"max", sp.max},
+                       {"samples", c.rates},
+                       {"seconds_median", spread(c.seconds).median},
+                       {"cpu_ns_per_crop_median", cpu}});
+    if (&c != &contenders[plain_index]) ratios[c.name] = sp.median / plain_median;
+  }
+  const double ratio = ratios[contenders[0].name].get<double>();
+  std::cout << "\nstoker pipeline / plain loop: " << std::setprecision(3) << ratio << " (goal >= 0.8)\n\n"
+            << "last run of the stoker pipeline (fused crop stage):\n";
+  print_summary(std::cout, contenders[0].last.summary);
+
+  Json config;
+  config["data"] = opt.data + "/train-images-idx3-ubyte.gz";
+  config["images"] = n_images;
+  config["crops_per_image"] = kCropsPerImage;
+  config["crops_per_epoch"] = n_crops;
+  config["crop"] = {kCrop.height, kCrop.width};
+  config["mirror_p"] = kMirrorP;
+  config["normalize"] = {{"scale", kNormalization.scale}, {"mean", kNormalization.mean[0]},
+                         {"std", kNormalization.std[0]}};
+  config["shuffle"] = {{"capacity", kShuffle.capacity}, {"min_after_dequeue", kShuffle.min_after_dequeue}};
+  config["batch"] = kBatch;
+  config["crop_threads"] = opt.crop_threads;
+  config["collate_threads"] = opt.collate_threads;
+  config["pipeline_tbb_threads"] = cores;
+  config["plain_threads"] = plain_threads;
+  config["repeats"] = common.repeats;
+  config["seed"] = opt.seed;
+  config["load_s"] = load_s;
+  config["figure"] = "crops / seconds for one epoch, data set decode excluded; median over repeats";
+  config["pipeline"] = "IdxReader from memory -> RandomCrops fused (crop+mirror+normalize) flat_map -> shuffle -> "
+                       "batch -> Collate; consumer touches each batch";
+  config["pipeline_normalize_at_collate"] = "the same with RandomCrops doing crop+mirror in uint8 and Collate "
+                                            "normalizing into the float32 batch (same output, bit for bit)";
+  config["plain_loop"] = "tbb::parallel_for: draw windows and mirrors as RandomCrops does, one Fisher-Yates "
+                         "permutation of all crops, then fill each batch in place with crop_mirror_normalize_into";
+  Json out;
+  out["config"] = std::move(config);
+  out["results"] = std::move(results);
+  out["ratio"] = {{"pipeline_over_plain", ratio}, {"goal", 0.8}, {"meets_goal", ratio >= 0.8}, {"all", ratios}};
+  out["verified"] = {{"crops_per_run", n_crops}, {"same_crops_in_all", true}};
+  out["pipeline_stages"] = stage_table(contenders[0].last.summary);
+  out["pipeline_normalize_at_collate_stages"] = stage_table(contenders[1].last.summary);
+  return out;
+}
+
+}  // namespace
+
+SuiteRun setup_augment(CLI::App& command) {
+  auto opt = std::make_shared<AugmentOptions>();
+  command.add_option("--data", opt->data, "Directory with train-images-idx3-ubyte.gz and train-labels-idx1-ubyte.gz")
+      ->capture_default_str();
+  command.add_option("--images", opt->images, "Use only the first N images (0: all)")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 32))
+      ->capture_default_str();
+  command.add_option("--crop-threads", opt->crop_threads, "Threads of the pipeline's crop stage")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  command.add_option("--collate-threads", opt->collate_threads, "Threads of the pipeline's collate stage")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  command.add_option("--plain-threads", opt->plain_threads, "Threads of the plain loop (0: every core)")
+      ->check(CLI::Range(0, 256))
+      ->capture_default_str();
+  command.add_option("--seed", opt->seed, "Seed of the crops, mirrors and shuffle")->capture_default_str();
+  return [opt](const CommonOptions& common) { return run_augment(*opt, common); };
+}
+
+}  // namespace stoker::bench

@@ -1,0 +1,191 @@
+// stoker-bench SUITE [options]: micro- and macro-benchmarks of stoker against the baselines
+// it has to beat, each measured in the same run so that machine noise hits all of them.
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+#include <optional>
+#include <string>
+#include <sys/resource.h>
+#include <thread>
+#include <unistd.h>
+
+#include "bench_suite.h"
+
+namespace stoker::bench {
+
+SuiteRun setup_augment(CLI::App& command);  // bench_augment.cpp
+
+namespace {
+
+// Adding a suite (pipeline, augment, transfer, ...) is one row here and one setup function.
+constexpr Suite kSuites[] = {
+    {"queues", "items/s through BoundedQueue vs tbb::concurrent_bounded_queue vs mutex+condvar",
+     &setup_queues},
+    {"pipeline", "efficiency against the slowest stage; framework cost per item vs tbb::parallel_pipeline",
+     &setup_pipeline},
+    {"augment", "the reference job (Fashion-MNIST crops) in crops/s: stoker pipeline vs a plain loop on all cores",
+     &setup_augment},
+};
+
+// One field of /proc/cpuinfo or /proc/meminfo, without the key; empty when absent.
+std::string proc_field(const char* file, const std::string& key) {
+  std::ifstream in(file);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(key, 0) != 0) continue;
+    const auto colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const auto begin = line.find_first_not_of(" \t", colon + 1);
+    return begin == std::string::npos ? std::string{} : line.substr(begin);
+  }
+  return {};
+}
+
+// Enough to tell two machines apart in docs/benchmarks.md, and nothing that names the host.
+Json describe_machine() {
+  Json machine;
+  machine["cores"] = std::thread::hardware_concurrency();
+  const std::string cpu = proc_field("/proc/cpuinfo", "model name");
+  machine["cpu"] = cpu.empty() ? "unknown" : cpu;
+  const std::string mem_kb = proc_field("/proc/meminfo", "MemTotal");
+  if (!mem_kb.empty()) machine["memory_gib"] = std::stod(mem_kb) / (1024.0 * 1024.0);
+#ifdef __VERSION__
+  machine["compiler"] = __VERSION__;
+#endif
+#ifdef NDEBUG
+  machine["optimized_build"] = true;
+#else
+  machine["optimized_build"] = false;
+#endif
+  return machine;
+}
+
+// How busy the rest of the machine was while a suite ran: figures taken next to a compiler
+// or a test suite on 2 cores are not the machine's figures, and the JSON should say so.
+class BackgroundLoad {
+ public:
+  BackgroundLoad() : start_(sample()) {}
+  Json measure() const {
+    const Sample end = sample();
+    const double wall = std::chrono::duration<double>(end.wall - start_.wall).count();
+    const double capacity = wall * std::max(1u, std::thread::hardware_concurrency());
+    Json load;
+    if (capacity <= 0 || !end.valid || !start_.valid) return load;
+    const double others = (end.busy_s - start_.busy_s) - (end.own_s - start_.own_s);
+    load["other_processes_cpu_pct"] = std::max(0.0, 100.0 * others / capacity);
+    load["steal_pct"] = 100.0 * (end.steal_s - start_.steal_s) / capacity;
+    return load;
+  }
+
+ private:
+  struct Sample {
+    std::chrono::steady_clock::time_point wall;
+    double busy_s = 0, steal_s = 0, own_s = 0;
+    bool valid = false;
+  };
+  static Sample sample() {
+    Sample s;
+    s.wall = std::chrono::steady_clock::now();
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    auto seconds = [](timeval t) { return static_cast<double>(t.tv_sec) + t.tv_usec * 1e-6; };
+    s.own_s = seconds(u.ru_utime) + seconds(u.ru_stime);
+    // cpu  user nice system idle iowait irq softirq steal ...
+    std::ifstream stat("/proc/stat");
+    std::string cpu;
+    double user, nice, system, idle, iowait, irq, softirq, steal;
+    if (!(stat >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal)) return s;
+    const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
+    s.busy_s = (user + nice + system + irq + softirq) / tick;
+    s.steal_s = steal / tick;
+    s.valid = true;
+    return s;
+  }
+  Sample start_;
+};
+
+void add_common_options(CLI::App& command, CommonOptions& common) {
+  command.add_flag("--json", common.json,
+                   "Print the result as one JSON object on the last line of stdout");
+  command.add_option("--repeats", common.repeats, "Repeats; every figure is their median")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+}
+
+// CLI11 puts its hint on a second line; the contract is one line on stderr.
+std::string one_line(std::string message) {
+  std::replace(message.begin(), message.end(), '\n', ' ');
+  return message;
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"stoker-bench: benchmarks of stoker against baselines measured in the same run"};
+  app.name("stoker-bench");
+  app.require_subcommand(1);
+
+  CommonOptions common;
+  std::optional<Suite> chosen;
+  SuiteRun chosen_run;
+  for (const Suite& suite : kSuites) {
+    CLI::App* command = app.add_subcommand(suite.name, suite.summary);
+    add_common_options(*command, common);
+    SuiteRun run = suite.setup(*command);
+    command->callback([&chosen, &chosen_run, &suite, run] {
+      chosen = suite;
+      chosen_run = run;
+    });
+  }
+
+  // CLI11 would call an unknown suite "a missing subcommand"; name it instead.
+  if (argc > 1 && argv[1][0] != '-' &&
+      std::none_of(std::begin(kSuites), std::end(kSuites),
+                   [&](const Suite& s) { return std::string(argv[1]) == s.name; })) {
+    std::string known;
+    for (const Suite& s : kSuites) known += (known.empty() ? "" : ", ") + std::string(s.name);
+    std::cerr << "stoker-bench: unknown suite '" << argv[1] << "' (suites: " << known << ")\n";
+    return 2;
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "stoker-bench: " << one_line(e.what()) << " (see stoker-bench --help)\n";
+    return e.get_exit_code() != 0 ? e.get_exit_code() : 2;
+  }
+
+  Json out;
+  out["suite"] = chosen->name;
+  out["machine"] = describe_machine();
+  const BackgroundLoad load;
+  Json figures = chosen_run(common);
+  out["background_load"] = load.measure();
+  if (const Json& background = out["background_load"]; background.contains("other_processes_cpu_pct")) {
+    const double pct = background["other_processes_cpu_pct"].get<double>();
+    std::cout << "\nother processes used " << static_cast<int>(pct)
+              << "% of the machine's CPU time during this run"
+              << (pct > 10 ? ": a busy machine, so compare the ratios, not the absolute figures" : "")
+              << "\n";
+  }
+  for (auto& field : figures.items()) out[field.key()] = std::move(field.value());
+  if (common.json) std::cout << out.dump() << std::endl;
+  return 0;
+}
+
+}  // namespace
+}  // namespace stoker::bench
+
+int main(int argc, char** argv) {
+  try {
+    return stoker::bench::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cout.flush();
+    std::cerr << "stoker-bench: error: " << stoker::bench::one_line(e.what()) << '\n';
+    return 1;
+  }
+}

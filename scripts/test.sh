@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Builds stoker into build/ (incrementally), runs every test, then proves that
+# find_package(stoker) works from an install prefix with the consumer in tests/consumer.
+#
+#   scripts/test.sh [--no-consumer]
+#
+#   --no-consumer       run ctest only, skip the install and consumer step (sanitizer builds)
+#   STOKER_BUILD_DIR    build directory (default: build)
+#   STOKER_CMAKE_ARGS   extra cmake arguments, space-separated (reconfigures when they change)
+#   STOKER_CTEST_JOBS   tests run in parallel (default: all cores)
+#   STOKER_CTEST_ARGS   extra ctest arguments, space-separated, e.g. "-R test_core"
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+
+consumer=1
+for arg in "$@"; do
+  case "$arg" in
+    --no-consumer) consumer=0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
+    *) echo "test.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
+  esac
+done
+
+build_dir="${STOKER_BUILD_DIR:-build}"
+case "$build_dir" in /*) ;; *) build_dir="$root/$build_dir" ;; esac
+export STOKER_BUILD_DIR="$build_dir"
+
+bash "$root/scripts/build.sh"
+
+ctest_args=()
+read -r -a ctest_args <<<"${STOKER_CTEST_ARGS:-}"
+echo "test: running ctest in $build_dir ${ctest_args[*]}"
+ctest --test-dir "$build_dir" --output-on-failure --no-tests=error \
+  -j "${STOKER_CTEST_JOBS:-$(nproc)}" "${ctest_args[@]}"
+
+if ((consumer)); then
+  prefix="$build_dir/install"
+  consumer_dir="$build_dir/consumer"
+  echo "test: installing into $prefix"
+  # A clean prefix, so that a header or target removed from the project cannot linger there.
+  rm -rf "$prefix"
+  cmake --install "$build_dir" --prefix "$prefix"
+
+  echo "test: building tests/consumer against $prefix"
+  # --fresh: find_package must succeed from scratch every time, not from a cached stoker_DIR.
+  # The package registry is off so that only the install prefix can satisfy it.
+  cmake --fresh -S tests/consumer -B "$consumer_dir" -G Ninja \
+    -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_PREFIX_PATH="$prefix" \
+    -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
+  cmake --build "$consumer_dir"
+  "$consumer_dir/stoker-consumer"
+fi
+
+echo "test.sh: PASSED ($([[ $consumer == 1 ]] && echo "tests and find_package consumer" || echo "tests") in ${build_dir#"$root"/})"

@@ -1,0 +1,8 @@
+// Every reader: IDX (MNIST), NumPy .npy, raw volumes and synthetic samples.
+#pragma once
+
+#include "stoker/stages/idx.h"
+#include "stoker/stages/npy.h"
+#include "stoker/stages/raw.h"
+#include "stoker/stages/reader.h"
+#include "stoker/stages/synthetic.h"
