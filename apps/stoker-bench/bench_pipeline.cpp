@@ -155,7 +155,7 @@ Json run_suite(const Config& cfg, const CommonOptions& common) {
   // The example (20 us serial, 40 us on 2 threads, 10 us serial) needs 70 us of CPU
   // per item: on fewer than 5 cores the machine, not its slowest stage, is the limit. Scale
   // the other stages down there, so the slowest stage is the one limit being measured.
-  const std::string stages_text = !cfg.stages.empty() ? cfg.stages : cores >= 5 ? "20:1,40:2,10:1" : "20:1,8:2,4:1";
+  const std::string stages_text = !cfg.stages.empty() ? cfg.stages : cores >= 5 ? "20:1,40:2,10:1" : "20:1,4:2,2:1";
   const auto specs = parse_stages(stages_text);
   const int threads = cfg.threads > 0 ? cfg.threads : cores;
   const Work work;
@@ -212,7 +212,7 @@ Json run_suite(const Config& cfg, const CommonOptions& common) {
 SuiteRun setup_pipeline(CLI::App& command) {
   auto cfg = std::make_shared<Config>();
   command.add_option("--stages", cfg->stages,
-                     "Stages as US:THREADS,... (default 20:1,40:2,10:1 on 5+ cores, else 20:1,8:2,4:1)");
+                     "Stages as US:THREADS,... (default 20:1,40:2,10:1 on 5+ cores, else 20:1,4:2,2:1)");
   command.add_option("--items", cfg->items, "Items per run (default: about 2 s of the slowest stage)");
   command.add_option("--overhead-items", cfg->overhead_items, "Items through the empty-stage chain")
       ->capture_default_str();
