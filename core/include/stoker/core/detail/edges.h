@@ -220,7 +220,6 @@ template <class T>
 class Output {
  public:
   void attach(Edge<T>* edge) { edge_ = edge; }
-  Edge<T>& edge() const { return *edge_; }
 
   void emit(Envelope<T>&& e) {
     if (parked_.load() == 0 && edge_->try_push(e)) return;
