@@ -39,12 +39,12 @@ struct Batch {
   /// All the elements as T; throws std::invalid_argument if T is not the batch's type.
   template <class T>
   std::span<T> as() {
-    check<T>();
+    check_dtype<T>(dtype, "batch");
     return {reinterpret_cast<T*>(data.data()), count * shape.elements()};
   }
   template <class T>
   std::span<const T> as() const {
-    check<T>();
+    check_dtype<T>(dtype, "batch");
     return {reinterpret_cast<const T*>(data.data()), count * shape.elements()};
   }
   /// Sample i's elements as T.
@@ -64,14 +64,6 @@ struct Batch {
   std::span<std::uint64_t> id_values() noexcept { return {reinterpret_cast<std::uint64_t*>(ids.data()), count}; }
   std::span<const std::uint64_t> id_values() const noexcept {
     return {reinterpret_cast<const std::uint64_t*>(ids.data()), count};
-  }
-
- private:
-  template <class T>
-  void check() const {
-    if (dtype_of<std::remove_const_t<T>>() != dtype)
-      throw std::invalid_argument(std::string("batch holds ") + dtype_name(dtype) + ", not " +
-                                  dtype_name(dtype_of<std::remove_const_t<T>>()));
   }
 };
 

@@ -27,6 +27,14 @@ constexpr DType dtype_of<std::uint16_t>() { return DType::u16; }
 template <>
 constexpr DType dtype_of<float>() { return DType::f32; }
 
+/// Throws std::invalid_argument unless T is `held`, the element type of a `holder`.
+template <class T>
+void check_dtype(DType held, const char* holder) {
+  using U = std::remove_const_t<T>;
+  if (dtype_of<U>() != held)
+    throw std::invalid_argument(std::string(holder) + " holds " + dtype_name(held) + ", not " + dtype_name(dtype_of<U>()));
+}
+
 /// Channels, depth, height, width. A 2D image has depth 1 and `volume == false`.
 struct Shape {
   std::uint32_t channels = 1, depth = 1, height = 1, width = 1;
@@ -53,21 +61,13 @@ struct Sample {
   /// The elements as T; throws std::invalid_argument if T is not the sample's type.
   template <class T>
   std::span<T> as() {
-    check<T>();
+    check_dtype<T>(dtype, "sample");
     return {reinterpret_cast<T*>(data.data()), shape.elements()};
   }
   template <class T>
   std::span<const T> as() const {
-    check<T>();
+    check_dtype<T>(dtype, "sample");
     return {reinterpret_cast<const T*>(data.data()), shape.elements()};
-  }
-
- private:
-  template <class T>
-  void check() const {
-    if (dtype_of<std::remove_const_t<T>>() != dtype)
-      throw std::invalid_argument(std::string("sample holds ") + dtype_name(dtype) + ", not " +
-                                  dtype_name(dtype_of<std::remove_const_t<T>>()));
   }
 };
 
