@@ -28,6 +28,17 @@ extern "C" void __tsan_release(void* addr);
 #define STOKER_TSAN_RELEASE(p) ((void)0)
 #endif
 
+namespace stoker {
+
+namespace {
+// The pipeline whose stage body this thread is running, if any.
+thread_local const detail::PipelineCore* running_for = nullptr;
+}  // namespace
+
+bool stop_requested() noexcept { return running_for && running_for->stopping(); }
+
+}  // namespace stoker
+
 namespace stoker::detail {
 
 using Clock = std::chrono::steady_clock;
@@ -100,6 +111,10 @@ void StageBase::run() {
   const auto started = Clock::now();
   Clock::duration lingered{};
   Step step_result = Step::done;
+  running_for = &core_;
+  struct Unmark {
+    ~Unmark() { running_for = nullptr; }
+  } unmark;
   for (;;) {
     try {
       do step_result = step();
@@ -305,6 +320,12 @@ void PipelineCore::begin_epoch(std::uint32_t epoch) {
 }
 
 void PipelineCore::fail(const std::string& stage, std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const PipelineStopped&) {
+    if (stopping()) return;  // gave up because of the stop, not the cause of one
+  } catch (...) {
+  }
   {
     std::lock_guard lock(error_mutex_);
     if (!error_) {

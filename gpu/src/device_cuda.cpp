@@ -1,7 +1,8 @@
+// The CUDA backend. Every call goes through STOKER_CUDA_CHECK; destructors never throw.
 #include <cuda_runtime_api.h>
 
+#include "backends.h"
 #include "cuda_check.h"
-#include "stoker/gpu/device.h"
 
 namespace stoker::gpu {
 
@@ -17,4 +18,105 @@ int cuda_device_count() noexcept {
   return count;
 }
 
+namespace detail {
+
+namespace {
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent() { STOKER_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming)); }
+  ~CudaEvent() override { (void)cudaEventDestroy(event); }
+  bool done() override {
+    const cudaError_t status = cudaEventQuery(event);
+    if (status == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    STOKER_CUDA_CHECK(status);
+    return true;
+  }
+  void synchronize() override { STOKER_CUDA_CHECK(cudaEventSynchronize(event)); }
+  cudaEvent_t event{};
+};
+
+class CudaStream final : public Stream {
+ public:
+  explicit CudaStream(DeviceBase& device) : device_(device) {
+    // Non-blocking: no implicit ordering with the legacy default stream.
+    STOKER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
+  ~CudaStream() override {
+    (void)cudaStreamSynchronize(stream_);
+    (void)cudaStreamDestroy(stream_);
+  }
+
+  void copy_to_device(void* dst, const void* src, std::size_t bytes) override {
+    STOKER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    device_.counted_h2d(bytes);
+  }
+  void copy_to_host(void* dst, const void* src, std::size_t bytes) override {
+    STOKER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    device_.counted_d2h(bytes);
+  }
+  void copy_on_device(void* dst, const void* src, std::size_t bytes) override {
+    STOKER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+  void record(Event& event) override {
+    STOKER_CUDA_CHECK(cudaEventRecord(static_cast<CudaEvent&>(event).event, stream_));
+  }
+  void wait(Event& event) override {
+    STOKER_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<CudaEvent&>(event).event, 0));
+  }
+  void host_task(std::function<void()> fn) override {
+    auto* owned = new std::function<void()>(std::move(fn));
+    const cudaError_t status = cudaLaunchHostFunc(
+        stream_,
+        [](void* p) {
+          std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()>*>(p));
+          (*f)();
+        },
+        owned);
+    if (status != cudaSuccess) delete owned;
+    STOKER_CUDA_CHECK(status);
+  }
+  void synchronize() override { STOKER_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void* native_handle() noexcept override { return stream_; }
+
+ private:
+  DeviceBase& device_;
+  cudaStream_t stream_{};
+};
+
+class CudaDevice final : public DeviceBase {
+ public:
+  CudaDevice() {
+    STOKER_CUDA_CHECK(cudaSetDevice(0));
+    cudaDeviceProp props{};
+    STOKER_CUDA_CHECK(cudaGetDeviceProperties(&props, 0));
+    name_ = std::string(props.name) + " (cuda:0)";
+  }
+  Backend backend() const noexcept override { return Backend::cuda; }
+  std::string name() const override { return name_; }
+  std::unique_ptr<Stream> make_stream() override { return std::make_unique<CudaStream>(*this); }
+  std::unique_ptr<Event> make_event() override { return std::make_unique<CudaEvent>(); }
+  Memory allocate(std::size_t bytes) override {
+    void* p = nullptr;
+    STOKER_CUDA_CHECK(cudaMalloc(&p, bytes));
+    return Memory(p, bytes, [](void* q) noexcept { (void)cudaFree(q); });
+  }
+  Memory allocate_pinned(std::size_t bytes) override {
+    void* p = nullptr;
+    STOKER_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
+    return Memory(p, bytes, [](void* q) noexcept { (void)cudaFreeHost(q); });
+  }
+
+ private:
+  std::string name_;
+};
+
+}  // namespace
+
+std::shared_ptr<Device> open_cuda_device() { return std::make_shared<CudaDevice>(); }
+
+}  // namespace detail
 }  // namespace stoker::gpu

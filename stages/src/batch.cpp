@@ -45,7 +45,7 @@ Batch collate(const std::vector<Sample>& in, DType out_type, BufferPool& pool, F
   prefetch(0);
   for (std::size_t i = 0; i < in.size(); ++i) {
     prefetch(i + 1);
-    fill(in[i], b.data.data() + i * out_bytes);
+    fill(in[i], b.data() + i * out_bytes);
     labels[i] = in[i].label;
     ids[i] = in[i].id;
   }
@@ -59,9 +59,7 @@ Batch Batch::allocate(BufferPool& pool, Shape shape, DType dtype, std::size_t co
   b.shape = shape;
   b.dtype = dtype;
   b.count = count;
-  b.data = pool.acquire(count * b.sample_bytes());
-  b.labels = pool.acquire(count * sizeof(std::int32_t));
-  b.ids = pool.acquire(count * sizeof(std::uint64_t));
+  b.storage = pool.acquire(storage_bytes(shape, dtype, count));
   return b;
 }
 

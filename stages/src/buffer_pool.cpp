@@ -45,12 +45,12 @@ Buffer BufferPool::acquire(std::size_t bytes) {
       it->second.pop_back();
       cached_ -= bytes;
       reuses_.fetch_add(1, std::memory_order_relaxed);
-      return Buffer(p, bytes, shared_from_this());
+      return wrap(p, bytes);
     }
   }
   allocations_.fetch_add(1, std::memory_order_relaxed);
   auto* p = static_cast<std::byte*>(::operator new[](bytes, kAlign));
-  return Buffer(p, bytes, shared_from_this());
+  return wrap(p, bytes);
 }
 
 void BufferPool::release(std::byte* data, std::size_t size) noexcept {

@@ -1,10 +1,300 @@
+// The device layer on the CPU backend, which every machine has: streams, events, pools and the
+// host-to-device stage. The same code runs on the CUDA backend; see test_augment for kernels.
 #include <doctest/doctest.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <future>
+#include <mutex>
+#include <numeric>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "stoker/core/pipeline.h"
 #include "stoker/gpu/device.h"
+#include "stoker/gpu/staging.h"
+#include "stoker/stages/batch.h"
+
+using namespace std::chrono_literals;
+using stoker::gpu::Device;
+using stoker::gpu::SlotPool;
+
+namespace {
+
+// A closed gate that work on a stream can be made to wait at, to hold the stream back.
+class Gate {
+ public:
+  void open() {
+    {
+      std::lock_guard lock(mutex_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  void pass() {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [&] { return open_; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+// Appends to a log from any thread.
+class Log {
+ public:
+  void add(std::string s) {
+    std::lock_guard lock(mutex_);
+    entries_.push_back(std::move(s));
+  }
+  std::vector<std::string> entries() {
+    std::lock_guard lock(mutex_);
+    return entries_;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::string> entries_;
+};
+
+std::shared_ptr<Device> cpu() { return Device::open("cpu"); }
+
+}  // namespace
 
 TEST_CASE("cuda_device_count answers without throwing, with or without a GPU") {
   const int n = stoker::gpu::cuda_device_count();
   CHECK(n >= 0);
   if (!stoker::gpu::built_with_cuda()) CHECK(n == 0);
   if (n == 0) MESSAGE("no CUDA device found: GPU tests are skipped on this machine");
+}
+
+TEST_CASE("Device::open picks the backend and rejects what it cannot give") {
+  CHECK(cpu()->backend() == stoker::gpu::Backend::cpu);
+  CHECK_THROWS_WITH_AS(Device::open("tpu"), doctest::Contains("expected auto, cpu or cuda"), std::invalid_argument);
+  if (stoker::gpu::cuda_device_count() == 0) {
+    CHECK(Device::open("auto")->backend() == stoker::gpu::Backend::cpu);
+    CHECK_THROWS_WITH_AS(Device::open("cuda"), doctest::Contains("device 'cuda'"), std::runtime_error);
+  } else {
+    CHECK(Device::open("auto")->backend() == stoker::gpu::Backend::cuda);
+  }
+}
+
+TEST_CASE("a stream runs its work in order and an event completes when the stream reaches it" *
+          doctest::timeout(30)) {
+  auto device = cpu();
+  auto stream = device->make_stream();
+  auto event = device->make_event();
+  CHECK(event->done());  // never recorded
+
+  Gate gate;
+  Log log;
+  std::vector<int> src(1000), dst(1000, -1);
+  std::iota(src.begin(), src.end(), 0);
+  stream->host_task([&] {
+    gate.pass();
+    log.add("first");
+  });
+  stream->copy_to_device(dst.data(), src.data(), src.size() * sizeof(int));
+  stream->record(*event);
+  stream->host_task([&] { log.add("after copy"); });
+
+  std::this_thread::sleep_for(20ms);
+  CHECK_FALSE(event->done());  // held back by the gate: recording does not complete anything
+  CHECK(dst[999] == -1);
+  gate.open();
+  event->synchronize();
+  CHECK(dst == src);
+  stream->synchronize();
+  CHECK(log.entries() == std::vector<std::string>{"first", "after copy"});
+  const auto counts = device->transfers();
+  CHECK(counts.h2d_copies == 1);
+  CHECK(counts.h2d_bytes == src.size() * sizeof(int));
+  CHECK(counts.d2h_copies == 0);
+}
+
+TEST_CASE("a stream waits for another stream's event without the host waiting" * doctest::timeout(30)) {
+  auto device = cpu();
+  auto producer = device->make_stream(), consumer = device->make_stream();
+  auto event = device->make_event();
+  Gate gate;
+  Log log;
+  producer->host_task([&] {
+    gate.pass();
+    log.add("produced");
+  });
+  producer->record(*event);
+  consumer->wait(*event);  // returns at once: only the consumer stream waits
+  consumer->host_task([&] { log.add("consumed"); });
+  // A later record does not move the point the wait already saw.
+  producer->host_task([&] { log.add("later"); });
+
+  std::this_thread::sleep_for(20ms);
+  CHECK(log.entries().empty());
+  gate.open();
+  consumer->synchronize();
+  producer->synchronize();
+  const auto entries = log.entries();
+  REQUIRE(entries.size() == 3);
+  CHECK(entries[0] == "produced");
+}
+
+TEST_CASE("a slot pool hands out its fixed buffers, reuses them and reports exhaustion" * doctest::timeout(30)) {
+  auto pool = SlotPool::create(cpu(), SlotPool::Kind::pinned, 2, 4096);
+  auto a = pool->acquire(4096);
+  auto b = pool->acquire(100);
+  CHECK(b.size() == 100);
+  CHECK(pool->in_use() == 2);
+  CHECK_FALSE(pool->try_acquire(1).has_value());
+  const std::byte* address = a.data();
+  a = stoker::Buffer();
+  auto c = pool->try_acquire(64);
+  REQUIRE(c.has_value());
+  CHECK(c->data() == address);  // the same memory, not a new allocation
+  CHECK_THROWS_WITH_AS(pool->acquire(4097), doctest::Contains("4097 bytes asked for"), std::invalid_argument);
+  CHECK_THROWS_AS(SlotPool::create(cpu(), SlotPool::Kind::device, 0, 1), std::invalid_argument);
+}
+
+TEST_CASE("a buffer released after stream work returns once that work is done, without a host wait" *
+          doctest::timeout(30)) {
+  auto device = cpu();
+  auto stream = device->make_stream();
+  auto pool = SlotPool::create(device, SlotPool::Kind::device, 1, 256);
+  Gate gate;
+  stream->host_task([&] { gate.pass(); });
+  pool->release_after(pool->acquire(256), *stream);  // returns at once
+  CHECK_FALSE(pool->try_acquire(256).has_value());
+
+  // A blocked acquire() comes back as soon as the stream passes the event.
+  auto waiter = std::async(std::launch::async, [&] { return pool->acquire(256).size(); });
+  CHECK(waiter.wait_for(30ms) == std::future_status::timeout);
+  gate.open();
+  CHECK(waiter.get() == 256);
+}
+
+namespace {
+
+constexpr std::size_t kBatch = 8;
+const stoker::Shape kShape{.channels = 1, .height = 4, .width = 4};
+
+// A pipeline of `n` samples whose pixels are their id, collated into `to_device`'s staging
+// buffers and copied by it.
+auto device_pipeline(const stoker::gpu::ToDevice& to_device, std::size_t n, std::uint32_t epochs = 1) {
+  auto pool = stoker::BufferPool::create();
+  return stoker::PipelineBuilder{}
+      .threads(2)
+      .epochs(epochs)
+      .source("read",
+              [pool, n, i = std::size_t{0}]() mutable -> std::optional<stoker::Sample> {
+                if (i == n) {
+                  i = 0;
+                  return std::nullopt;
+                }
+                stoker::Sample s(*pool, kShape, stoker::DType::f32, static_cast<std::int32_t>(i % 10), i);
+                for (float& x : s.as<float>()) x = static_cast<float>(i);
+                ++i;
+                return s;
+              })
+      .batch("batch", kBatch)
+      .map("collate", stoker::Collate{.pool = to_device.staging()})
+      .map("h2d", to_device, {.queue = 2})
+      .build();
+}
+
+std::size_t storage_bytes() { return stoker::Batch::storage_bytes(kShape, stoker::DType::f32, kBatch); }
+
+}  // namespace
+
+TEST_CASE("ToDevice delivers every batch with one copy each and its buffers recycled" * doctest::timeout(60)) {
+  auto device = cpu();
+  stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 4});
+  auto compute = device->make_stream();
+  constexpr std::size_t kSamples = 20 * kBatch + 3;
+  auto pipe = device_pipeline(to_device, kSamples, 2);
+
+  std::size_t batches = 0, samples = 0;
+  std::vector<int> seen(kSamples, 0);
+  while (!pipe.finished()) {
+    for (auto& b : pipe.epoch()) {
+      compute->wait(b.ready());
+      compute->synchronize();  // the test reads the batch on the host: CPU-backend memory
+      const float* x = b.data_as<float>();
+      for (std::size_t i = 0; i < b.count; ++i) {
+        const auto id = static_cast<std::size_t>(x[i * kShape.elements()]);
+        REQUIRE(id < kSamples);
+        ++seen[id];
+        CHECK(x[i * kShape.elements() + kShape.elements() - 1] == static_cast<float>(id));
+        CHECK(b.labels()[i] == static_cast<std::int32_t>(id % 10));
+        CHECK(b.host_labels[i] == b.labels()[i]);
+      }
+      samples += b.count;
+      ++batches;
+      b.release_after(*compute);
+    }
+  }
+  CHECK(samples == 2 * kSamples);
+  for (int n : seen) CHECK(n == 2);
+  const auto counts = device->transfers();
+  CHECK(counts.h2d_copies == batches);
+  CHECK(counts.d2h_copies == 0);
+  CHECK(to_device.staging()->slots() == 2);  // 42 batches went through two pinned buffers
+}
+
+TEST_CASE("with two device buffers the copy of batch i+1 completes while compute on batch i is held" *
+          doctest::timeout(60)) {
+  auto device = cpu();
+  stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
+  auto compute = device->make_stream();
+  auto pipe = device_pipeline(to_device, 4 * kBatch);
+
+  Gate gate;
+  Log log;
+  auto first = pipe.next();
+  REQUIRE(first.has_value());
+  compute->wait(first->ready());
+  compute->host_task([&] {
+    gate.pass();
+    log.add("compute 0 done");
+  });
+  first->release_after(*compute);
+
+  auto second = pipe.next();  // the copy of batch 1 is issued while compute 0 is held
+  REQUIRE(second.has_value());
+  second->ready().synchronize();
+  log.add("copy 1 done");
+  gate.open();
+  compute->synchronize();
+  CHECK(log.entries() == std::vector<std::string>{"copy 1 done", "compute 0 done"});
+  second->release_after(*compute);
+}
+
+TEST_CASE("a pipeline stops while its device pool is exhausted by the consumer" * doctest::timeout(60)) {
+  auto device = cpu();
+  stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
+  std::vector<stoker::gpu::DeviceBatch> held;
+  auto stopped = std::async(std::launch::async, [&] {
+    auto pipe = device_pipeline(to_device, 50 * kBatch);
+    held.push_back(*pipe.next());
+    held.push_back(*pipe.next());  // the h2d stage now waits for a device buffer
+    std::this_thread::sleep_for(20ms);
+    const auto t0 = std::chrono::steady_clock::now();
+    pipe.stop();
+    return std::chrono::steady_clock::now() - t0;
+  });
+  REQUIRE(stopped.wait_for(10s) == std::future_status::ready);
+  CHECK(stopped.get() < 1s);
+  held.clear();
+  CHECK(to_device.device_pool()->in_use() == 0);
+}
+
+TEST_CASE("ToDevice rejects a batch that was not collated into its staging buffers") {
+  stoker::gpu::ToDevice to_device(cpu(), {.bytes = storage_bytes()});
+  auto pool = stoker::BufferPool::create();
+  auto batch = stoker::Batch::allocate(*pool, kShape, stoker::DType::f32, kBatch);
+  CHECK_THROWS_WITH_AS(to_device(std::move(batch)), doctest::Contains("staging pool"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(stoker::gpu::ToDevice(cpu(), {}), doctest::Contains("bytes"), std::invalid_argument);
 }

@@ -436,7 +436,7 @@ TEST_SUITE("batch") {
     CHECK(b.dtype == DType::f32);
     CHECK(b.shape == Shape{2, 3, 4, 5, true});
     CHECK(b.dims() == std::vector<std::size_t>{7, 2, 3, 4, 5});
-    CHECK(b.data.size() == 7 * 120 * sizeof(float));
+    CHECK(b.data_bytes() == 7 * 120 * sizeof(float));
     const auto v = b.as<float>();
     for (std::size_t i = 0; i < 7; ++i) {
       CHECK(b.label_values()[i] == static_cast<std::int32_t>(i % 3));
@@ -468,9 +468,9 @@ TEST_SUITE("batch") {
     const Batch b = Collate{.pool = pool}(std::move(normalized));
     CHECK(a.dtype == DType::f32);
     CHECK(a.dims() == b.dims());
-    CHECK(std::memcmp(a.data.data(), b.data.data(), b.data.size()) == 0);
-    CHECK(std::memcmp(a.labels.data(), b.labels.data(), b.labels.size()) == 0);
-    CHECK(std::memcmp(a.ids.data(), b.ids.data(), b.ids.size()) == 0);
+    CHECK(std::memcmp(a.data(), b.data(), b.data_bytes()) == 0);
+    CHECK(std::ranges::equal(a.label_values(), b.label_values()));
+    CHECK(std::ranges::equal(a.id_values(), b.id_values()));
 
     std::vector<Sample> rgb;
     rgb.push_back(noise(*pool, {3, 1, 4, 4}, DType::u8, 0));

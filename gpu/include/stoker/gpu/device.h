@@ -1,8 +1,17 @@
-// What the process can see of CUDA devices. Plain C++: no CUDA header here.
+// One device interface, two backends: CUDA, and a CPU backend that emulates a device on host
+// memory (a stream is an in-order worker thread, an event really records completion), so that
+// everything built on this interface runs and is tested on a machine without a GPU.
+// Plain C++: no CUDA header here.
 #pragma once
 
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace stoker::gpu {
 
@@ -21,6 +30,109 @@ class CudaError : public std::runtime_error {
 
  private:
   int code_;
+};
+
+enum class Backend : std::uint8_t { cpu, cuda };
+const char* backend_name(Backend b) noexcept;  ///< "cpu" or "cuda"
+
+/// Copies between host and device, counted as they are issued.
+struct TransferCounts {
+  std::uint64_t h2d_copies = 0, h2d_bytes = 0;
+  std::uint64_t d2h_copies = 0, d2h_bytes = 0;
+};
+
+/// A point in a stream's work. Recording it again moves the point; waits already issued keep
+/// the point they saw, as with CUDA events. Not for concurrent use by several threads.
+class Event {
+ public:
+  virtual ~Event() = default;
+  /// True once all the work issued to the stream before the last record() has finished, or
+  /// if the event was never recorded. Never waits.
+  virtual bool done() = 0;
+  /// Waits on the host until done(). The pipeline never calls it; tests and sync mode do.
+  virtual void synchronize() = 0;
+};
+
+/// An in-order queue of device work. Issuing work never waits for the device.
+/// Thread-safe to issue to, but the order of work issued from two threads at once is theirs.
+class Stream {
+ public:
+  virtual ~Stream() = default;
+  /// Asynchronous copies. Both buffers must stay valid, and the source unchanged, until an
+  /// event recorded after the copy is done.
+  virtual void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes) = 0;
+  virtual void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes) = 0;
+  virtual void copy_on_device(void* device_dst, const void* device_src, std::size_t bytes) = 0;
+  /// Marks the present end of the stream's work.
+  virtual void record(Event& event) = 0;
+  /// Work issued to this stream from now on starts after `event`'s recorded point. The host
+  /// does not wait.
+  virtual void wait(Event& event) = 0;
+  /// Calls `fn` on a host thread once the work issued before it is done; later work waits for
+  /// it. `fn` must not throw nor issue work to a stream.
+  virtual void host_task(std::function<void()> fn) = 0;
+  /// Waits on the host for everything issued so far.
+  virtual void synchronize() = 0;
+  /// cudaStream_t for the CUDA backend, null for the CPU backend.
+  virtual void* native_handle() noexcept = 0;
+};
+
+/// Memory of a device, or page-locked host memory: an owner that frees it when destroyed.
+class Memory {
+ public:
+  using Free = void (*)(void*) noexcept;
+  Memory() = default;
+  Memory(void* data, std::size_t size, Free free) noexcept
+      : data_(static_cast<std::byte*>(data)), size_(size), free_(free) {}
+  Memory(Memory&& o) noexcept : data_(o.data_), size_(o.size_), free_(o.free_) { o.data_ = nullptr; }
+  Memory& operator=(Memory&& o) noexcept {
+    Memory old(std::move(*this));
+    data_ = o.data_, size_ = o.size_, free_ = o.free_;
+    o.data_ = nullptr;
+    return *this;
+  }
+  ~Memory() {
+    if (data_) free_(data_);
+  }
+
+  std::byte* data() const noexcept { return data_; }
+  std::size_t size() const noexcept { return size_; }
+
+ private:
+  std::byte* data_ = nullptr;
+  std::size_t size_ = 0;
+  Free free_ = nullptr;
+};
+
+/// A device. Thread-safe. Streams, events and memory it made must not outlive it.
+class Device {
+ public:
+  /// "auto" picks CUDA when a device is visible, else the CPU backend; "cpu"; "cuda" throws
+  /// std::runtime_error when this build has no CUDA backend or no device is visible.
+  /// Anything else throws std::invalid_argument.
+  static std::shared_ptr<Device> open(std::string_view backend = "auto");
+
+  virtual ~Device() = default;
+  virtual Backend backend() const noexcept = 0;
+  /// What it is, for logs: "NVIDIA H100 80GB HBM3 (cuda:0)", or "cpu".
+  virtual std::string name() const = 0;
+
+  virtual std::unique_ptr<Stream> make_stream() = 0;
+  virtual std::unique_ptr<Event> make_event() = 0;
+  /// Device memory; on the CPU backend, host memory. 256-byte aligned. Contents undefined.
+  virtual Memory allocate(std::size_t bytes) = 0;
+  /// Page-locked host memory, which a device copies from asynchronously (cudaHostAlloc).
+  virtual Memory allocate_pinned(std::size_t bytes) = 0;
+
+  /// Copies issued so far by all of this device's streams.
+  TransferCounts transfers() const noexcept;
+
+ protected:
+  void count_h2d(std::size_t bytes) noexcept;
+  void count_d2h(std::size_t bytes) noexcept;
+
+ private:
+  std::atomic<std::uint64_t> h2d_copies_{0}, h2d_bytes_{0}, d2h_copies_{0}, d2h_bytes_{0};
 };
 
 }  // namespace stoker::gpu

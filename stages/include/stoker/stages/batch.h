@@ -18,34 +18,45 @@
 
 namespace stoker {
 
-/// `count` samples of one `shape` and `dtype`, one after the other in `data`:
-/// (N, C, [D,] H, W). Labels and ids in sample order. All three buffers come from a
-/// BufferPool and go back to it when the batch is destroyed.
+/// `count` samples of one `shape` and `dtype` in one buffer from a BufferPool: the samples
+/// one after the other, (N, C, [D,] H, W), then `count` int32 labels, then `count` uint64 ids,
+/// in sample order. One buffer, so that one copy moves a batch to a device: samples and
+/// labels are its first payload_bytes(). The buffer goes back to its pool with the batch.
 struct Batch {
-  Buffer data;
+  Buffer storage;
   Shape shape;  ///< of one sample
   DType dtype = DType::f32;
   std::size_t count = 0;
-  Buffer labels;  ///< `count` int32
-  Buffer ids;     ///< `count` uint64
 
   /// An uninitialised batch of `count` samples, for code that fills it in place.
   static Batch allocate(BufferPool& pool, Shape shape, DType dtype, std::size_t count);
+  /// Bytes a batch of this geometry takes in its pool.
+  static std::size_t storage_bytes(Shape shape, DType dtype, std::size_t count) noexcept {
+    return ids_offset(shape, dtype, count) + count * sizeof(std::uint64_t);
+  }
 
   /// N, C, [D,] H, W: D only for volumes.
   std::vector<std::size_t> dims() const;
   std::size_t sample_bytes() const noexcept { return shape.elements() * dtype_size(dtype); }
+  std::size_t data_bytes() const noexcept { return count * sample_bytes(); }
+  /// Where the labels start in `storage`: after the samples, 64-byte aligned.
+  std::size_t labels_offset() const noexcept { return labels_offset(shape, dtype, count); }
+  /// Samples and labels: what a device needs.
+  std::size_t payload_bytes() const noexcept { return labels_offset() + count * sizeof(std::int32_t); }
+
+  std::byte* data() noexcept { return storage.data(); }
+  const std::byte* data() const noexcept { return storage.data(); }
 
   /// All the elements as T; throws std::invalid_argument if T is not the batch's type.
   template <class T>
   std::span<T> as() {
     check_dtype<T>(dtype, "batch");
-    return {reinterpret_cast<T*>(data.data()), count * shape.elements()};
+    return {reinterpret_cast<T*>(data()), count * shape.elements()};
   }
   template <class T>
   std::span<const T> as() const {
     check_dtype<T>(dtype, "batch");
-    return {reinterpret_cast<const T*>(data.data()), count * shape.elements()};
+    return {reinterpret_cast<const T*>(data()), count * shape.elements()};
   }
   /// Sample i's elements as T.
   template <class T>
@@ -57,13 +68,26 @@ struct Batch {
     return as<T>().subspan(i * shape.elements(), shape.elements());
   }
 
-  std::span<std::int32_t> label_values() noexcept { return {reinterpret_cast<std::int32_t*>(labels.data()), count}; }
-  std::span<const std::int32_t> label_values() const noexcept {
-    return {reinterpret_cast<const std::int32_t*>(labels.data()), count};
+  std::span<std::int32_t> label_values() noexcept {
+    return {reinterpret_cast<std::int32_t*>(data() + labels_offset()), count};
   }
-  std::span<std::uint64_t> id_values() noexcept { return {reinterpret_cast<std::uint64_t*>(ids.data()), count}; }
+  std::span<const std::int32_t> label_values() const noexcept {
+    return {reinterpret_cast<const std::int32_t*>(data() + labels_offset()), count};
+  }
+  std::span<std::uint64_t> id_values() noexcept {
+    return {reinterpret_cast<std::uint64_t*>(data() + ids_offset(shape, dtype, count)), count};
+  }
   std::span<const std::uint64_t> id_values() const noexcept {
-    return {reinterpret_cast<const std::uint64_t*>(ids.data()), count};
+    return {reinterpret_cast<const std::uint64_t*>(data() + ids_offset(shape, dtype, count)), count};
+  }
+
+ private:
+  static constexpr std::size_t round_up(std::size_t n) noexcept { return (n + 63) / 64 * 64; }
+  static std::size_t labels_offset(Shape shape, DType dtype, std::size_t count) noexcept {
+    return round_up(count * shape.elements() * dtype_size(dtype));
+  }
+  static std::size_t ids_offset(Shape shape, DType dtype, std::size_t count) noexcept {
+    return round_up(labels_offset(shape, dtype, count) + count * sizeof(std::int32_t));
   }
 };
 

@@ -25,6 +25,8 @@ class Buffer {
   const std::byte* data() const noexcept { return data_; }
   std::size_t size() const noexcept { return size_; }
   bool empty() const noexcept { return size_ == 0; }
+  /// The pool the memory goes back to; null for an empty buffer.
+  BufferPool* pool() const noexcept { return pool_.get(); }
 
  private:
   friend class BufferPool;
@@ -37,21 +39,36 @@ class Buffer {
 
 /// Thread-safe cache of freed buffers, by exact size: a pipeline makes the same few sizes
 /// over and over. Keeps at most `max_cached_bytes` of idle memory.
+///
+/// Pools of other memory (the pinned staging buffers and device buffers of stoker::gpu)
+/// derive from it and override acquire() and release(), so that a batch can be collated
+/// straight into them.
 class BufferPool : public std::enable_shared_from_this<BufferPool> {
  public:
   static std::shared_ptr<BufferPool> create(std::size_t max_cached_bytes = std::size_t{1} << 30);
-  ~BufferPool();
+  virtual ~BufferPool();
 
   /// A buffer of `bytes` bytes, reused when one of that size is idle. Contents undefined.
-  Buffer acquire(std::size_t bytes);
+  virtual Buffer acquire(std::size_t bytes);
 
   std::uint64_t allocations() const noexcept { return allocations_.load(); }  ///< fresh allocations
   std::uint64_t reuses() const noexcept { return reuses_.load(); }            ///< buffers handed out again
 
+ protected:
+  explicit BufferPool(std::size_t max_cached_bytes) : max_cached_(max_cached_bytes) {}
+  /// A Buffer of this pool over `data`.
+  Buffer wrap(std::byte* data, std::size_t size) { return Buffer(data, size, shared_from_this()); }
+  /// Empties `b` without giving its memory back: the pool takes it back some other way.
+  static void disown(Buffer& b) noexcept {
+    b.data_ = nullptr;
+    b.size_ = 0;
+    b.pool_.reset();
+  }
+  /// Takes back the memory of a destroyed Buffer.
+  virtual void release(std::byte* data, std::size_t size) noexcept;
+
  private:
   friend class Buffer;
-  explicit BufferPool(std::size_t max_cached_bytes) : max_cached_(max_cached_bytes) {}
-  void release(std::byte* data, std::size_t size) noexcept;
 
   const std::size_t max_cached_;
   std::mutex mutex_;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,17 @@ namespace stoker {
 struct StageContext {
   std::uint64_t seed = 0;   ///< the pipeline's seed
   std::uint32_t epoch = 0;  ///< the epoch the item belongs to
+};
+
+/// True when called from a stage body of a pipeline that is stopping (stop(), an error, or
+/// its destruction). A stage function that waits for something outside the graph, such as a
+/// free buffer of a device pool, polls this and gives up by throwing PipelineStopped.
+bool stop_requested() noexcept;
+
+/// Thrown by a stage function that gave up waiting because its pipeline is stopping; the
+/// pipeline does not report it as an error.
+struct PipelineStopped : std::runtime_error {
+  PipelineStopped() : std::runtime_error("the pipeline is stopping") {}
 };
 
 namespace detail {

@@ -1,0 +1,160 @@
+// Moving batches to a device: pools of pinned and device buffers, the host-to-device stage,
+// and the device batch a training loop receives.
+//
+//   auto device = stoker::gpu::Device::open("auto");
+//   stoker::gpu::ToDevice to_device(device, {.bytes = stoker::Batch::storage_bytes(shape, f32, 255)});
+//   auto pipe = stoker::PipelineBuilder{}
+//       ...
+//       .batch("batch", 255)
+//       .map("collate", stoker::Collate{.pool = to_device.staging()})  // straight into pinned memory
+//       .map("h2d", to_device)                                          // one copy per batch
+//       .build();
+//   for (auto& b : pipe.epoch()) {
+//     compute.wait(b.ready());     // the device waits for the copy; the host does not
+//     train_step(b, compute);
+//     b.release_after(compute);    // the buffer goes back once the step is done
+//   }
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "stoker/gpu/device.h"
+#include "stoker/stages/batch.h"
+#include "stoker/stages/buffer_pool.h"
+
+namespace stoker::gpu {
+
+/// A fixed number of equal buffers of pinned host memory or of device memory, all allocated
+/// when the pool is made and reused. An exhausted pool makes acquire() wait: backpressure, like
+/// a full queue. Thread-safe. Its buffers may outlive the pool object itself but not `device`.
+class SlotPool final : public BufferPool {
+ public:
+  enum class Kind : std::uint8_t { pinned, device };
+
+  /// Throws std::invalid_argument for zero slots or zero bytes.
+  static std::shared_ptr<SlotPool> create(std::shared_ptr<Device> device, Kind kind, std::size_t slots,
+                                          std::size_t slot_bytes);
+  ~SlotPool() override;
+
+  /// A free buffer of `bytes` (at most slot_bytes()). Waits while every slot is in use; called
+  /// from a stage of a pipeline that is stopping, gives up by throwing PipelineStopped.
+  /// Throws std::invalid_argument when `bytes` exceeds slot_bytes().
+  Buffer acquire(std::size_t bytes) override;
+  /// The same without waiting: nullopt when every slot is in use.
+  std::optional<Buffer> try_acquire(std::size_t bytes);
+
+  /// Takes `buffer` (one of this pool's) and makes its slot free again once the work issued
+  /// to `stream` so far is done. Never waits for the device: acquire() checks the slot's event.
+  void release_after(Buffer buffer, Stream& stream);
+  /// The event that belongs to `buffer`'s slot, for the holder to record and share.
+  Event& event(const Buffer& buffer);
+
+  Kind kind() const noexcept { return kind_; }
+  std::size_t slots() const noexcept { return slots_.size(); }
+  std::size_t slot_bytes() const noexcept { return slot_bytes_; }
+  std::size_t in_use() const;  ///< slots held, or waiting for their event
+
+ private:
+  SlotPool(std::shared_ptr<Device> device, Kind kind, std::size_t slots, std::size_t slot_bytes);
+  void release(std::byte* data, std::size_t size) noexcept override;
+  std::size_t slot_of(const std::byte* data) const;
+  std::optional<Buffer> take_free(std::unique_lock<std::mutex>& held, std::size_t bytes);
+
+  struct Slot {
+    Memory memory;
+    std::unique_ptr<Event> event;
+  };
+  std::shared_ptr<Device> device_;
+  const Kind kind_;
+  const std::size_t slot_bytes_;
+  std::vector<Slot> slots_;
+  mutable std::mutex mutex_;
+  std::condition_variable returned_;
+  std::vector<std::size_t> free_;
+  std::vector<std::size_t> pending_;  // released after an event that may not be done yet
+};
+
+/// A batch in device memory, laid out as stoker::Batch (samples, then labels). Move-only.
+/// Destroying it frees its buffer at once; when device work still reads it, hand it back
+/// with release_after() instead.
+class DeviceBatch {
+ public:
+  Shape shape;  ///< of one sample
+  DType dtype = DType::f32;
+  std::size_t count = 0;
+  std::vector<std::int32_t> host_labels;  ///< the labels, also on the host: no copy back needed
+
+  DeviceBatch() = default;
+  DeviceBatch(Buffer storage, Shape shape, DType dtype, std::size_t count, std::size_t labels_offset,
+              std::vector<std::int32_t> host_labels);
+
+  /// Device pointers (host pointers on the CPU backend).
+  void* data() noexcept { return storage_.data(); }
+  const void* data() const noexcept { return storage_.data(); }
+  template <class T>
+  T* data_as() {
+    check_dtype<T>(dtype, "device batch");
+    return reinterpret_cast<T*>(storage_.data());
+  }
+  template <class T>
+  const T* data_as() const {
+    check_dtype<T>(dtype, "device batch");
+    return reinterpret_cast<const T*>(storage_.data());
+  }
+  const std::int32_t* labels() const noexcept {
+    return reinterpret_cast<const std::int32_t*>(storage_.data() + labels_offset_);
+  }
+  std::size_t sample_elements() const noexcept { return shape.elements(); }
+
+  /// Recorded after the work that filled the batch: make a stream wait() on it before use.
+  Event& ready() const;
+  /// Gives the buffer back once the work issued to `stream` so far is done; the batch is empty
+  /// afterwards.
+  void release_after(Stream& stream);
+  bool empty() const noexcept { return storage_.empty(); }
+
+ private:
+  Buffer storage_;  // from a SlotPool of device memory
+  std::size_t labels_offset_ = 0;
+};
+
+struct ToDeviceOptions {
+  std::size_t bytes = 0;            ///< largest batch storage, Batch::storage_bytes(...)
+  std::size_t staging_buffers = 4;  ///< pinned buffers batches are collated into
+  std::size_t device_buffers = 4;   ///< device buffers: queued batches + held by the consumer + 1
+};
+
+/// The host-to-device stage (a map function, serial): one asynchronous copy per batch, of its
+/// samples and labels, from a pinned staging buffer to a device buffer, on its own copy stream.
+/// The staging buffer goes back to its pool once the copy is done, without the host waiting.
+/// Copies are shared, so the pipeline and the caller can both hold one.
+class ToDevice {
+ public:
+  /// Throws std::invalid_argument for zero bytes or zero buffers.
+  ToDevice(std::shared_ptr<Device> device, ToDeviceOptions options);
+
+  /// Throws std::invalid_argument if the batch's storage is not from staging().
+  DeviceBatch operator()(Batch batch) const;
+
+  /// Where a batch must be collated: Collate{.pool = to_device.staging()}.
+  std::shared_ptr<SlotPool> staging() const noexcept { return state_->staging; }
+  std::shared_ptr<SlotPool> device_pool() const noexcept { return state_->device_pool; }
+  Device& device() const noexcept { return *state_->device; }
+
+ private:
+  struct State {
+    std::shared_ptr<Device> device;
+    std::shared_ptr<SlotPool> staging, device_pool;
+    std::unique_ptr<Stream> copy_stream;
+    ~State();
+  };
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace stoker::gpu

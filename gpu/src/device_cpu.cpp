@@ -1,0 +1,144 @@
+// The CPU backend: device memory is host memory, a stream is a worker thread that runs its
+// work in order, and an event completes when that worker reaches it.
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <new>
+#include <thread>
+
+#include "backends.h"
+
+namespace stoker::gpu::detail {
+
+namespace {
+
+// Shared with the work that records it or waits for it, so that an event may be destroyed
+// with work still pending, as a CUDA event may.
+struct EventState {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::uint64_t recorded = 0, completed = 0;
+
+  std::uint64_t mark() {
+    std::lock_guard lock(mutex);
+    return ++recorded;
+  }
+  std::uint64_t last_mark() {
+    std::lock_guard lock(mutex);
+    return recorded;
+  }
+  void complete(std::uint64_t mark) {
+    {
+      std::lock_guard lock(mutex);
+      if (mark > completed) completed = mark;
+    }
+    changed.notify_all();
+  }
+  void wait_for(std::uint64_t mark) {
+    std::unique_lock lock(mutex);
+    changed.wait(lock, [&] { return completed >= mark; });
+  }
+};
+
+class CpuEvent final : public Event {
+ public:
+  bool done() override {
+    std::lock_guard lock(state->mutex);
+    return state->completed >= state->recorded;
+  }
+  void synchronize() override { state->wait_for(state->last_mark()); }
+  const std::shared_ptr<EventState> state = std::make_shared<EventState>();
+};
+
+class CpuStream final : public Stream {
+ public:
+  explicit CpuStream(DeviceBase& device) : device_(device), worker_([this] { work(); }) {}
+  ~CpuStream() override {
+    {
+      std::lock_guard lock(mutex_);
+      closing_ = true;
+    }
+    ready_.notify_one();
+    worker_.join();  // after the work already issued: the memory it touches is still there
+  }
+
+  void copy_to_device(void* dst, const void* src, std::size_t bytes) override {
+    device_.counted_h2d(bytes);
+    issue([=] { std::memcpy(dst, src, bytes); });
+  }
+  void copy_to_host(void* dst, const void* src, std::size_t bytes) override {
+    device_.counted_d2h(bytes);
+    issue([=] { std::memcpy(dst, src, bytes); });
+  }
+  void copy_on_device(void* dst, const void* src, std::size_t bytes) override {
+    issue([=] { std::memcpy(dst, src, bytes); });
+  }
+  void record(Event& event) override {
+    auto state = static_cast<CpuEvent&>(event).state;
+    issue([state, mark = state->mark()] { state->complete(mark); });
+  }
+  void wait(Event& event) override {
+    auto state = static_cast<CpuEvent&>(event).state;
+    issue([state, mark = state->last_mark()] { state->wait_for(mark); });
+  }
+  void host_task(std::function<void()> fn) override { issue(std::move(fn)); }
+  void synchronize() override {
+    CpuEvent e;
+    record(e);
+    e.synchronize();
+  }
+  void* native_handle() noexcept override { return nullptr; }
+
+ private:
+  void issue(std::function<void()> fn) {
+    {
+      std::lock_guard lock(mutex_);
+      work_.push_back(std::move(fn));
+    }
+    ready_.notify_one();
+  }
+
+  void work() {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      ready_.wait(lock, [&] { return closing_ || !work_.empty(); });
+      if (work_.empty()) return;
+      auto fn = std::move(work_.front());
+      work_.pop_front();
+      lock.unlock();
+      fn();
+      lock.lock();
+    }
+  }
+
+  DeviceBase& device_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> work_;
+  bool closing_ = false;
+  std::thread worker_;  // last: starts after the members it uses
+};
+
+constexpr std::align_val_t kAlign{256};
+
+class CpuDevice final : public DeviceBase {
+ public:
+  Backend backend() const noexcept override { return Backend::cpu; }
+  std::string name() const override { return "cpu"; }
+  std::unique_ptr<Stream> make_stream() override { return std::make_unique<CpuStream>(*this); }
+  std::unique_ptr<Event> make_event() override { return std::make_unique<CpuEvent>(); }
+  Memory allocate(std::size_t bytes) override { return host(bytes); }
+  Memory allocate_pinned(std::size_t bytes) override { return host(bytes); }
+
+ private:
+  static Memory host(std::size_t bytes) {
+    return Memory(::operator new[](bytes, kAlign), bytes, [](void* p) noexcept { ::operator delete[](p, kAlign); });
+  }
+};
+
+}  // namespace
+
+std::shared_ptr<Device> open_cpu_device() { return std::make_shared<CpuDevice>(); }
+
+}  // namespace stoker::gpu::detail

@@ -1,0 +1,160 @@
+#include "stoker/gpu/staging.h"
+
+#include <algorithm>
+#include <chrono>
+#include <stdexcept>
+#include <string>
+
+#include "stoker/core/pipeline.h"
+
+namespace stoker::gpu {
+
+// ---------------------------------------------------------------------------------------------
+// SlotPool
+
+std::shared_ptr<SlotPool> SlotPool::create(std::shared_ptr<Device> device, Kind kind, std::size_t slots,
+                                           std::size_t slot_bytes) {
+  if (!device) throw std::invalid_argument("slot pool: no device");
+  if (slots == 0) throw std::invalid_argument("slot pool: slots must be at least 1");
+  if (slot_bytes == 0) throw std::invalid_argument("slot pool: slot_bytes must be at least 1");
+  return std::shared_ptr<SlotPool>(new SlotPool(std::move(device), kind, slots, slot_bytes));
+}
+
+SlotPool::SlotPool(std::shared_ptr<Device> device, Kind kind, std::size_t slots, std::size_t slot_bytes)
+    : BufferPool(0), device_(std::move(device)), kind_(kind), slot_bytes_(slot_bytes) {
+  slots_.reserve(slots);
+  for (std::size_t i = 0; i < slots; ++i) {
+    Memory m = kind == Kind::pinned ? device_->allocate_pinned(slot_bytes) : device_->allocate(slot_bytes);
+    slots_.push_back({std::move(m), device_->make_event()});
+    free_.push_back(slots - 1 - i);  // hand out slot 0 first
+  }
+}
+
+// Buffers still out hold the pool alive (a Buffer keeps a shared_ptr to it), so by now
+// every slot is free or pending; the device may still be reading a pending one.
+SlotPool::~SlotPool() {
+  for (std::size_t i : pending_) slots_[i].event->synchronize();
+}
+
+std::size_t SlotPool::slot_of(const std::byte* data) const {
+  for (std::size_t i = 0; i < slots_.size(); ++i)
+    if (slots_[i].memory.data() == data) return i;
+  throw std::invalid_argument("slot pool: this buffer is not one of the pool's");
+}
+
+void SlotPool::release(std::byte* data, std::size_t) noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    free_.push_back(slot_of(data));
+  }
+  returned_.notify_one();
+}
+
+std::optional<Buffer> SlotPool::take_free(std::unique_lock<std::mutex>&, std::size_t bytes) {
+  if (free_.empty())  // slots whose event the device has passed come back now
+    std::erase_if(pending_, [&](std::size_t i) {
+      if (!slots_[i].event->done()) return false;
+      free_.push_back(i);
+      return true;
+    });
+  if (free_.empty()) return std::nullopt;
+  const std::size_t i = free_.back();
+  free_.pop_back();
+  return wrap(slots_[i].memory.data(), bytes);
+}
+
+std::optional<Buffer> SlotPool::try_acquire(std::size_t bytes) {
+  if (bytes > slot_bytes_)
+    throw std::invalid_argument("slot pool: " + std::to_string(bytes) + " bytes asked for, but its buffers hold " +
+                                std::to_string(slot_bytes_));
+  std::unique_lock lock(mutex_);
+  return take_free(lock, bytes);
+}
+
+Buffer SlotPool::acquire(std::size_t bytes) {
+  if (bytes > slot_bytes_) (void)try_acquire(bytes);  // throws the size error
+  std::unique_lock lock(mutex_);
+  for (;;) {
+    if (auto b = take_free(lock, bytes)) return std::move(*b);
+    if (stop_requested()) throw PipelineStopped();
+    // A slot comes back either through a Buffer's destructor, which notifies, or when the
+    // device passes an event, which nobody announces: poll those briefly.
+    const auto wait = pending_.empty() ? std::chrono::microseconds(2000) : std::chrono::microseconds(20);
+    returned_.wait_for(lock, wait);
+  }
+}
+
+void SlotPool::release_after(Buffer buffer, Stream& stream) {
+  if (buffer.pool() != this) throw std::invalid_argument("slot pool: release_after got a buffer of another pool");
+  const auto keep_alive = shared_from_this();  // `buffer` may hold the last reference
+  const std::size_t i = slot_of(buffer.data());
+  stream.record(*slots_[i].event);
+  disown(buffer);  // the slot comes back through its event, in take_free()
+  std::lock_guard lock(mutex_);
+  pending_.push_back(i);
+}
+
+Event& SlotPool::event(const Buffer& buffer) { return *slots_[slot_of(buffer.data())].event; }
+
+std::size_t SlotPool::in_use() const {
+  std::lock_guard lock(mutex_);
+  return slots_.size() - free_.size();
+}
+
+// ---------------------------------------------------------------------------------------------
+// DeviceBatch
+
+DeviceBatch::DeviceBatch(Buffer storage, Shape shape_, DType dtype_, std::size_t count_, std::size_t labels_offset,
+                         std::vector<std::int32_t> labels)
+    : shape(shape_),
+      dtype(dtype_),
+      count(count_),
+      host_labels(std::move(labels)),
+      storage_(std::move(storage)),
+      labels_offset_(labels_offset) {}
+
+Event& DeviceBatch::ready() const {
+  auto* pool = dynamic_cast<SlotPool*>(storage_.pool());
+  if (!pool) throw std::logic_error("device batch: empty, or not from a slot pool");
+  return pool->event(storage_);
+}
+
+void DeviceBatch::release_after(Stream& stream) {
+  auto* pool = dynamic_cast<SlotPool*>(storage_.pool());
+  if (!pool) throw std::logic_error("device batch: empty, or not from a slot pool");
+  pool->release_after(std::move(storage_), stream);
+}
+
+// ---------------------------------------------------------------------------------------------
+// ToDevice
+
+ToDevice::ToDevice(std::shared_ptr<Device> device, ToDeviceOptions options) : state_(std::make_shared<State>()) {
+  if (!device) throw std::invalid_argument("to_device: no device");
+  if (options.bytes == 0) throw std::invalid_argument("to_device: bytes (the largest batch) must be at least 1");
+  state_->staging = SlotPool::create(device, SlotPool::Kind::pinned, options.staging_buffers, options.bytes);
+  state_->device_pool = SlotPool::create(device, SlotPool::Kind::device, options.device_buffers, options.bytes);
+  state_->copy_stream = device->make_stream();
+  state_->device = std::move(device);
+}
+
+// The copy stream finishes before the pools' memory goes.
+ToDevice::State::~State() {
+  if (copy_stream) copy_stream->synchronize();
+}
+
+DeviceBatch ToDevice::operator()(Batch batch) const {
+  auto& s = *state_;
+  if (batch.storage.pool() != s.staging.get())
+    throw std::invalid_argument(
+        "to_device: the batch was not collated into the staging pool (use Collate{.pool = to_device.staging()})");
+  Buffer target = s.device_pool->acquire(batch.storage.size());
+  const std::size_t bytes = batch.payload_bytes();
+  s.copy_stream->copy_to_device(target.data(), batch.data(), bytes);
+  s.copy_stream->record(s.device_pool->event(target));
+  std::vector<std::int32_t> labels(batch.label_values().begin(), batch.label_values().end());
+  DeviceBatch out(std::move(target), batch.shape, batch.dtype, batch.count, batch.labels_offset(), std::move(labels));
+  s.staging->release_after(std::move(batch.storage), *s.copy_stream);
+  return out;
+}
+
+}  // namespace stoker::gpu
