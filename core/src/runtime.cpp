@@ -37,6 +37,16 @@ thread_local const detail::PipelineCore* running_for = nullptr;
 
 bool stop_requested() noexcept { return running_for && running_for->stopping(); }
 
+namespace {
+std::atomic<void (*)(const char*)> trace_begin{nullptr};
+std::atomic<void (*)()> trace_end{nullptr};
+}  // namespace
+
+void set_body_tracer(BodyTracer tracer) noexcept {
+  trace_end.store(tracer.end);
+  trace_begin.store(tracer.begin);
+}
+
 }  // namespace stoker
 
 namespace stoker::detail {
@@ -112,9 +122,15 @@ void StageBase::run() {
   Clock::duration lingered{};
   Step step_result = Step::done;
   running_for = &core_;
+  auto* const traced = trace_begin.load(std::memory_order_relaxed);
+  if (traced) traced(name_.c_str());
   struct Unmark {
-    ~Unmark() { running_for = nullptr; }
-  } unmark;
+    bool traced;
+    ~Unmark() {
+      running_for = nullptr;
+      if (auto* end = trace_end.load(std::memory_order_relaxed); traced && end) end();
+    }
+  } unmark{traced != nullptr};
   for (;;) {
     try {
       do step_result = step();
@@ -224,7 +240,8 @@ class PipelineCore::Monitor {
     wake_.notify_all();
     thread_.join();
     sample();
-    for (const auto& s : core_.summary().stages) {
+    const auto summary = core_.summary();
+    for (const auto& s : summary.stages) {
       nlohmann::json j{{"type", "stage"},
                        {"t", seconds()},
                        {"stage", s.name},
@@ -234,6 +251,11 @@ class PipelineCore::Monitor {
                        {"busy_s", to_s(s.busy)},
                        {"starved_s", to_s(s.starved)},
                        {"blocked_s", to_s(s.blocked)}};
+      logger_->info(j.dump());
+    }
+    if (!summary.counters.empty()) {
+      nlohmann::json j{{"type", "counters"}, {"t", seconds()}};
+      for (const auto& c : summary.counters) j["counters"][c.name] = c.value;
       logger_->info(j.dump());
     }
     logger_->flush();
@@ -365,6 +387,7 @@ PipelineSummary PipelineCore::summary() const {
   out.consumer_wait = consumer_wait_;
   out.consumed = consumed_;
   for (const auto& s : stages_) out.stages.push_back(s->stats());
+  if (options_.counters) out.counters = options_.counters();
   for (const auto& e : edges_) {
     const auto st = e->meter().stats();
     out.queues.push_back({std::string(st.name), e->producer(), e->consumer(), st.capacity, st.size, st.time_empty,

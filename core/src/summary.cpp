@@ -31,6 +31,10 @@ void print_summary(std::ostream& out, const PipelineSummary& s) {
                   pct(q.time_empty, q.lifetime), pct(q.time_full, q.lifetime));
     out << line;
   }
+  for (const auto& c : s.counters) {
+    std::snprintf(line, sizeof line, "%-28s %12llu\n", c.name.c_str(), static_cast<unsigned long long>(c.value));
+    out << line;
+  }
   std::snprintf(line, sizeof line, "consumer: %llu items in %.3f s, waited %.1f%% of the time\n",
                 static_cast<unsigned long long>(s.consumed), wall, pct(s.consumer_wait, s.wall));
   out << line;

@@ -20,6 +20,15 @@ class DeviceBase : public Device {
   void counted_d2h(std::size_t bytes) noexcept { count_d2h(bytes); }
 };
 
+/// A named NVTX range for as long as it lives, in a build with CUDA; nothing otherwise.
+class TraceRange {
+ public:
+  explicit TraceRange(const char* name) noexcept;
+  ~TraceRange();
+  TraceRange(const TraceRange&) = delete;
+  TraceRange& operator=(const TraceRange&) = delete;
+};
+
 /// Runs `cpu` in stream order on a CPU-backend stream, or `cuda(cudaStream_t)` on a CUDA one.
 /// The one place where a kernel's two implementations meet.
 template <class Cpu, class Cuda>

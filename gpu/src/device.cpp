@@ -21,6 +21,14 @@ std::shared_ptr<Device> Device::open(std::string_view backend) {
   throw std::invalid_argument("device '" + std::string(backend) + "': expected auto, cpu or cuda");
 }
 
+CounterSource transfer_counters(std::shared_ptr<const Device> device) {
+  return [device = std::move(device)] {
+    const auto t = device->transfers();
+    return std::vector<Counter>{
+        {"h2d_copies", t.h2d_copies}, {"h2d_bytes", t.h2d_bytes}, {"d2h_copies", t.d2h_copies}, {"d2h_bytes", t.d2h_bytes}};
+  };
+}
+
 TransferCounts Device::transfers() const noexcept {
   return {h2d_copies_.load(), h2d_bytes_.load(), d2h_copies_.load(), d2h_bytes_.load()};
 }

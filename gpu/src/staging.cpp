@@ -5,6 +5,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "backends.h"
 #include "stoker/core/pipeline.h"
 
 namespace stoker::gpu {
@@ -148,6 +149,7 @@ DeviceBatch ToDevice::operator()(Batch batch) const {
     throw std::invalid_argument(
         "to_device: the batch was not collated into the staging pool (use Collate{.pool = to_device.staging()})");
   Buffer target = s.device_pool->acquire(batch.storage.size());
+  const detail::TraceRange range("h2d copy");
   const std::size_t bytes = batch.payload_bytes();
   s.copy_stream->copy_to_device(target.data(), batch.data(), bytes);
   s.copy_stream->record(s.device_pool->event(target));

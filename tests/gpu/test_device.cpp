@@ -188,6 +188,7 @@ auto device_pipeline(const stoker::gpu::ToDevice& to_device, std::size_t n, std:
   return stoker::PipelineBuilder{}
       .threads(2)
       .epochs(epochs)
+      .counters(stoker::gpu::transfer_counters(to_device.shared_device()))
       .source("read",
               [pool, n, i = std::size_t{0}]() mutable -> std::optional<stoker::Sample> {
                 if (i == n) {
@@ -241,6 +242,10 @@ TEST_CASE("ToDevice delivers every batch with one copy each and its buffers recy
   const auto counts = device->transfers();
   CHECK(counts.h2d_copies == batches);
   CHECK(counts.d2h_copies == 0);
+  const auto summary = pipe.summary();  // the same counts, as the pipeline reports them
+  REQUIRE(summary.counters.size() == 4);
+  CHECK(summary.counters[0].name == "h2d_copies");
+  CHECK(summary.counters[0].value == batches);
   CHECK(to_device.staging()->slots() == 2);  // 42 batches went through two pinned buffers
 }
 

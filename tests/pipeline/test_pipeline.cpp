@@ -18,7 +18,7 @@ using namespace stoker::test;
 namespace {
 
 // A source of 0, 1, ..., n-1 per epoch.
-struct Counter {
+struct CountUpTo {
   int n;
   int next = 0;
   std::optional<int> operator()() {
@@ -67,7 +67,7 @@ TEST_SUITE("Pipeline") {
         auto pipe = PipelineBuilder{}
                         .threads(budget)
                         .epochs(1)
-                        .source("read", Counter{kItems}, {.queue = 16})
+                        .source("read", CountUpTo{kItems}, {.queue = 16})
                         .map("square", [](int x) { return x * 2; }, {.threads = threads, .queue = 16})
                         // x -> x % 3 copies of x: zero, one or two outputs per input
                         .flat_map<int>("copies", [](int x, Emitter<int>& emit) { for (int i = 0; i < x % 3; ++i) emit(x); },
@@ -142,7 +142,7 @@ TEST_SUITE("Pipeline") {
       auto pipe = PipelineBuilder{}
                       .threads(budget)
                       .epochs(2)
-                      .source("read", Counter{5000}, {.queue = 2})
+                      .source("read", CountUpTo{5000}, {.queue = 2})
                       .map("a", [](int x) { return x + 1; }, {.threads = 4, .queue = 2})
                       .map("b", [](int x) { return x - 1; }, {.threads = 3, .queue = 2})
                       .shuffle("shuffle", {.capacity = 64, .min_after_dequeue = 16, .seed = 1})
@@ -247,7 +247,7 @@ TEST_SUITE("Pipeline") {
                       .deterministic()
                       .seed(5)
                       .epochs(2)
-                      .source("read", Counter{3000}, {.queue = 8})
+                      .source("read", CountUpTo{3000}, {.queue = 8})
                       .map("jitter",
                            [](int x, const StageContext& ctx) {
                              // Time varies per item so that threads finish out of order.
@@ -276,7 +276,7 @@ TEST_SUITE("Pipeline") {
   TEST_CASE("epochs: each one delivers every item, reshuffled, and ends visibly" * doctest::timeout(60)) {
     auto pipe = PipelineBuilder{}
                     .epochs(3)
-                    .source("read", Counter{1000})
+                    .source("read", CountUpTo{1000})
                     .map("id", [](int x) { return x; }, {.threads = 2})
                     .shuffle("shuffle", {.capacity = 300, .min_after_dequeue = 100, .seed = 3})
                     .batch("batch", 1)
@@ -300,7 +300,7 @@ TEST_SUITE("Pipeline") {
       CAPTURE(drop);
       auto pipe = PipelineBuilder{}
                       .epochs(2)
-                      .source("read", Counter{10})
+                      .source("read", CountUpTo{10})
                       .batch("batch", 4, {.drop_remainder = drop})
                       .build();
       for (int e = 0; e < 2; ++e) {
@@ -318,7 +318,8 @@ TEST_SUITE("Pipeline") {
       auto pipe = PipelineBuilder{}
                       .epochs(1)
                       .occupancy_log(path.string(), 5ms)
-                      .source("read", Counter{3000})
+                      .counters([] { return std::vector<Counter>{{"h2d_copies", 7}}; })
+                      .source("read", CountUpTo{3000})
                       .map("decode", [](int x) { spin_for(20us); return x; }, {.threads = 2})
                       .shuffle("shuffle", {.capacity = 200, .min_after_dequeue = 50})
                       .batch("batch", 10)
@@ -330,7 +331,7 @@ TEST_SUITE("Pipeline") {
     REQUIRE(in);
     std::set<std::string> queues, stages;
     std::string line;
-    int samples = 0;
+    int samples = 0, counter_records = 0;
     while (std::getline(in, line)) {
       const auto j = nlohmann::json::parse(line);  // throws, failing the test, if malformed
       if (j.at("type") == "sample") {
@@ -340,6 +341,9 @@ TEST_SUITE("Pipeline") {
         CHECK(j.contains("producer"));
         CHECK(j.contains("consumer"));
         CHECK(j.at("t").get<double>() >= 0.0);
+      } else if (j.at("type") == "counters") {
+        ++counter_records;
+        CHECK(j.at("counters").at("h2d_copies") == 7);
       } else {
         CHECK(j.at("type") == "stage");
         stages.insert(j.at("stage").get<std::string>());
@@ -347,6 +351,7 @@ TEST_SUITE("Pipeline") {
       }
     }
     CHECK(samples >= 4);
+    CHECK(counter_records == 1);
     CHECK(queues == std::set<std::string>{"read->decode", "shuffle", "batch->consumer"});
     CHECK(stages == std::set<std::string>{"read", "decode", "batch"});
     std::filesystem::remove(path);
@@ -357,14 +362,15 @@ TEST_SUITE("Pipeline") {
     const auto file = std::filesystem::temp_directory_path() / "stoker-test-not-a-dir";
     std::ofstream(file) << "x";
     const auto bad = (file / "x.jsonl").string();
-    CHECK_THROWS_WITH(PipelineBuilder{}.occupancy_log(bad).source("read", Counter{1}).build(), doctest::Contains(bad.c_str()));
+    CHECK_THROWS_WITH(PipelineBuilder{}.occupancy_log(bad).source("read", CountUpTo{1}).build(), doctest::Contains(bad.c_str()));
     std::filesystem::remove(file);
   }
 
   TEST_CASE("the summary counts items per stage and prints a table") {
     auto pipe = PipelineBuilder{}
                     .epochs(1)
-                    .source("read", Counter{100})
+                    .counters([] { return std::vector<Counter>{{"h2d_copies", 4}}; })
+                    .source("read", CountUpTo{100})
                     .flat_map<int>("twice", [](int x, Emitter<int>& emit) { emit(x); emit(x); })
                     .batch("batch", 50)
                     .build();
@@ -381,10 +387,12 @@ TEST_SUITE("Pipeline") {
     print_summary(table, s);
     CHECK(table.str().find("twice") != std::string::npos);
     CHECK(table.str().find("batch->consumer") != std::string::npos);
+    REQUIRE(s.counters.size() == 1);
+    CHECK(table.str().find("h2d_copies") != std::string::npos);
   }
 
   TEST_CASE("impossible configurations are rejected with the option named") {
-    auto src = [] { return PipelineBuilder{}.source("read", Counter{1}); };
+    auto src = [] { return PipelineBuilder{}.source("read", CountUpTo{1}); };
     CHECK_THROWS_WITH(src().map("m", [](int x) { return x; }, {.threads = 0}), doctest::Contains("threads"));
     CHECK_THROWS_WITH(src().map("m", [](int x) { return x; }, {.queue = 0}), doctest::Contains("queue"));
     CHECK_THROWS_WITH(src().shuffle("s", {.capacity = 10, .min_after_dequeue = 10}),

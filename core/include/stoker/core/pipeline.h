@@ -45,6 +45,9 @@ struct PipelineOptions {
   std::uint32_t epochs = 0;       ///< epochs to run; 0 = until stopped
   std::string occupancy_log;      ///< JSON Lines file of queue samples; empty = none
   std::chrono::milliseconds sample_interval{50};
+  /// Counters kept outside the graph, reported in summary() and at the end of the occupancy
+  /// log, e.g. stoker::gpu::transfer_counters(device).
+  CounterSource counters;
 };
 
 template <class T>
@@ -84,6 +87,8 @@ class BuilderOptions {
   Self&& occupancy_log(std::string path, std::chrono::milliseconds interval = std::chrono::milliseconds(50)) && {
     return std::move(occupancy_log(std::move(path), interval));
   }
+  Self& counters(CounterSource source) & { return set([&](auto& o) { o.counters = std::move(source); }); }
+  Self&& counters(CounterSource source) && { return std::move(counters(std::move(source))); }
   Self& options(PipelineOptions o) & { return set([&](auto& x) { x = std::move(o); }); }
   Self&& options(PipelineOptions o) && { return std::move(options(std::move(o))); }
 
@@ -202,7 +207,7 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
   Pipeline<T> build() {
     auto a = this->take();
     auto& o = a->options;
-    a->core->options() = {o.threads, o.seed, o.occupancy_log, o.sample_interval};
+    a->core->options() = {o.threads, o.seed, o.occupancy_log, o.sample_interval, o.counters};
     if (a->shuffle)
       throw std::invalid_argument("shuffle '" + a->shuffle->first + "' must be followed by a stage, such as batch");
     auto& final_edge = static_cast<detail::QueueEdge<T>&>(make_edge(*a, "consumer"));

@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <iosfwd>
 #include <string>
 #include <vector>
@@ -30,6 +31,12 @@ struct QueueReport {
   std::chrono::nanoseconds time_empty{0}, time_full{0}, lifetime{0};
 };
 
+/// A named count that something outside the graph keeps, such as a device's copies.
+struct Counter {
+  std::string name;
+  std::uint64_t value = 0;
+};
+
 /// A run's counters, for the summary table and for `stoker-inspect`.
 struct PipelineSummary {
   std::chrono::nanoseconds wall{0};
@@ -37,9 +44,13 @@ struct PipelineSummary {
   std::uint64_t consumed = 0;                 ///< items handed to the consumer
   std::vector<StageStats> stages;
   std::vector<QueueReport> queues;
+  std::vector<Counter> counters;  ///< from PipelineOptions::counters
 };
 
 /// A fixed-width table: one row per stage, then one per queue.
+/// Reads counters kept outside the graph; called from any thread.
+using CounterSource = std::function<std::vector<Counter>()>;
+
 void print_summary(std::ostream& out, const PipelineSummary& summary);
 
 }  // namespace stoker

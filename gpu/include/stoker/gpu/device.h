@@ -13,6 +13,8 @@
 #include <string>
 #include <string_view>
 
+#include "stoker/core/stage_stats.h"
+
 namespace stoker::gpu {
 
 /// True when this build of stoker contains the CUDA backend.
@@ -134,5 +136,9 @@ class Device {
  private:
   std::atomic<std::uint64_t> h2d_copies_{0}, h2d_bytes_{0}, d2h_copies_{0}, d2h_bytes_{0};
 };
+
+/// The device's copy counters as pipeline counters: PipelineBuilder{}.counters(transfer_counters(d))
+/// puts them in the summary and the occupancy log.
+CounterSource transfer_counters(std::shared_ptr<const Device> device);
 
 }  // namespace stoker::gpu

@@ -146,6 +146,7 @@ class ToDevice {
   std::shared_ptr<SlotPool> staging() const noexcept { return state_->staging; }
   std::shared_ptr<SlotPool> device_pool() const noexcept { return state_->device_pool; }
   Device& device() const noexcept { return *state_->device; }
+  std::shared_ptr<Device> shared_device() const noexcept { return state_->device; }
 
  private:
   struct State {

@@ -28,6 +28,15 @@ struct StageContext {
 /// free buffer of a device pool, polls this and gives up by throwing PipelineStopped.
 bool stop_requested() noexcept;
 
+/// Ranges a profiler draws around every stage body, named after the stage: stoker::gpu
+/// installs NVTX ranges when it opens a CUDA device, so that Nsight Systems shows the stages
+/// next to the copies and kernels. Process-wide; null functions turn it off.
+struct BodyTracer {
+  void (*begin)(const char* stage) = nullptr;
+  void (*end)() = nullptr;
+};
+void set_body_tracer(BodyTracer tracer) noexcept;
+
 /// Thrown by a stage function that gave up waiting because its pipeline is stopping; the
 /// pipeline does not report it as an error.
 struct PipelineStopped : std::runtime_error {
@@ -124,6 +133,7 @@ struct CoreOptions {
   std::uint64_t seed = 0;
   std::string occupancy_log;
   std::chrono::milliseconds sample_interval{50};
+  CounterSource counters;
 };
 
 /// Owns the oneTBB arena and flow graph, the stages, the monitor, and the first error.
