@@ -308,12 +308,10 @@ RandomCrops::RandomCrops(RandomCropOptions options)
   if (!o.pool) o.pool = BufferPool::create();
 }
 
-template <class Emit>
-void RandomCrops::run(const Sample& in, const StageContext& ctx, Emit&& emit) const {
+void RandomCrops::plan(const Sample& in, const StageContext& ctx, std::vector<PlannedCrop>& out) const {
   const auto& o = options_;
   if (normalizer_) normalizer_->check(in.shape, "RandomCrops");
   Window w = extents(in.shape, o.size, "RandomCrops", in.id);
-  check_window(in, w, "RandomCrops");
   Rng rng = sample_rng(ctx, in.id, o.salt);
   int n = o.count;
   if (o.count_of) {
@@ -334,10 +332,28 @@ void RandomCrops::run(const Sample& in, const StageContext& ctx, Emit&& emit) co
       Rng mirror_rng = sample_rng(ctx, id, o.mirror->salt);
       if (mirror_rng.bernoulli(o.mirror->p)) flips = Flips::along(o.mirror->axis);
     }
+    out.push_back({w, flips, id});
+  }
+}
+
+std::vector<PlannedCrop> RandomCrops::plan(const Sample& in, const StageContext& ctx) const {
+  std::vector<PlannedCrop> out;
+  plan(in, ctx, out);
+  return out;
+}
+
+template <class Emit>
+void RandomCrops::run(const Sample& in, const StageContext& ctx, Emit&& emit) const {
+  // Reused, so that the steady state does not allocate per sample.
+  thread_local std::vector<PlannedCrop> crops;
+  crops.clear();
+  plan(in, ctx, crops);
+  for (const PlannedCrop& c : crops) {
+    check_window(in, c.window, "RandomCrops");  // the planned crop fits; this checks the data
     if (normalizer_)
-      emit(fused(in, w, flips, *normalizer_, *o.pool, id));
+      emit(fused(in, c.window, c.flips, *normalizer_, *options_.pool, c.id));
     else
-      emit(crop_flipped(in, w, flips, *o.pool, id));
+      emit(crop_flipped(in, c.window, c.flips, *options_.pool, c.id));
   }
 }
 

@@ -169,6 +169,9 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
 
   /// 1 -> k: `fn(T, Emitter<U>& emit)` (or with a StageContext last) calls `emit(u)` any
   /// number of times, zero included. Name U explicitly: `flat_map<U>(...)`.
+  /// If `fn` has a member `end_epoch(Emitter<U>&)` (or with a StageContext last), it is
+  /// called once per epoch after the last call for that epoch, on one thread, and what it
+  /// emits comes before the end of the epoch: for a function that holds outputs back.
   template <class U, class F>
   auto flat_map(std::string name, F fn, StageOptions options = {}) {
     return transform<U, F, true>(std::move(name), std::move(fn), options);

@@ -176,6 +176,14 @@ struct RandomCropOptions {
   std::uint64_t salt = kCropSalt;
 };
 
+/// One crop that RandomCrops takes of a sample: where it lies, the axes it reverses, its id.
+struct PlannedCrop {
+  Window window;
+  Flips flips;
+  std::uint64_t id = 0;
+  bool operator==(const PlannedCrop&) const = default;
+};
+
 /// 1 -> k random crops of a sample (a flat_map function). With `mirror` or `normalize` set
 /// it is the fused path: each crop is written once, already mirrored and normalized, and
 /// equals bit for bit what RandomCrops, RandomMirror and Normalize give one after the other.
@@ -189,7 +197,17 @@ class RandomCrops {
   /// The crops of `in`, without a pipeline.
   std::vector<Sample> apply(const Sample& in, const StageContext& ctx = {}) const;
 
+  /// Appends to `out` the crops that operator() takes of `in` in the call `ctx`, in the
+  /// order it emits them, without cutting them: every random draw RandomCrops makes, for
+  /// whoever cuts the crops elsewhere (a device). Reads only the shape, label and id of
+  /// `in`, unless `count_of` looks at its data. Throws as operator() does for a sample
+  /// that the crops do not fit.
+  void plan(const Sample& in, const StageContext& ctx, std::vector<PlannedCrop>& out) const;
+  std::vector<PlannedCrop> plan(const Sample& in, const StageContext& ctx = {}) const;
+
   const RandomCropOptions& options() const noexcept { return options_; }
+  /// The validated `normalize` option; null when there is none.
+  const Normalizer* normalizer() const noexcept { return normalizer_ ? &*normalizer_ : nullptr; }
   BufferPool& pool() const noexcept { return *options_.pool; }
 
  private:

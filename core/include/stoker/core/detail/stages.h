@@ -135,10 +135,12 @@ class Sequencer {
       released_.fetch_add(1);
     }
   }
-  /// Runs `f` in order with the releases.
-  template <class F>
-  void after_all(F&& f) {
+  /// Releases `outputs` after everything released so far, then runs `f`, in order with
+  /// the releases.
+  template <class Emit, class F>
+  void after_all(std::vector<T>&& outputs, Emit&& emit, F&& f) {
     std::lock_guard lock(mutex_);
+    for (auto& v : outputs) emit(Envelope<T>{std::move(v), next_out_++});
     f();
   }
   void reset() {
@@ -193,6 +195,12 @@ class Transformer : public Producer<Out> {
   StageBase* upstream_ = nullptr;
   ArrivalCount arrivals_;
 };
+
+/// A flat_map function that holds outputs back until its input ends (a shuffle window):
+/// `end_epoch(Emitter<Out>&)`, or with a StageContext last, emits them.
+template <class F, class Out>
+concept EndsEpoch = requires(F& f, Emitter<Out>& emit, const StageContext& ctx) { f.end_epoch(emit, ctx); } ||
+                    requires(F& f, Emitter<Out>& emit) { f.end_epoch(emit); };
 
 /// 1 -> 1 (`map`) or 1 -> k (`flat_map`) on up to `threads` bodies at once.
 template <class In, class Out, class F, bool Flat>
@@ -272,11 +280,36 @@ class TransformStage final : public Transformer<In, Out> {
   // Sends the marker once every item has arrived and been processed. Any body may be
   // the one to see both, so every body asks after each item and after an empty pop.
   void maybe_finish() {
-    if (!this->input_ended() || in_process_.load() != 0 || finished_.exchange(true)) return;
-    if (sequencer_)
-      sequencer_->after_all([&] { this->end_epoch(); });
-    else
+    if (!this->input_ended() || in_process_.load() != 0) return;
+    // An end_epoch hook runs once the outputs parked before it have left: what they hold
+    // (buffers of a pool the hook draws from) comes back only through the consumer. The body
+    // that flushes them pops next, finds the input empty, and asks again.
+    if constexpr (Flat && EndsEpoch<F, Out>)
+      if (this->out_.blocked()) return;
+    if (finished_.exchange(true)) return;
+    std::vector<Out> held_back = epoch_end_outputs();
+    if (sequencer_) {
+      sequencer_->after_all(
+          std::move(held_back), [&](Envelope<Out>&& o) { this->emit(std::move(o)); }, [&] { this->end_epoch(); });
+    } else {
+      for (auto& o : held_back) this->emit({std::move(o), 0});
       this->end_epoch();
+    }
+  }
+
+  // Only one body gets here, after every call of the function for this epoch has returned.
+  std::vector<Out> epoch_end_outputs() {
+    std::vector<Out> outputs;
+    if constexpr (Flat && EndsEpoch<F, Out>) {
+      Emitter<Out> emit(outputs);
+      const auto ctx = this->context();
+      if constexpr (requires { fn_.end_epoch(emit, ctx); })
+        fn_.end_epoch(emit, ctx);
+      else
+        fn_.end_epoch(emit);
+      this->count_out(outputs.size());
+    }
+    return outputs;
   }
 
   F fn_;

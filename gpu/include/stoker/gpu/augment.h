@@ -1,0 +1,107 @@
+// Random crops on the device, shuffled on the device, batched on the device.
+//
+//   auto device = stoker::gpu::Device::open("auto");
+//   stoker::gpu::GpuAugment augment(device, {
+//       .crops = {.size = {24, 24}, .count = 5, .mirror = stoker::MirrorOptions{}, .normalize = fashion},
+//       .batch_size = 255,
+//       .shuffle = {.capacity = 10000, .min_after_dequeue = 2000, .seed = 7}});
+//   auto pipe = stoker::PipelineBuilder{}
+//       .source("read", reader)                       // whole uint8 images
+//       .batch("images", 64)
+//       .flat_map<stoker::gpu::DeviceBatch>("gpu_augment", augment, {.queue = 2})
+//       .build();
+//   for (auto& b : pipe.epoch()) {
+//     compute.wait(b.ready());      // float32 [255, 1, 24, 24] and int32 labels, on the device
+//     train_step(b, compute);
+//     b.release_after(compute);
+//   }
+//
+// Each input batch of images crosses PCIe in one copy, together with the crops to cut and the
+// minibatches to gather, and nothing comes back. The crops and flips are drawn on the host
+// exactly as stoker::RandomCrops draws them (RandomCrops::plan), and each crop equals, bit for
+// bit, what RandomCrops' fused path gives on the CPU.
+//
+// Crops wait on the device in a shuffle window with the semantics of stoker::RandomShuffleQueue
+// (the host keeps the books of which window slot holds which crop, with a RandomShuffleQueue of
+// slot numbers); a minibatch is gathered out of the window by index as soon as the window holds
+// min_after_dequeue + batch_size crops, and the rest drains in random order at the end of the
+// epoch. So the crops of one image are spread over many minibatches, as with a host shuffle.
+//
+// GpuAugment::resident uploads a whole data set once; after that only the crops to cut cross
+// PCIe, read by the kernel straight from pinned memory, and no copy is issued per batch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "stoker/core/pipeline.h"
+#include "stoker/core/random_shuffle_queue.h"
+#include "stoker/gpu/device.h"
+#include "stoker/gpu/staging.h"
+#include "stoker/stages/idx.h"
+#include "stoker/stages/sample.h"
+#include "stoker/stages/transforms.h"
+
+namespace stoker::gpu {
+
+struct GpuAugmentOptions {
+  /// What to cut, drawn as RandomCrops draws it: size, count or count_of, mirror, normalize,
+  /// salt (the pool is not used). Without `normalize`, crops are only cast to float32.
+  RandomCropOptions crops{};
+  std::size_t batch_size = 256;  ///< crops per minibatch
+  bool drop_remainder = false;   ///< drop, rather than deliver, the short last minibatch of an epoch
+  /// The window of crops on the device, counted in crops. A minibatch leaves as soon as it can,
+  /// so the window never holds more than min_after_dequeue + batch_size, and capacity must be
+  /// at least that. Reseeded every epoch with derive_seed(seed, epoch), as a pipeline's shuffle.
+  ShuffleOptions shuffle{};
+  std::size_t max_images = 0;       ///< most images (or indices) per input batch; 0 = the first batch's size
+  std::size_t staging_buffers = 3;  ///< pinned and device staging buffers: with 2 or more, copy i+1 overlaps crop i
+  /// Device buffers of minibatches. The minibatches of one call all need a buffer at once:
+  /// up to (count * max_images + batch_size - 1) / batch_size for an input batch, and
+  /// ceil((min_after_dequeue + batch_size - 1) / batch_size) at the end of an epoch.
+  /// 0 = the larger of the two, plus 2 for minibatches the consumer holds; a consumer that
+  /// holds more at a time needs more, or it waits for itself.
+  std::size_t output_buffers = 0;
+};
+
+/// The flat_map stage function that crops, shuffles and batches on the device. Serial: give
+/// its stage one thread (the default). Copies share their state, so that the pipeline and the
+/// caller can both hold one. Outputs DeviceBatches of float32 crops [batch_size, C, (D,) H, W]
+/// with their labels, each ready() once the device has built it; the host never waits for the
+/// device except through the pools (backpressure). End of epoch: the pipeline calls end_epoch.
+class GpuAugment {
+ public:
+  /// Throws std::invalid_argument for a null device, a batch_size of 0, a window smaller than
+  /// min_after_dequeue + batch_size, no staging buffers, or bad crop options, naming the option.
+  GpuAugment(std::shared_ptr<Device> device, GpuAugmentOptions options);
+
+  /// A GpuAugment over `data` uploaded to the device now, in one copy (the host waits for that
+  /// copy, once). Its input is batches of indices into `data`: std::vector<std::uint64_t>, each
+  /// index the sample's id for the random draws, as IdxReader gives it. Throws
+  /// std::invalid_argument for an empty data set.
+  static GpuAugment resident(std::shared_ptr<Device> device, std::shared_ptr<const IdxDataset> data,
+                             GpuAugmentOptions options);
+
+  /// Streaming: crops a batch of whole images, all of one shape and dtype (those of the first
+  /// batch ever given), at most max_images of them. Emits the minibatches that became full.
+  void operator()(std::vector<Sample> images, Emitter<DeviceBatch>& emit, const StageContext& ctx);
+  /// Resident: the same for a batch of indices into the data set.
+  void operator()(std::vector<std::uint64_t> indices, Emitter<DeviceBatch>& emit, const StageContext& ctx);
+  /// Drains the window in random order: the epoch's last minibatches. A pipeline calls it once
+  /// its input has ended; without a pipeline, call it after the epoch's last batch. An epoch
+  /// that was never ended (a stopped pipeline) is dropped when the next one starts.
+  void end_epoch(Emitter<DeviceBatch>& emit, const StageContext& ctx);
+
+  bool is_resident() const noexcept;
+  std::size_t held() const;  ///< crops in the window now; not while a call runs
+  Device& device() const noexcept;
+  const GpuAugmentOptions& options() const noexcept;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
+
+}  // namespace stoker::gpu

@@ -1,0 +1,433 @@
+#include "stoker/gpu/augment.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <string>
+
+#include "augment_crop.h"
+
+namespace stoker::gpu {
+
+using detail::CropJob;
+
+namespace {
+
+// Regions of a staging buffer start on a device allocation's alignment.
+constexpr std::size_t kAlign = 256;
+constexpr std::size_t align_up(std::size_t n) noexcept { return (n + kAlign - 1) / kAlign * kAlign; }
+constexpr std::size_t ceil_div(std::size_t a, std::size_t b) noexcept { return (a + b - 1) / b; }
+
+// Minibatches are laid out as stoker::Batch: the crops, then the labels.
+std::size_t labels_offset(const Shape& crop, std::size_t count) {
+  return Batch{.storage = {}, .shape = crop, .dtype = DType::f32, .count = count}.labels_offset();
+}
+
+GpuAugmentOptions checked(GpuAugmentOptions o) {
+  const auto fail = [](const std::string& what) { throw std::invalid_argument("GpuAugment: " + what); };
+  if (o.batch_size == 0) fail("option batch_size must be at least 1");
+  if (o.shuffle.capacity < o.shuffle.min_after_dequeue + o.batch_size)
+    fail("option shuffle.capacity = " + std::to_string(o.shuffle.capacity) +
+         " must be at least shuffle.min_after_dequeue + batch_size = " +
+         std::to_string(o.shuffle.min_after_dequeue + o.batch_size));
+  if (o.staging_buffers == 0) fail("option staging_buffers must be at least 1");
+  return o;
+}
+
+// A minibatch taken out of the window: its crops are picked[first, first + count). In streaming
+// mode it is gathered once jobs[0, jobs_before) of the input batch have been cropped.
+struct Minibatch {
+  std::size_t jobs_before = 0, first = 0, count = 0;
+  std::vector<std::int32_t> labels;
+};
+
+}  // namespace
+
+struct GpuAugment::State {
+  State(std::shared_ptr<Device> d, GpuAugmentOptions o)
+      : device(std::move(d)),
+        options(checked(std::move(o))),
+        crops(options.crops),
+        normalizer(crops.normalizer() ? *crops.normalizer() : Normalizer(Normalization{})) {
+    if (!device) throw std::invalid_argument("GpuAugment: no device");
+    copy = device->make_stream();
+    compute = device->make_stream();
+  }
+
+  // The streams go first (they are declared last) and finish their work before that: it uses
+  // the memory above. Buffers handed out keep their pools alive by themselves.
+  ~State() {
+    for (Stream* s : {copy.get(), compute.get()}) {
+      try {
+        if (s) s->synchronize();
+      } catch (...) {  // a destructor must not throw; the device is lost anyway
+      }
+    }
+  }
+
+  std::size_t batch_size() const noexcept { return options.batch_size; }
+  bool resident() const noexcept { return dataset != nullptr; }
+
+  // Runs one call: one at a time, and a call that fails leaves an empty window behind rather
+  // than books that no longer match the device.
+  template <class F>
+  void serially(F&& f) {
+    if (busy.exchange(true))
+      throw std::logic_error("GpuAugment: called from two threads at once; its stage must have threads = 1");
+    struct Done {
+      std::atomic<bool>& busy;
+      ~Done() { busy.store(false); }
+    } done{busy};
+    try {
+      f();
+    } catch (...) {
+      drop_window();
+      throw;
+    }
+  }
+
+  // ---- set-up
+
+  // The pools, sized for input batches of at most `images` images (or indices). The pinned
+  // pool comes last: it marks the set-up as done.
+  void make_pools(std::size_t images) {
+    const std::size_t most = options.max_images != 0 ? options.max_images : images;
+    const std::size_t B = batch_size(), mad = options.shuffle.min_after_dequeue;
+    const std::size_t max_jobs = most * static_cast<std::size_t>(options.crops.count);
+
+    // All the minibatches of one call need a buffer at once: the stage emits them on return.
+    const std::size_t per_input = std::max<std::size_t>(1, (max_jobs + B - 1) / B);
+    const std::size_t per_drain = ceil_div(mad + B - 1, B);
+    const std::size_t need = std::max(per_input, per_drain);
+    if (options.output_buffers != 0 && options.output_buffers < need)
+      throw std::invalid_argument("GpuAugment: option output_buffers = " + std::to_string(options.output_buffers) +
+                                  " is fewer than the " + std::to_string(need) +
+                                  " minibatches that one call may give at once");
+    const std::size_t buffers = options.output_buffers != 0 ? options.output_buffers : need + 2;
+    outputs = SlotPool::create(device, SlotPool::Kind::device, buffers,
+                               Batch::storage_bytes(kernels->crop(), DType::f32, B));
+
+    std::size_t pinned_bytes = 0;
+    if (resident()) {
+      pinned_bytes = (std::max(max_jobs, mad) + B) * sizeof(CropJob);
+    } else {
+      const std::size_t per_batch = align_up(most * kernels->image_bytes()) + align_up(max_jobs * sizeof(CropJob)) +
+                                    align_up((max_jobs + B) * sizeof(std::uint32_t)) + kernels->table_bytes();
+      pinned_bytes = std::max(per_batch, (mad + B) * sizeof(std::uint32_t));
+      staging = SlotPool::create(device, SlotPool::Kind::device, options.staging_buffers, per_batch);
+      window_slots = mad + B;  // all the window can hold: a minibatch leaves as soon as it can
+      window_labels_at = align_up(window_slots * kernels->crop_elements() * sizeof(float));
+      window_memory = device->allocate(window_labels_at + window_slots * sizeof(std::int32_t));
+      table = device->allocate(kernels->table_bytes());
+      table_data = table.data();
+    }
+    max_images = most;
+    drop_window();
+    pinned = SlotPool::create(device, SlotPool::Kind::pinned, options.staging_buffers, pinned_bytes);
+  }
+
+  // Uploads the data set and the normalization table in one copy; the host waits for it, once.
+  void upload(std::shared_ptr<const IdxDataset> data) {
+    if (!data || data->size() == 0) throw std::invalid_argument("GpuAugment::resident: the data set is empty");
+    if (data->images.count != data->size() ||
+        data->images.pixels.size() != std::size_t{data->images.count} * data->images.height * data->images.width)
+      throw std::invalid_argument("GpuAugment::resident: the data set's images and labels do not match");
+    dataset = std::move(data);
+    kernels.emplace(dataset->shape(), DType::u8, options.crops.size, normalizer);
+    const std::size_t images = dataset->images.pixels.size();
+    const std::size_t table_at = align_up(images);
+    const std::size_t bytes = table_at + kernels->table_bytes();
+    resident_images = device->allocate(bytes);
+    Memory host = device->allocate_pinned(bytes);
+    std::memcpy(host.data(), dataset->images.pixels.data(), images);
+    kernels->write_table(host.data() + table_at);
+    copy->copy_to_device(resident_images.data(), host.data(), bytes);
+    copy->synchronize();  // before `host` goes; later work is issued after this returns
+    table_data = resident_images.data() + table_at;
+  }
+
+  // ---- the window's books
+
+  void begin_epoch(std::uint32_t epoch) {
+    if (window && window_epoch == epoch) return;
+    drop_window();
+    window.emplace("gpu_augment window", ShuffleOptions{options.shuffle.capacity, options.shuffle.min_after_dequeue,
+                                                        derive_seed(options.shuffle.seed, epoch)});
+    window_epoch = epoch;
+  }
+
+  // Every slot free, nothing held. Safe whatever the device is still doing with the slots:
+  // work issued from now on runs after it, in stream order.
+  void drop_window() {
+    window.reset();
+    free_slots.resize(window_slots);
+    for (std::size_t i = 0; i < window_slots; ++i) free_slots[i] = static_cast<std::uint32_t>(window_slots - 1 - i);
+  }
+
+  // Puts the jobs in the window in order, and takes a minibatch out each time one can be.
+  void book_jobs() {
+    picked.clear();
+    minibatches.clear();
+    for (std::size_t j = 0; j < jobs.size(); ++j) {
+      if (!resident()) {
+        jobs[j].dst = free_slots.back();
+        free_slots.pop_back();
+      }
+      // Never full: capacity >= min_after_dequeue + batch_size, and a minibatch leaves as
+      // soon as min_after_dequeue + batch_size are held.
+      if (!window->try_push(jobs[j])) throw std::logic_error("GpuAugment: the window is full");
+      take_minibatch(j + 1, false);
+    }
+  }
+
+  bool take_minibatch(std::size_t jobs_before, bool closing) {
+    const std::size_t first = picked.size();
+    const std::size_t n = window->try_pop_many(picked, batch_size(), closing);
+    if (n == 0) return false;
+    Minibatch m{jobs_before, first, n, {}};
+    m.labels.reserve(n);
+    for (std::size_t k = first; k < first + n; ++k) {
+      m.labels.push_back(picked[k].label);
+      if (resident())
+        picked[k].dst = static_cast<std::uint32_t>(k - first);  // cropped straight into the minibatch
+      else
+        free_slots.push_back(picked[k].dst);  // a later crop into it is issued after this gather
+    }
+    minibatches.push_back(std::move(m));
+    return true;
+  }
+
+  // ---- issuing work
+
+  std::vector<Buffer> acquire_outputs() {
+    std::vector<Buffer> buffers;
+    for (const auto& m : minibatches)
+      buffers.push_back(outputs->acquire(Batch::storage_bytes(kernels->crop(), DType::f32, m.count)));
+    return buffers;
+  }
+
+  float* window_crops() const { return reinterpret_cast<float*>(window_memory.data()); }
+  std::int32_t* window_labels() const { return reinterpret_cast<std::int32_t*>(window_memory.data() + window_labels_at); }
+
+  // Records the end of the work that fills minibatch m in `buffer`, and emits it.
+  void finish(Minibatch& m, Buffer buffer, Emitter<DeviceBatch>& emit) {
+    compute->record(outputs->event(buffer));
+    emit(DeviceBatch(std::move(buffer), kernels->crop(), DType::f32, m.count, labels_offset(kernels->crop(), m.count),
+                     std::move(m.labels)));
+  }
+  float* crops_of(Buffer& b) const { return reinterpret_cast<float*>(b.data()); }
+  std::int32_t* labels_of(Buffer& b, const Minibatch& m) const {
+    return reinterpret_cast<std::int32_t*>(b.data() + labels_offset(kernels->crop(), m.count));
+  }
+
+  // Streaming: one copy of [images | jobs | gather slots | table, the first time], then the
+  // kernels in the order the books were kept, so that a slot is refilled only after the
+  // gather that emptied it.
+  void crop_images(const std::vector<Sample>& images, Emitter<DeviceBatch>& emit) {
+    const std::size_t image_bytes = kernels->image_bytes();
+    const std::size_t jobs_at = align_up(images.size() * image_bytes);
+    const std::size_t picks_at = align_up(jobs_at + jobs.size() * sizeof(CropJob));
+    const std::size_t picks_end = picks_at + picked.size() * sizeof(std::uint32_t);
+    const std::size_t table_at = align_up(picks_end);
+    const bool with_table = !table_shipped;
+    const std::size_t bytes = with_table ? table_at + kernels->table_bytes() : picks_end;
+
+    std::vector<Buffer> out = acquire_outputs();
+    Buffer host = pinned->acquire(bytes);
+    for (std::size_t i = 0; i < images.size(); ++i)
+      std::memcpy(host.data() + i * image_bytes, images[i].data.data(), image_bytes);
+    std::memcpy(host.data() + jobs_at, jobs.data(), jobs.size() * sizeof(CropJob));
+    auto* picks = reinterpret_cast<std::uint32_t*>(host.data() + picks_at);
+    for (std::size_t k = 0; k < picked.size(); ++k) picks[k] = picked[k].dst;
+    if (with_table) kernels->write_table(host.data() + table_at);
+
+    Buffer dev = staging->acquire(bytes);
+    Event& copied = staging->event(dev);
+    copy->copy_to_device(dev.data(), host.data(), bytes);
+    copy->record(copied);
+    pinned->release_after(std::move(host), *copy);
+
+    compute->wait(copied);
+    if (with_table) {
+      compute->copy_on_device(table.data(), dev.data() + table_at, kernels->table_bytes());
+      table_shipped = true;
+    }
+    const auto* dev_jobs = reinterpret_cast<const CropJob*>(dev.data() + jobs_at);
+    const auto* dev_picks = reinterpret_cast<const std::uint32_t*>(dev.data() + picks_at);
+    std::size_t cropped = 0;
+    for (std::size_t i = 0; i < minibatches.size(); ++i) {
+      Minibatch& m = minibatches[i];
+      kernels->crop(*compute, dev.data(), dev_jobs + cropped, m.jobs_before - cropped, table_data, window_crops(),
+                    window_labels());
+      cropped = m.jobs_before;
+      kernels->gather(*compute, window_crops(), window_labels(), dev_picks + m.first, m.count, crops_of(out[i]),
+                      labels_of(out[i], m));
+      finish(m, std::move(out[i]), emit);
+    }
+    kernels->crop(*compute, dev.data(), dev_jobs + cropped, jobs.size() - cropped, table_data, window_crops(),
+                  window_labels());
+    staging->release_after(std::move(dev), *compute);
+  }
+
+  // What crosses PCIe without images (the resident mode's jobs, the drain's gather slots) is
+  // a few bytes per crop: the kernels read it straight from pinned memory, and no copy is
+  // issued. CUDA maps every pinned allocation into the device's address space (UVA).
+  void crop_picked_from_pinned(Emitter<DeviceBatch>& emit) {
+    if (minibatches.empty()) return;
+    std::vector<Buffer> out = acquire_outputs();
+    Buffer host;
+    if (resident()) {
+      host = pinned->acquire(picked.size() * sizeof(CropJob));
+      std::memcpy(host.data(), picked.data(), picked.size() * sizeof(CropJob));
+    } else {
+      host = pinned->acquire(picked.size() * sizeof(std::uint32_t));
+      auto* picks = reinterpret_cast<std::uint32_t*>(host.data());
+      for (std::size_t k = 0; k < picked.size(); ++k) picks[k] = picked[k].dst;
+    }
+    for (std::size_t i = 0; i < minibatches.size(); ++i) {
+      Minibatch& m = minibatches[i];
+      if (resident()) {
+        const auto* host_jobs = reinterpret_cast<const CropJob*>(host.data());
+        kernels->crop(*compute, resident_images.data(), host_jobs + m.first, m.count, table_data, crops_of(out[i]),
+                      labels_of(out[i], m));
+      } else {
+        const auto* host_picks = reinterpret_cast<const std::uint32_t*>(host.data());
+        kernels->gather(*compute, window_crops(), window_labels(), host_picks + m.first, m.count, crops_of(out[i]),
+                        labels_of(out[i], m));
+      }
+      finish(m, std::move(out[i]), emit);
+    }
+    pinned->release_after(std::move(host), *compute);
+  }
+
+  // ---- the calls
+
+  void streaming_call(std::vector<Sample>& images, Emitter<DeviceBatch>& emit, const StageContext& ctx) {
+    if (resident())
+      throw std::invalid_argument("GpuAugment: this one is resident over a data set; give it batches of indices");
+    if (images.empty()) return;
+    if (!pinned) {
+      kernels.emplace(images.front().shape, images.front().dtype, options.crops.size, normalizer);
+      make_pools(images.size());
+    }
+    if (images.size() > max_images)
+      throw std::invalid_argument("GpuAugment: a batch of " + std::to_string(images.size()) +
+                                  " images, but max_images is " + std::to_string(max_images));
+    for (const Sample& s : images)
+      if (s.shape != kernels->image() || s.dtype != kernels->dtype() || s.data.size() != kernels->image_bytes())
+        throw std::invalid_argument("GpuAugment: sample " + std::to_string(s.id) + " is " + s.shape.str() + " " +
+                                    dtype_name(s.dtype) + ", but the images are " + kernels->image().str() + " " +
+                                    dtype_name(kernels->dtype()) + " (those of the first batch)");
+    begin_epoch(ctx.epoch);
+    jobs.clear();
+    for (std::size_t i = 0; i < images.size(); ++i) {
+      plans.clear();
+      crops.plan(images[i], ctx, plans);
+      for (const auto& p : plans) jobs.push_back(detail::make_job(static_cast<std::uint32_t>(i), p, images[i].label));
+    }
+    book_jobs();
+    if (!jobs.empty()) crop_images(images, emit);
+  }
+
+  void resident_call(const std::vector<std::uint64_t>& indices, Emitter<DeviceBatch>& emit, const StageContext& ctx) {
+    if (!resident())
+      throw std::invalid_argument("GpuAugment: batches of indices need a resident data set (GpuAugment::resident)");
+    if (indices.empty()) return;
+    if (!pinned) make_pools(indices.size());
+    if (indices.size() > max_images)
+      throw std::invalid_argument("GpuAugment: a batch of " + std::to_string(indices.size()) +
+                                  " indices, but max_images is " + std::to_string(max_images));
+    begin_epoch(ctx.epoch);
+    jobs.clear();
+    const std::size_t image_bytes = kernels->image_bytes();
+    for (std::uint64_t i : indices) {
+      if (i >= dataset->size())
+        throw std::out_of_range("GpuAugment: index " + std::to_string(i) + " is outside the data set of " +
+                                std::to_string(dataset->size()));
+      const auto label = dataset->labels[i];
+      // The real image, for a count_of that looks at it.
+      const Sample view = detail::borrowed_sample(
+          reinterpret_cast<const std::byte*>(dataset->images.pixels.data()) + i * image_bytes, kernels->image(),
+          DType::u8, label, i);
+      plans.clear();
+      crops.plan(view, ctx, plans);
+      for (const auto& p : plans) jobs.push_back(detail::make_job(static_cast<std::uint32_t>(i), p, label));
+    }
+    book_jobs();
+    crop_picked_from_pinned(emit);
+  }
+
+  void drain(Emitter<DeviceBatch>& emit, const StageContext& ctx) {
+    if (!window || window_epoch != ctx.epoch) return drop_window();
+    picked.clear();
+    minibatches.clear();
+    window->close();
+    while (take_minibatch(0, true)) {
+    }
+    if (options.drop_remainder && !minibatches.empty() && minibatches.back().count < batch_size()) {
+      picked.resize(minibatches.back().first);
+      minibatches.pop_back();
+    }
+    drop_window();
+    crop_picked_from_pinned(emit);
+  }
+
+  std::shared_ptr<Device> device;
+  const GpuAugmentOptions options;
+  const RandomCrops crops;  // draws the crops: one piece of code for the CPU and the device
+  const Normalizer normalizer;
+  std::shared_ptr<const IdxDataset> dataset;  // resident mode
+  std::optional<detail::CropKernels> kernels;
+  std::size_t max_images = 0;
+
+  std::shared_ptr<SlotPool> pinned, staging, outputs;
+  Memory window_memory;  // streaming: window_slots crops of floats, then their labels
+  std::size_t window_slots = 0, window_labels_at = 0;
+  Memory table;  // streaming: the normalization table, shipped with the first batch
+  bool table_shipped = false;
+  Memory resident_images;  // resident: the data set, then the normalization table
+  const std::byte* table_data = nullptr;
+
+  std::optional<RandomShuffleQueue<CropJob>> window;  // the books: which slot holds what
+  std::uint32_t window_epoch = 0;
+  std::vector<std::uint32_t> free_slots;
+
+  // Reused from call to call.
+  std::vector<PlannedCrop> plans;
+  std::vector<CropJob> jobs, picked;
+  std::vector<Minibatch> minibatches;
+
+  std::atomic<bool> busy{false};
+  std::unique_ptr<Stream> copy, compute;
+};
+
+GpuAugment::GpuAugment(std::shared_ptr<Device> device, GpuAugmentOptions options)
+    : state_(std::make_shared<State>(std::move(device), std::move(options))) {}
+
+GpuAugment GpuAugment::resident(std::shared_ptr<Device> device, std::shared_ptr<const IdxDataset> data,
+                                GpuAugmentOptions options) {
+  GpuAugment a(std::move(device), std::move(options));
+  a.state_->upload(std::move(data));
+  return a;
+}
+
+void GpuAugment::operator()(std::vector<Sample> images, Emitter<DeviceBatch>& emit, const StageContext& ctx) {
+  state_->serially([&] { state_->streaming_call(images, emit, ctx); });
+}
+
+void GpuAugment::operator()(std::vector<std::uint64_t> indices, Emitter<DeviceBatch>& emit, const StageContext& ctx) {
+  state_->serially([&] { state_->resident_call(indices, emit, ctx); });
+}
+
+void GpuAugment::end_epoch(Emitter<DeviceBatch>& emit, const StageContext& ctx) {
+  state_->serially([&] { state_->drain(emit, ctx); });
+}
+
+bool GpuAugment::is_resident() const noexcept { return state_->resident(); }
+std::size_t GpuAugment::held() const { return state_->window ? state_->window->size() : 0; }
+Device& GpuAugment::device() const noexcept { return *state_->device; }
+const GpuAugmentOptions& GpuAugment::options() const noexcept { return state_->options; }
+
+}  // namespace stoker::gpu

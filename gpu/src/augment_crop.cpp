@@ -1,0 +1,140 @@
+#include "augment_crop.h"
+
+#include <algorithm>
+#include <cstring>
+#include <span>
+#include <type_traits>
+
+#include "backends.h"
+
+namespace stoker::gpu::detail {
+
+static_assert(std::is_trivially_copyable_v<CropJob> && sizeof(CropJob) == 28, "a CropJob is 7 words on the wire");
+
+namespace {
+
+// Lends memory to Samples without owning it: giving it back is a no-op.
+class Lender final : public BufferPool {
+ public:
+  Lender() : BufferPool(0) {}
+  Buffer lend(std::byte* data, std::size_t size) { return wrap(data, size); }
+
+ protected:
+  void release(std::byte*, std::size_t) noexcept override {}
+};
+
+PixelType pixel_type(DType t) {
+  switch (t) {
+    case DType::u8: return PixelType::u8;
+    case DType::u16: return PixelType::u16;
+    case DType::f32: return PixelType::f32;
+  }
+  throw std::invalid_argument("crop kernels: unsupported dtype " + std::to_string(static_cast<int>(t)));
+}
+
+// The values a Normalizer was built from, one per table channel, by the rule it applies.
+float channel_value(const std::vector<float>& values, std::size_t t) { return values[values.size() == 1 ? 0 : t]; }
+
+}  // namespace
+
+CropJob make_job(std::uint32_t image, const PlannedCrop& crop, std::int32_t label, std::uint32_t dst) noexcept {
+  const std::uint32_t flips = (crop.flips.depth ? kFlipDepth : 0) | (crop.flips.height ? kFlipHeight : 0) |
+                              (crop.flips.width ? kFlipWidth : 0);
+  return CropJob{image, dst, crop.window.z, crop.window.y, crop.window.x, flips, label};
+}
+
+Sample borrowed_sample(const std::byte* data, Shape shape, DType dtype, std::int32_t label, std::uint64_t id) {
+  static const auto lender = std::make_shared<Lender>();
+  Sample s;
+  // The CPU transforms only read a Sample they are given; Buffer has no read-only form.
+  s.data = lender->lend(const_cast<std::byte*>(data), shape.elements() * dtype_size(dtype));
+  s.shape = shape;
+  s.dtype = dtype;
+  s.label = label;
+  s.id = id;
+  return s;
+}
+
+CropKernels::CropKernels(Shape image, DType dtype, CropSize size, Normalizer normalizer)
+    : image_(image),
+      dtype_(dtype),
+      extent_(center_window(image, size)),
+      crop_{image.channels, extent_.depth, extent_.height, extent_.width, image.volume},
+      table_channels_(static_cast<std::uint32_t>(
+          std::max(normalizer.options().mean.size(), normalizer.options().std.size()))),
+      normalizer_(std::make_shared<const Normalizer>(std::move(normalizer))) {
+  (void)pixel_type(dtype);
+  normalizer_->check(image, "crop kernels");
+}
+
+std::size_t CropKernels::table_bytes() const noexcept { return (256 + 2) * std::size_t{table_channels_} * sizeof(float); }
+
+// Layout: 256 lookup values per table channel, then the means, then the stds.
+void CropKernels::write_table(std::byte* dst) const noexcept {
+  const std::size_t n = table_channels_;
+  auto* out = reinterpret_cast<float*>(dst);
+  for (std::size_t t = 0; t < n; ++t) std::memcpy(out + 256 * t, normalizer_->table(t), 256 * sizeof(float));
+  const auto& o = normalizer_->options();
+  for (std::size_t t = 0; t < n; ++t) {
+    out[256 * n + t] = channel_value(o.mean, t);
+    out[257 * n + t] = channel_value(o.std, t);
+  }
+}
+
+void CropKernels::crop(Stream& stream, const std::byte* images, const CropJob* jobs, std::size_t count,
+                       const std::byte* table, float* out, std::int32_t* labels) const {
+  if (count == 0) return;
+  launch(
+      stream,
+      [=, normalizer = normalizer_, image = image_, dtype = dtype_, extent = extent_,
+       elements = crop_elements(), bytes = image_bytes()] {
+        for (std::size_t i = 0; i < count; ++i) {
+          const CropJob job = jobs[i];
+          Window w = extent;
+          w.z = job.z, w.y = job.y, w.x = job.x;
+          const Flips flips{(job.flips & kFlipDepth) != 0, (job.flips & kFlipHeight) != 0,
+                            (job.flips & kFlipWidth) != 0};
+          crop_mirror_normalize_into(borrowed_sample(images + job.image * bytes, image, dtype), w, flips, *normalizer,
+                                     std::span<float>(out + job.dst * elements, elements));
+          labels[job.dst] = job.label;
+        }
+      },
+      [&](void* native) {
+        CropArgs a;
+        a.images = images;
+        a.pixel = pixel_type(dtype_);
+        a.channels = image_.channels, a.depth = image_.depth, a.height = image_.height, a.width = image_.width;
+        a.crop_depth = extent_.depth, a.crop_height = extent_.height, a.crop_width = extent_.width;
+        a.jobs = jobs;
+        a.count = static_cast<std::uint32_t>(count);
+        const auto* t = reinterpret_cast<const float*>(table);
+        a.lut = t;
+        a.mean = t + 256 * std::size_t{table_channels_};
+        a.std = a.mean + table_channels_;
+        a.scale = normalizer_->options().scale;
+        a.table_channels = table_channels_;
+        a.out = out;
+        a.labels = labels;
+        cuda_crop(native, a);
+      });
+}
+
+void CropKernels::gather(Stream& stream, const float* from, const std::int32_t* from_labels,
+                         const std::uint32_t* slots, std::size_t count, float* out, std::int32_t* labels) const {
+  if (count == 0) return;
+  const std::size_t elements = crop_elements();
+  launch(
+      stream,
+      [=] {
+        for (std::size_t i = 0; i < count; ++i) {
+          std::memcpy(out + i * elements, from + slots[i] * elements, elements * sizeof(float));
+          labels[i] = from_labels[slots[i]];
+        }
+      },
+      [&](void* native) {
+        cuda_gather(native, GatherArgs{from, from_labels, slots, static_cast<std::uint32_t>(count), elements, out,
+                                       labels});
+      });
+}
+
+}  // namespace stoker::gpu::detail

@@ -1,0 +1,161 @@
+// nn.h on CUDA: small elementwise kernels and their launchers, and matrix products through
+// cuBLAS.
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "cuda_check.h"
+#include "nn_cuda.h"
+
+namespace stoker::gpu::detail::cuda_nn {
+
+namespace {
+
+#define STOKER_CUBLAS_CHECK(call)                                                             \
+  do {                                                                                        \
+    const cublasStatus_t stoker_cublas_status_ = (call);                                      \
+    if (stoker_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                       \
+      throw CudaError(static_cast<int>(stoker_cublas_status_),                                \
+                      std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " + #call + \
+                          " failed: " + cublasGetStatusName(stoker_cublas_status_));          \
+  } while (false)
+
+// One cuBLAS handle per stream, bound to it when made: a handle carries its stream, and
+// rebinding one shared handle from several threads would race. Handles are never destroyed,
+// on purpose: at process exit the CUDA runtime may be torn down before a static destructor
+// runs, and destroying a handle then crashes. A stream made later at the address of a
+// destroyed one is the same cudaStream_t value, so its handle is still the right one.
+cublasHandle_t handle_for(cudaStream_t stream) {
+  static std::mutex mutex;
+  static auto* handles = new std::unordered_map<cudaStream_t, cublasHandle_t>;
+  std::lock_guard lock(mutex);
+  if (auto it = handles->find(stream); it != handles->end()) return it->second;
+  cublasHandle_t handle = nullptr;
+  STOKER_CUBLAS_CHECK(cublasCreate(&handle));
+  if (const cublasStatus_t status = cublasSetStream(handle, stream); status != CUBLAS_STATUS_SUCCESS) {
+    (void)cublasDestroy(handle);
+    STOKER_CUBLAS_CHECK(status);
+  }
+  handles->emplace(stream, handle);
+  return handle;
+}
+
+constexpr int kThreads = 256;
+
+// Grid-stride kernels need no more blocks than keep every SM busy.
+unsigned blocks_for(std::size_t n) {
+  return static_cast<unsigned>(std::min<std::size_t>((n + kThreads - 1) / kThreads, 4096));
+}
+
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+__global__ void bias_activation_kernel(float* y, const float* bias, int rows, int cols, bool relu) {
+  const std::size_t n = static_cast<std::size_t>(rows) * cols;
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    const float v = y[i] + bias[i % cols];
+    y[i] = relu ? fmaxf(v, 0.0f) : v;
+  }
+}
+
+__global__ void relu_backward_kernel(float* grad, const float* activation, std::size_t n) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x)
+    if (!(activation[i] > 0.0f)) grad[i] = 0.0f;
+}
+
+// One thread per row: a classifier's rows are short (10 classes here).
+__global__ void softmax_cross_entropy_kernel(const float* logits, const std::int32_t* labels, int rows, int classes,
+                                             float* grad, float grad_scale, float* loss_sum, std::int32_t* correct) {
+  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (i >= rows) return;
+  const std::size_t offset = static_cast<std::size_t>(i) * classes;
+  const float* z = logits + offset;
+  const std::int32_t label = labels[i];
+  const bool valid = label >= 0 && label < classes;
+  int best = 0;
+  for (int j = 1; j < classes; ++j)
+    if (z[j] > z[best]) best = j;
+  const float top = z[best];
+  float sum = 0.0f;
+  for (int j = 0; j < classes; ++j) sum += expf(z[j] - top);
+  if (valid) {
+    if (loss_sum) atomicAdd(loss_sum, logf(sum) - (z[label] - top));
+    if (correct && best == label) atomicAdd(correct, 1);
+  }
+  if (grad) {
+    float* g = grad + offset;
+    for (int j = 0; j < classes; ++j)
+      g[j] = valid ? (expf(z[j] - top) / sum - (j == label ? 1.0f : 0.0f)) * grad_scale : 0.0f;
+  }
+}
+
+// One thread per column: neighbouring threads read neighbouring elements of each row.
+__global__ void column_sum_kernel(const float* a, int rows, int cols, float* out) {
+  const int j = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (j >= cols) return;
+  float sum = 0.0f;
+  for (int i = 0; i < rows; ++i) sum += a[static_cast<std::size_t>(i) * cols + j];
+  out[j] = sum;
+}
+
+__global__ void sgd_momentum_kernel(float* param, const float* grad, float* velocity, std::size_t n, float lr,
+                                    float momentum, float weight_decay) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::size_t{gridDim.x} * blockDim.x) {
+    const float v = momentum * velocity[i] + grad[i] + weight_decay * param[i];
+    velocity[i] = v;
+    param[i] -= lr * v;
+  }
+}
+
+}  // namespace
+
+// cuBLAS is column-major. A row-major m x n matrix is, read column-major, its n x m
+// transpose, so C = op(A) op(B) row-major is C^T = op(B)^T op(A)^T column-major: the same
+// call with the operands swapped and m and n swapped, leading dimensions unchanged.
+void gemm(void* stream, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+          const float* b, int ldb, float beta, float* c, int ldc) {
+  STOKER_CUBLAS_CHECK(cublasSgemm(handle_for(as_stream(stream)), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda, &beta, c, ldc));
+}
+
+void bias_activation(void* stream, float* y, const float* bias, int rows, int cols, bool relu) {
+  const std::size_t n = static_cast<std::size_t>(rows) * cols;
+  bias_activation_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(y, bias, rows, cols, relu);
+  STOKER_CUDA_CHECK(cudaGetLastError());
+}
+
+void relu_backward(void* stream, float* grad, const float* activation, std::size_t n) {
+  relu_backward_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(grad, activation, n);
+  STOKER_CUDA_CHECK(cudaGetLastError());
+}
+
+void softmax_cross_entropy(void* stream, const float* logits, const std::int32_t* labels, int rows, int classes,
+                           float* grad, float grad_scale, float* loss_sum, std::int32_t* correct) {
+  softmax_cross_entropy_kernel<<<blocks_for(static_cast<std::size_t>(rows)), kThreads, 0, as_stream(stream)>>>(
+      logits, labels, rows, classes, grad, grad_scale, loss_sum, correct);
+  STOKER_CUDA_CHECK(cudaGetLastError());
+}
+
+void column_sum(void* stream, const float* a, int rows, int cols, float* out) {
+  column_sum_kernel<<<blocks_for(static_cast<std::size_t>(cols)), kThreads, 0, as_stream(stream)>>>(a, rows, cols, out);
+  STOKER_CUDA_CHECK(cudaGetLastError());
+}
+
+void sgd_momentum(void* stream, float* param, const float* grad, float* velocity, std::size_t n, float lr,
+                  float momentum, float weight_decay) {
+  sgd_momentum_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(param, grad, velocity, n, lr, momentum,
+                                                                         weight_decay);
+  STOKER_CUDA_CHECK(cudaGetLastError());
+}
+
+void zero(void* stream, void* dst, std::size_t bytes) {
+  STOKER_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, as_stream(stream)));
+}
+
+}  // namespace stoker::gpu::detail::cuda_nn

@@ -1,0 +1,582 @@
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "augment_crop.h"  // the kernels' own entry point (private to gpu/)
+#include "stoker/core/pipeline.h"
+#include "stoker/gpu/augment.h"
+#include "support.h"
+
+using namespace stoker;
+using namespace std::chrono_literals;
+using gpu::DeviceBatch;
+using gpu::GpuAugment;
+using gpu::GpuAugmentOptions;
+
+namespace {
+
+const Normalization kFashion{.scale = 255, .mean = {0.2860f}, .std = {0.3530f}};
+
+std::shared_ptr<BufferPool> pool() {
+  static const auto p = BufferPool::create();
+  return p;
+}
+
+// Image `id` of a made-up data set: the same for the same (shape, dtype, id), labelled with
+// its id so that the crops of one image can be recognised.
+Sample make_image(Shape shape, DType dtype, std::uint64_t id, std::uint64_t salt = 0) {
+  Sample s(*pool(), shape, dtype, static_cast<std::int32_t>(id), id);
+  Rng rng(derive_seed(salt, id));
+  switch (dtype) {
+    case DType::u8:
+      for (auto& v : s.as<std::uint8_t>()) v = static_cast<std::uint8_t>(rng());
+      break;
+    case DType::u16:
+      for (auto& v : s.as<std::uint16_t>()) v = static_cast<std::uint16_t>(rng());
+      break;
+    case DType::f32:
+      for (auto& v : s.as<float>()) v = static_cast<float>(rng() >> 40) / 16384.0f - 300.0f;
+      break;
+  }
+  return s;
+}
+
+// A data set of `images` images, cut into input batches of `per_batch`.
+struct Images {
+  Shape shape{1, 1, 28, 28, false};
+  DType dtype = DType::u8;
+  std::uint64_t images = 100;
+  std::size_t per_batch = 16;
+
+  std::size_t batches() const { return (images + per_batch - 1) / per_batch; }
+  std::vector<Sample> batch(std::size_t k) const {
+    std::vector<Sample> out;
+    for (std::uint64_t id = k * per_batch; id < std::min<std::uint64_t>(images, (k + 1) * per_batch); ++id)
+      out.push_back(make_image(shape, dtype, id));
+    return out;
+  }
+  // A pipeline source of the same images, one at a time.
+  auto source() const {
+    return [*this, next = std::uint64_t{0}]() mutable -> std::optional<Sample> {
+      if (next == images) {
+        next = 0;
+        return std::nullopt;
+      }
+      return make_image(shape, dtype, next++);
+    };
+  }
+};
+
+// A crop, as bytes that compare bit for bit: its label, then its values.
+std::string key(std::int32_t label, std::span<const float> values) {
+  std::string k(sizeof label + values.size_bytes(), '\0');
+  std::memcpy(k.data(), &label, sizeof label);
+  if (!values.empty()) std::memcpy(k.data() + sizeof label, values.data(), values.size_bytes());
+  return k;
+}
+std::int32_t label_of(const std::string& k) {
+  std::int32_t label = 0;
+  std::memcpy(&label, k.data(), sizeof label);
+  return label;
+}
+
+using Minibatches = std::vector<std::vector<std::string>>;
+
+// Reads minibatches back to the host, after the device has built them. On the CPU backend the
+// device's memory is the host's: no copy. On CUDA, one counted copy per minibatch.
+class ReadBack {
+ public:
+  explicit ReadBack(gpu::Device& device) : device_(device), stream_(device.make_stream()) {}
+
+  std::vector<std::string> operator()(const DeviceBatch& b) {
+    REQUIRE(b.dtype == DType::f32);
+    const auto labels_at = static_cast<std::size_t>(reinterpret_cast<const std::byte*>(b.labels()) -
+                                                    static_cast<const std::byte*>(b.data()));
+    std::vector<std::byte> host(labels_at + b.count * sizeof(std::int32_t));
+    if (device_.backend() == gpu::Backend::cpu) {
+      b.ready().synchronize();
+      std::memcpy(host.data(), b.data(), host.size());
+    } else {
+      stream_->wait(b.ready());
+      stream_->copy_to_host(host.data(), b.data(), host.size());
+      stream_->synchronize();
+      ++copies;
+    }
+    const std::size_t n = b.sample_elements();
+    const auto* values = reinterpret_cast<const float*>(host.data());
+    const auto* labels = reinterpret_cast<const std::int32_t*>(host.data() + labels_at);
+    std::vector<std::string> crops;
+    for (std::size_t i = 0; i < b.count; ++i) {
+      CHECK(labels[i] == b.host_labels.at(i));
+      crops.push_back(key(labels[i], {values + i * n, n}));
+    }
+    return crops;
+  }
+  std::uint64_t copies = 0;  ///< device-to-host copies made here
+
+ private:
+  gpu::Device& device_;
+  std::unique_ptr<gpu::Stream> stream_;
+};
+
+// What GpuAugment must give for one epoch: RandomCrops' fused crops on the CPU, through a
+// RandomShuffleQueue of the same capacity, min_after_dequeue and per-epoch seed, a minibatch
+// taken as soon as one can be, the rest drained at the end.
+Minibatches expected(const Images& data, const GpuAugmentOptions& o, StageContext ctx) {
+  const RandomCrops crops(o.crops);
+  RandomShuffleQueue<std::string> window(
+      "expected", {o.shuffle.capacity, o.shuffle.min_after_dequeue, derive_seed(o.shuffle.seed, ctx.epoch)});
+  Minibatches out;
+  for (std::size_t k = 0; k < data.batches(); ++k)
+    for (const Sample& image : data.batch(k))
+      for (const Sample& c : crops.apply(image, ctx)) {
+        REQUIRE(window.try_push(key(c.label, c.as<float>())));
+        std::vector<std::string> m;
+        if (window.try_pop_many(m, o.batch_size, false) != 0) out.push_back(std::move(m));
+      }
+  window.close();
+  for (std::vector<std::string> m; window.try_pop_many(m, o.batch_size, true) != 0; m.clear()) out.push_back(m);
+  if (o.drop_remainder && !out.empty() && out.back().size() < o.batch_size) out.pop_back();
+  return out;
+}
+
+// One epoch through `augment` without a pipeline, each minibatch read back as it comes.
+Minibatches run_epoch(GpuAugment& augment, const Images& data, StageContext ctx, ReadBack& read) {
+  Minibatches out;
+  std::vector<DeviceBatch> emitted;
+  Emitter<DeviceBatch> emit(emitted);
+  const auto collect = [&] {
+    for (auto& b : emitted) out.push_back(read(b));
+    emitted.clear();  // the buffers go back to their pool
+  };
+  for (std::size_t k = 0; k < data.batches(); ++k) {
+    augment(data.batch(k), emit, ctx);
+    collect();
+  }
+  augment.end_epoch(emit, ctx);
+  collect();
+  return out;
+}
+
+// The share of crops that travel in a minibatch with another crop of their image: near 1 for
+// crops batched in the order they were cut, small when they are well shuffled.
+double together(const Minibatches& minibatches) {
+  std::size_t crops = 0, with_sibling = 0;
+  for (const auto& m : minibatches) {
+    std::map<std::int32_t, int> per_image;
+    for (const auto& c : m) ++per_image[label_of(c)];
+    for (const auto& [image, n] : per_image) with_sibling += n > 1 ? static_cast<std::size_t>(n) : 0;
+    crops += m.size();
+  }
+  return crops ? static_cast<double>(with_sibling) / static_cast<double>(crops) : 0.0;
+}
+
+std::size_t total(const Minibatches& m) {
+  std::size_t n = 0;
+  for (const auto& b : m) n += b.size();
+  return n;
+}
+
+// Crops of 0 to `most` per image, as a count_of: some images give none.
+CropCount varying(int most) {
+  return [most](const Sample&, Rng& rng) { return static_cast<int>(rng.below(static_cast<std::uint64_t>(most) + 1)); };
+}
+
+GpuAugmentOptions fashion_options() {
+  return {.crops = {.size = {24, 24}, .count = 5, .mirror = MirrorOptions{}, .normalize = kFashion},
+          .batch_size = 32,
+          .shuffle = {.capacity = 400, .min_after_dequeue = 300, .seed = 11}};
+}
+
+void check_epochs(gpu::Device& device, GpuAugment& augment, const Images& data, std::uint64_t seed, int epochs) {
+  ReadBack read(device);
+  for (std::uint32_t e = 0; e < static_cast<std::uint32_t>(epochs); ++e) {
+    const StageContext ctx{seed, e};
+    const Minibatches got = run_epoch(augment, data, ctx, read);
+    const Minibatches want = expected(data, augment.options(), ctx);
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == want[i]);
+    CHECK(augment.held() == 0);
+  }
+}
+
+}  // namespace
+
+TEST_SUITE("GpuAugment on the CPU backend") {
+  TEST_CASE("2D crops with mirror equal RandomCrops' fused output bit for bit, in the shuffle queue's order" *
+            doctest::timeout(60)) {
+    auto device = gpu::Device::open("cpu");
+    GpuAugment augment(device, fashion_options());
+    check_epochs(*device, augment, {.images = 150, .per_batch = 16}, 5, 2);
+  }
+
+  TEST_CASE("a count that varies per image, a short last input batch and a dropped remainder" *
+            doctest::timeout(60)) {
+    auto device = gpu::Device::open("cpu");
+    auto o = fashion_options();
+    o.crops.count = 7;
+    o.crops.count_of = varying(7);
+    o.drop_remainder = true;
+    GpuAugment augment(device, o);
+    check_epochs(*device, augment, {.images = 101, .per_batch = 10}, 9, 2);
+  }
+
+  TEST_CASE("3D crops of uint16 and float32 volumes, per-channel normalization, mirrored along depth" *
+            doctest::timeout(60)) {
+    auto device = gpu::Device::open("cpu");
+    for (DType dtype : {DType::u16, DType::f32}) {
+      CAPTURE(dtype_name(dtype));
+      GpuAugmentOptions o{
+          .crops = {.size = {4, 6, 8},
+                    .count = 3,
+                    .count_of = varying(3),
+                    .mirror = MirrorOptions{.axis = Axis::depth},
+                    .normalize = Normalization{.scale = 3.0f, .mean = {0.5f, -1.25f}, .std = {0.2f, 7.0f}}},
+          .batch_size = 8,
+          .shuffle = {.capacity = 40, .min_after_dequeue = 20, .seed = 3}};
+      GpuAugment augment(device, o);
+      check_epochs(*device, augment, {.shape = {2, 7, 9, 11, true}, .dtype = dtype, .images = 30, .per_batch = 4}, 1,
+                   1);
+    }
+  }
+
+  TEST_CASE("without normalize, crops are cast to float32" * doctest::timeout(30)) {
+    auto device = gpu::Device::open("cpu");
+    auto o = fashion_options();
+    o.crops.normalize.reset();
+    o.crops.mirror = MirrorOptions{.axis = Axis::height, .p = 1.0};
+    GpuAugment augment(device, o);
+    ReadBack read(*device);
+    const Images data{.images = 20, .per_batch = 20};
+    const Minibatches got = run_epoch(augment, data, {}, read);
+    o.crops.normalize = Normalization{};  // the identity: what the cast gives
+    CHECK(got == expected(data, o, {}));
+  }
+
+  TEST_CASE("in a pipeline: each crop once per epoch, crops of one image spread out, one copy per input batch" *
+            doctest::timeout(120)) {
+    auto device = gpu::Device::open("cpu");
+    const auto o = fashion_options();
+    GpuAugment augment(device, o);
+    const Images data{.images = 400, .per_batch = 50};
+    for (bool deterministic : {false, true}) {
+      CAPTURE(deterministic);
+      const auto before = device->transfers();
+      auto pipe = PipelineBuilder{}
+                      .threads(3)
+                      .seed(21)
+                      .epochs(2)
+                      .deterministic(deterministic)
+                      .source("read", data.source())
+                      .batch("images", data.per_batch)
+                      .flat_map<DeviceBatch>("gpu_augment", augment, {.queue = 2})
+                      .build();
+      ReadBack read(*device);
+      for (std::uint32_t e = 0; e < 2; ++e) {
+        Minibatches got;
+        for (auto& b : pipe.epoch()) got.push_back(read(b));
+        const Minibatches want = expected(data, o, {21, e});
+        if (deterministic) {
+          CHECK(got == want);
+        } else {  // images may reach the batcher in another order: the same crops, reshuffled
+          const auto sorted = [](const Minibatches& m) {
+            std::vector<std::string> all;
+            for (const auto& b : m) all.insert(all.end(), b.begin(), b.end());
+            std::sort(all.begin(), all.end());
+            return all;
+          };
+          CHECK(sorted(got) == sorted(want));
+        }
+        CHECK(total(got) == data.images * 5);
+        // Only the epoch's last minibatch may be short (without .deterministic() it may overtake
+        // others: queues keep order per producing thread only).
+        CHECK(std::count_if(got.begin(), got.end(), [&](auto& m) { return m.size() != o.batch_size; }) <= 1);
+
+        // Crops batched in the order they were cut travel with their siblings; shuffled, few do.
+        Minibatches in_cut_order(1);
+        for (std::uint64_t image = 0; image < data.images; ++image)
+          for (int k = 0; k < 5; ++k) {
+            if (in_cut_order.back().size() == o.batch_size) in_cut_order.emplace_back();
+            in_cut_order.back().push_back(key(static_cast<std::int32_t>(image), {}));
+          }
+        CHECK(together(in_cut_order) > 0.9);
+        CHECK(together(got) < 0.4);
+      }
+      const auto after = device->transfers();
+      CHECK(after.h2d_copies - before.h2d_copies == 2 * data.batches());
+      CHECK(after.d2h_copies == read.copies);
+      CHECK(after.d2h_copies == 0);
+    }
+  }
+
+  TEST_CASE("destroying the pipeline mid-epoch with minibatches in flight returns" * doctest::timeout(60)) {
+    auto device = gpu::Device::open("cpu");
+    auto o = fashion_options();
+    o.batch_size = 16;
+    o.shuffle = {.capacity = 100, .min_after_dequeue = 50, .seed = 1};
+    o.output_buffers = 8;  // (20 images x 5 crops + 15) / 16: the least one call may need
+    GpuAugment augment(device, o);
+    std::vector<DeviceBatch> held;
+    {
+      auto pipe = PipelineBuilder{}
+                      .threads(2)
+                      .source("read", Images{.images = 100000, .per_batch = 20}.source())
+                      .batch("images", 20)
+                      .flat_map<DeviceBatch>("gpu_augment", augment, {.queue = 2})
+                      .build();
+      // Holding minibatches starves the pool of buffers: the stage ends up waiting for one.
+      // (Holding more than output_buffers less what one call needs would wait forever.)
+      for (int i = 0; i < 2; ++i) held.push_back(*pipe.next());
+      std::this_thread::sleep_for(50ms);
+    }
+    for (auto& b : held) CHECK(b.ready().done());
+    held.clear();
+    CHECK(device->transfers().d2h_copies == 0);
+  }
+
+  TEST_CASE("a bad input fails the stage, naming it" * doctest::timeout(30)) {
+    auto device = gpu::Device::open("cpu");
+    GpuAugment augment(device, fashion_options());
+    std::vector<DeviceBatch> out;
+    Emitter<DeviceBatch> emit(out);
+    augment(Images{.images = 4, .per_batch = 4}.batch(0), emit, {});
+    std::vector<Sample> other;
+    other.push_back(make_image({1, 1, 30, 30, false}, DType::u8, 0));
+    CHECK_THROWS_WITH_AS(augment(std::move(other), emit, {}), doctest::Contains("1x30x30"), std::invalid_argument);
+    CHECK(augment.held() == 0);  // a failed call leaves an empty window, not stale books
+
+    std::vector<std::uint64_t> indices{1, 2};
+    CHECK_THROWS_AS(augment(indices, emit, {}), std::invalid_argument);
+  }
+
+  TEST_CASE("options are checked" * doctest::timeout(30)) {
+    auto device = gpu::Device::open("cpu");
+    auto o = fashion_options();
+    CHECK_THROWS_AS(GpuAugment(nullptr, o), std::invalid_argument);
+    o.shuffle = {.capacity = 100, .min_after_dequeue = 90, .seed = 0};
+    CHECK_THROWS_WITH_AS(GpuAugment(device, o), doctest::Contains("shuffle.capacity"), std::invalid_argument);
+    o = fashion_options();
+    o.batch_size = 0;
+    CHECK_THROWS_WITH_AS(GpuAugment(device, o), doctest::Contains("batch_size"), std::invalid_argument);
+    o = fashion_options();
+    o.crops.count = 0;
+    CHECK_THROWS_WITH_AS(GpuAugment(device, o), doctest::Contains("count"), std::invalid_argument);
+
+    o = fashion_options();
+    o.output_buffers = 2;
+    GpuAugment few(device, o);
+    std::vector<DeviceBatch> out;
+    Emitter<DeviceBatch> emit(out);
+    CHECK_THROWS_WITH_AS(few(Images{.images = 64, .per_batch = 64}.batch(0), emit, {}),
+                         doctest::Contains("output_buffers"), std::invalid_argument);
+  }
+}
+
+namespace {
+
+// The data set of `Images` (2D uint8) decoded, as IdxDataset holds it.
+std::shared_ptr<const IdxDataset> as_dataset(const Images& data) {
+  auto d = std::make_shared<IdxDataset>();
+  d->images = {static_cast<std::uint32_t>(data.images), data.shape.height, data.shape.width, {}};
+  for (std::uint64_t id = 0; id < data.images; ++id) {
+    const Sample s = make_image(data.shape, DType::u8, id);
+    d->images.pixels.insert(d->images.pixels.end(), s.as<std::uint8_t>().begin(), s.as<std::uint8_t>().end());
+    d->labels.push_back(s.label);
+  }
+  return d;
+}
+
+auto indices(std::uint64_t n) {
+  return [n, next = std::uint64_t{0}]() mutable -> std::optional<std::uint64_t> {
+    if (next == n) {
+      next = 0;
+      return std::nullopt;
+    }
+    return next++;
+  };
+}
+
+}  // namespace
+
+TEST_CASE("resident: one upload, then no copy per batch, and the same minibatches as streaming" *
+          doctest::timeout(120)) {
+  auto device = gpu::Device::open(gpu::cuda_device_count() > 0 ? "cuda" : "cpu");
+  INFO("device: " << device->name());
+  auto o = fashion_options();
+  o.crops.count_of = varying(5);
+  const Images data{.images = 300, .per_batch = 32};
+  auto augment = GpuAugment::resident(device, as_dataset(data), o);
+  CHECK(augment.is_resident());
+  const auto uploaded = device->transfers();
+  CHECK(uploaded.h2d_copies == 1);
+
+  auto pipe = PipelineBuilder{}
+                  .threads(2)
+                  .seed(4)
+                  .epochs(2)
+                  .deterministic()  // indices reach the batcher in order: the exact sequence can be checked
+                  .source("ids", indices(data.images))
+                  .batch("indices", data.per_batch)
+                  .flat_map<DeviceBatch>("gpu_augment", augment, {.queue = 2})
+                  .build();
+  ReadBack read(*device);
+  for (std::uint32_t e = 0; e < 2; ++e) {
+    Minibatches got;
+    for (auto& b : pipe.epoch()) got.push_back(read(b));
+    CHECK(got == expected(data, o, {4, e}));
+  }
+  const auto after = device->transfers();
+  CHECK(after.h2d_copies == 1);
+  CHECK(after.h2d_bytes == uploaded.h2d_bytes);
+  CHECK(after.d2h_copies == read.copies);
+}
+
+TEST_CASE("streaming on the device the pipeline runs on: no copy back, one copy per input batch" *
+          doctest::timeout(120)) {
+  if (gpu::cuda_device_count() == 0) {
+    MESSAGE("no CUDA device found: skipping the CUDA pipeline run of GpuAugment");
+    return;
+  }
+  auto device = gpu::Device::open("cuda");
+  INFO("device: " << device->name());
+  auto o = fashion_options();
+  o.crops.count_of = varying(5);
+  GpuAugment augment(device, o);
+  const Images data{.images = 500, .per_batch = 64};
+  auto pipe = PipelineBuilder{}
+                  .seed(8)
+                  .epochs(2)
+                  .deterministic()
+                  .source("read", data.source())
+                  .batch("images", data.per_batch)
+                  .flat_map<DeviceBatch>("gpu_augment", augment, {.queue = 2})
+                  .build();
+  ReadBack read(*device);
+  for (std::uint32_t e = 0; e < 2; ++e) {
+    Minibatches got;
+    for (auto& b : pipe.epoch()) got.push_back(read(b));
+    CHECK(got == expected(data, o, {8, e}));
+  }
+  const auto t = device->transfers();
+  CHECK(t.h2d_copies == 2 * data.batches());
+  CHECK(t.d2h_copies == read.copies);  // only the test's own read-backs
+}
+
+namespace {
+
+// The crop and gather kernels against the CPU transform, on fresh random images, windows and
+// flips, into outputs poisoned with NaN (and labels with a sentinel) before the run.
+void check_kernels(gpu::Device& device, Shape shape, DType dtype, CropSize size, const Normalization& norm) {
+  const auto seed = std::random_device{}();
+  INFO("device " << device.name() << ", images " << shape.str() << " " << dtype_name(dtype) << ", crops "
+                 << size.str() << ", seed " << seed);
+  Rng rng(seed);
+  const Normalizer normalizer(norm);
+  const gpu::detail::CropKernels kernels(shape, dtype, size, normalizer);
+  const std::size_t images = 6, jobs = 50, elements = kernels.crop_elements();
+
+  std::vector<Sample> host_images;
+  std::vector<std::byte> image_bytes;
+  for (std::size_t i = 0; i < images; ++i) {
+    host_images.push_back(make_image(shape, dtype, i, seed));
+    const auto& b = host_images.back().data;
+    image_bytes.insert(image_bytes.end(), b.data(), b.data() + b.size());
+  }
+  const Shape crop = kernels.crop();
+  std::vector<gpu::detail::CropJob> job_list;
+  std::vector<std::uint32_t> order(jobs);
+  for (std::size_t i = 0; i < jobs; ++i) order[i] = static_cast<std::uint32_t>(i);
+  std::shuffle(order.begin(), order.end(), rng);  // outputs in scattered slots
+  for (std::size_t i = 0; i < jobs; ++i) {
+    const auto origin = [&](std::uint32_t whole, std::uint32_t part) {
+      return static_cast<std::uint32_t>(rng.below(whole - part + 1ull));
+    };
+    job_list.push_back({static_cast<std::uint32_t>(rng.below(images)), order[i], origin(shape.depth, crop.depth),
+                        origin(shape.height, crop.height), origin(shape.width, crop.width),
+                        static_cast<std::uint32_t>(rng.below(8)), static_cast<std::int32_t>(rng())});
+  }
+  std::vector<std::byte> table(kernels.table_bytes());
+  kernels.write_table(table.data());
+
+  auto stream = device.make_stream();
+  const auto upload = [&](const void* data, std::size_t bytes) {
+    gpu::Memory m = device.allocate(bytes);
+    stream->copy_to_device(m.data(), data, bytes);
+    return m;
+  };
+  const std::vector<float> nan(jobs * elements, std::numeric_limits<float>::quiet_NaN());
+  const std::vector<std::int32_t> sentinel(jobs, std::numeric_limits<std::int32_t>::min());
+  gpu::Memory d_images = upload(image_bytes.data(), image_bytes.size());
+  gpu::Memory d_jobs = upload(job_list.data(), job_list.size() * sizeof(job_list[0]));
+  gpu::Memory d_table = upload(table.data(), table.size());
+  gpu::Memory d_out = upload(nan.data(), nan.size() * sizeof(float));
+  gpu::Memory d_labels = upload(sentinel.data(), sentinel.size() * sizeof(std::int32_t));
+  gpu::Memory d_gathered = upload(nan.data(), nan.size() * sizeof(float));
+  gpu::Memory d_gathered_labels = upload(sentinel.data(), sentinel.size() * sizeof(std::int32_t));
+  std::vector<std::uint32_t> slots(jobs);
+  for (auto& s : slots) s = static_cast<std::uint32_t>(rng.below(jobs));
+  gpu::Memory d_slots = upload(slots.data(), slots.size() * sizeof(std::uint32_t));
+
+  auto* out = reinterpret_cast<float*>(d_out.data());
+  auto* labels = reinterpret_cast<std::int32_t*>(d_labels.data());
+  kernels.crop(*stream, d_images.data(), reinterpret_cast<const gpu::detail::CropJob*>(d_jobs.data()), jobs,
+               d_table.data(), out, labels);
+  kernels.gather(*stream, out, labels, reinterpret_cast<const std::uint32_t*>(d_slots.data()), jobs,
+                 reinterpret_cast<float*>(d_gathered.data()), reinterpret_cast<std::int32_t*>(d_gathered_labels.data()));
+  std::vector<float> got(jobs * elements), gathered(jobs * elements);
+  std::vector<std::int32_t> got_labels(jobs), gathered_labels(jobs);
+  stream->copy_to_host(got.data(), d_out.data(), got.size() * sizeof(float));
+  stream->copy_to_host(got_labels.data(), d_labels.data(), got_labels.size() * sizeof(std::int32_t));
+  stream->copy_to_host(gathered.data(), d_gathered.data(), gathered.size() * sizeof(float));
+  stream->copy_to_host(gathered_labels.data(), d_gathered_labels.data(), gathered_labels.size() * sizeof(std::int32_t));
+  stream->synchronize();
+
+  std::vector<float> want(elements);
+  for (const auto& job : job_list) {
+    const Window w{job.z, job.y, job.x, crop.depth, crop.height, crop.width};
+    const Flips flips{(job.flips & gpu::detail::kFlipDepth) != 0, (job.flips & gpu::detail::kFlipHeight) != 0,
+                      (job.flips & gpu::detail::kFlipWidth) != 0};
+    crop_mirror_normalize_into(host_images[job.image], w, flips, normalizer, want);
+    CAPTURE(job.dst);
+    CHECK(std::memcmp(got.data() + job.dst * elements, want.data(), elements * sizeof(float)) == 0);
+    CHECK(got_labels[job.dst] == job.label);
+  }
+  for (std::size_t i = 0; i < jobs; ++i) {
+    CHECK(std::memcmp(gathered.data() + i * elements, got.data() + slots[i] * elements, elements * sizeof(float)) == 0);
+    CHECK(gathered_labels[i] == got_labels[slots[i]]);
+  }
+}
+
+void check_all_kernels(gpu::Device& device) {
+  check_kernels(device, {1, 1, 28, 28, false}, DType::u8, {24, 24}, kFashion);
+  check_kernels(device, {3, 1, 17, 13, false}, DType::u8, {17, 5},
+                {.scale = 255, .mean = {0.5f, 0.4f, 0.3f}, .std = {0.25f, 0.2f, 0.15f}});
+  check_kernels(device, {2, 9, 10, 11, true}, DType::u16, {4, 10, 3},
+                {.scale = 65535, .mean = {0.1f, 0.9f}, .std = {0.3f, 3.0f}});
+  check_kernels(device, {1, 6, 7, 8, true}, DType::f32, {0, 5, 5}, {.scale = 7, .mean = {-2.5f}, .std = {0.7f}});
+}
+
+}  // namespace
+
+TEST_CASE("crop and gather kernels equal the CPU transform bit for bit: CPU backend" * doctest::timeout(60)) {
+  auto device = gpu::Device::open("cpu");
+  check_all_kernels(*device);
+}
+
+TEST_CASE("crop and gather kernels equal the CPU transform bit for bit: CUDA" * doctest::timeout(60)) {
+  if (gpu::cuda_device_count() == 0) {
+    MESSAGE("no CUDA device found: skipping the CUDA crop kernel checks");
+    return;
+  }
+  auto device = gpu::Device::open("cuda");
+  for (int run = 0; run < 3; ++run) check_all_kernels(*device);
+}
