@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Builds stoker into build/ (incrementally) and runs the demo.
-# Until the demo trainer exists this is the queue benchmark; arguments go to it,
-# e.g. `scripts/demo.sh --json`.
+# Builds stoker into build/ (incrementally), trains the demo classifier on Fashion-MNIST
+# through a full pipeline (on the GPU when there is one, else on the CPU), then reads the
+# run's queue-occupancy log with stoker-inspect. Arguments go to stoker-train,
+# e.g. `scripts/demo.sh --epochs 2` or `scripts/demo.sh --device cpu`.
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -13,10 +14,20 @@ export STOKER_BUILD_DIR="$build_dir"
 
 bash "$root/scripts/build.sh"
 
-bench="$build_dir/apps/stoker-bench/stoker-bench"
-if [[ ! -x "$bench" ]]; then
-  echo "demo: $bench was not built (is STOKER_BUILD_APPS off in $build_dir?)" >&2
-  exit 1
-fi
-echo "demo: stoker-bench queues $*" >&2
-exec "$bench" queues "$@"
+train="$build_dir/apps/stoker-train/stoker-train"
+inspect="$build_dir/apps/stoker-inspect/stoker-inspect"
+for app in "$train" "$inspect"; do
+  if [[ ! -x "$app" ]]; then
+    echo "demo: $app was not built (is STOKER_BUILD_APPS off in $build_dir?)" >&2
+    exit 1
+  fi
+done
+
+log="$build_dir/demo.occupancy.jsonl"
+plot="$build_dir/demo.occupancy.svg"
+echo "demo: stoker-train --occupancy-log $log $*" >&2
+"$train" --occupancy-log "$log" "$@"
+echo
+echo "demo: stoker-inspect $log --plot $plot" >&2
+"$inspect" "$log" --plot "$plot"
+echo "demo: queue fill over time drawn in $plot (open it in a browser)" >&2

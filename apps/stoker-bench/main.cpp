@@ -17,6 +17,7 @@
 namespace stoker::bench {
 
 SuiteRun setup_augment(CLI::App& command);  // bench_augment.cpp
+SuiteRun setup_transfer(CLI::App& command);  // bench_transfer.cpp
 
 namespace {
 
@@ -28,6 +29,8 @@ constexpr Suite kSuites[] = {
      &setup_pipeline},
     {"augment", "the reference job (Fashion-MNIST crops) in crops/s: stoker pipeline vs a plain loop on all cores",
      &setup_augment},
+    {"transfer", "host-to-device GB/s pinned vs pageable; copy + crop overlap; crop kernel vs device-to-device copy",
+     &setup_transfer},
 };
 
 // One field of /proc/cpuinfo or /proc/meminfo, without the key; empty when absent.

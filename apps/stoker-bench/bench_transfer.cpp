@@ -1,0 +1,373 @@
+// The `transfer` suite: what stoker's device layer moves and how fast, each figure next to its
+// baseline in the same run: host-to-device bandwidth from pinned and from pageable memory;
+// GpuAugment's streaming mode (one copy + crops per image batch) against its copies alone and
+// its crops alone; the crop kernel against a device-to-device copy of as many bytes.
+//
+// The public device API has one clock, the host's (an Event tells whether, not when), so every
+// figure is the wall time from an idle stream until the stream has finished its work.
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstring>
+#include <iomanip>
+#include <iostream>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "bench_suite.h"
+#include "stoker/gpu/augment.h"
+#include "stoker/gpu/device.h"
+#include "stoker/gpu/staging.h"
+
+namespace stoker::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using gpu::Device;
+using gpu::DeviceBatch;
+using gpu::GpuAugment;
+using gpu::GpuAugmentOptions;
+using gpu::Memory;
+using gpu::Stream;
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+constexpr std::size_t kCopySizesMiB[] = {1, 4, 16, 64};
+constexpr std::size_t kLargestCopy = 64 * kMiB;
+constexpr std::size_t kBytesPerCopyTrial = 256 * kMiB;  // per size: many small copies, a few large ones
+
+// At the reference shapes the host's planning of each crop (of the order of 100 ns) outweighs
+// the device's work on it (about 3 KB, ~1 ns on an H100), so the kernel figure is also taken
+// on crops big enough for the device to set the pace: 16 crops of 1024x1024 per call move
+// 84 MB on the device. The 64 source images (71 MB) do not fit an H100's 50 MB L2.
+constexpr std::uint32_t kBigImageSide = 1056;
+constexpr CropSize kBigCrop{1024, 1024};
+constexpr std::size_t kBigBatch = 16, kBigImages = 64;
+
+struct TransferOptions {
+  std::string device = "auto";
+  std::size_t batches = 16;         // image batches per epoch in the overlap figure
+  std::size_t batch_images = 1024;  // images per batch
+};
+
+// Wall seconds of `work`, which issues to `stream`, from an idle stream until it has finished.
+template <class Work>
+double timed(Stream& stream, Work&& work) {
+  stream.synchronize();
+  const auto t0 = Clock::now();
+  work();
+  stream.synchronize();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+double median(const std::vector<double>& samples) { return spread(samples).median; }
+double gb(double bytes) { return bytes / 1e9; }
+
+Json figure(const std::vector<double>& samples) {
+  const Spread s = spread(samples);
+  return {{"median", s.median}, {"min", s.min}, {"max", s.max}};
+}
+
+// Random pixels and labels: the figures depend on the shapes, not on the pictures.
+std::shared_ptr<const IdxDataset> synthetic_images(std::size_t count, std::uint32_t height, std::uint32_t width) {
+  IdxDataset d;
+  d.images = {static_cast<std::uint32_t>(count), height, width, {}};
+  d.images.pixels.resize(count * height * width);
+  std::mt19937_64 rng(0x5EED);
+  for (std::size_t i = 0; i < d.images.pixels.size(); i += 8) {
+    const std::uint64_t word = rng();
+    std::memcpy(d.images.pixels.data() + i, &word, std::min<std::size_t>(8, d.images.pixels.size() - i));
+  }
+  d.labels.resize(count);
+  for (auto& label : d.labels) label = static_cast<std::int32_t>(rng() % 10);
+  return std::make_shared<const IdxDataset>(std::move(d));
+}
+
+GpuAugmentOptions reference_job(std::size_t batch_images) {
+  GpuAugmentOptions o;
+  o.crops = {.size = {24, 24},
+             .count = 5,
+             .mirror = MirrorOptions{.axis = Axis::width, .p = 0.5},
+             .normalize = Normalization{255.0f, {0.2860f}, {0.3530f}}};
+  o.batch_size = 255;
+  o.shuffle = {.capacity = 10'000, .min_after_dequeue = 2'000, .seed = 0};
+  o.max_images = batch_images;
+  return o;
+}
+
+// What one crop moves on the device: its uint8 pixels read, its float32 values and label written.
+double crop_traffic(const CropSize& c) { return 5.0 * c.height * c.width + sizeof(std::int32_t); }
+
+// One epoch through `augment`, each minibatch taken as a training step takes it: the consumer
+// stream waits for it and then gives it back. A figure of an epoch that lost crops is no figure.
+template <class Input>
+void run_epoch(GpuAugment& augment, std::vector<Input> inputs, Stream& consumer, std::uint32_t epoch,
+               std::size_t expected_crops) {
+  const StageContext ctx{.seed = 0, .epoch = epoch};
+  std::vector<DeviceBatch> out;
+  Emitter<DeviceBatch> emit(out);
+  std::size_t crops = 0;
+  const auto consume = [&] {
+    for (DeviceBatch& b : out) {
+      crops += b.count;
+      consumer.wait(b.ready());
+      b.release_after(consumer);
+    }
+    out.clear();
+  };
+  for (Input& in : inputs) {
+    augment(std::move(in), emit, ctx);
+    consume();
+  }
+  augment.end_epoch(emit, ctx);
+  consume();
+  if (crops != expected_crops)
+    throw std::runtime_error("transfer: broken run: an epoch gave " + std::to_string(crops) + " crops instead of " +
+                             std::to_string(expected_crops));
+}
+
+// `copies` host-to-device copies of `bytes` (at most kLargestCopy) each. They walk through
+// buffers of kLargestCopy bytes so that no copy is served from a cache that the one before
+// warmed (the CPU backend's case).
+double h2d_seconds(Stream& s, std::byte* dst, const std::byte* src, std::size_t bytes, std::size_t copies) {
+  const std::size_t places = kLargestCopy / bytes;
+  return timed(s, [&] {
+    for (std::size_t i = 0; i < copies; ++i)
+      s.copy_to_device(dst + i % places * bytes, src + i % places * bytes, bytes);
+  });
+}
+
+// A device-to-device copy that moves `traffic` bytes (read + written), in copies of kLargestCopy.
+double d2d_seconds(Stream& s, Memory& a, Memory& b, double traffic) {
+  return timed(s, [&] {
+    for (double left = traffic / 2; left > 0; left -= kLargestCopy)
+      s.copy_on_device(b.data(), a.data(), static_cast<std::size_t>(std::min<double>(left, kLargestCopy)));
+  });
+}
+
+// true / false on a GPU; null on the CPU backend, where the goals do not apply.
+Json goal(const std::string& what, double value, const std::string& bar, bool met, bool on_gpu) {
+  return {{"figure", what}, {"value", value}, {"bar", bar}, {"met", on_gpu ? Json(met) : Json(nullptr)}};
+}
+
+Json run_transfer(const TransferOptions& opt, const CommonOptions& common) {
+  if (opt.batches == 0 || opt.batch_images == 0)
+    throw std::invalid_argument("transfer: --batches and --batch-images must be at least 1");
+  const std::shared_ptr<Device> device = Device::open(opt.device);
+  const bool on_gpu = device->backend() == gpu::Backend::cuda;
+  const bool gpu_found = gpu::cuda_device_count() > 0;
+  const std::unique_ptr<Stream> stream = device->make_stream();
+  const std::unique_ptr<Stream> consumer = device->make_stream();
+  std::cout << "transfer: device " << device->name() << "\n";
+  if (!on_gpu)
+    std::cout << (gpu_found ? "CPU backend (--device cpu): the goals apply to a GPU only\n"
+                            : "no GPU found: CPU backend figures\n");
+
+  // ---- set-up, untimed
+
+  Memory pinned = device->allocate_pinned(kLargestCopy);
+  std::vector<std::byte> pageable(kLargestCopy, std::byte{1});  // written, so every page is mapped
+  std::memset(pinned.data(), 1, kLargestCopy);
+  Memory on_device = device->allocate(kLargestCopy), on_device_too = device->allocate(kLargestCopy);
+
+  const std::size_t n_images = opt.batches * opt.batch_images;
+  const auto images = synthetic_images(n_images, 28, 28);
+  const IdxReader reader(images);
+  const auto image_batches = [&] {
+    std::vector<std::vector<Sample>> batches(opt.batches);
+    for (std::size_t i = 0; i < n_images; ++i) batches[i / opt.batch_images].push_back(reader.read(i));
+    return batches;
+  };
+  const auto index_batches = [](std::size_t batches, std::size_t size, std::size_t data_set) {
+    std::vector<std::vector<std::uint64_t>> out(batches);
+    for (std::size_t i = 0; i < batches * size; ++i) out[i / size].push_back(i % data_set);
+    return out;
+  };
+  GpuAugment streaming(device, reference_job(opt.batch_images));
+  GpuAugment resident = GpuAugment::resident(device, images, reference_job(opt.batch_images));
+
+  const auto big_images = synthetic_images(kBigImages, kBigImageSide, kBigImageSide);
+  GpuAugmentOptions big_job = reference_job(kBigBatch);
+  big_job.crops.size = kBigCrop;
+  big_job.crops.count = 1;
+  big_job.batch_size = kBigBatch;
+  big_job.shuffle = {.capacity = kBigBatch, .min_after_dequeue = 0, .seed = 0};  // a minibatch per call
+  GpuAugment big = GpuAugment::resident(device, big_images, big_job);
+  const std::size_t big_calls = on_gpu ? 256 : 4;  // ~10 ms on an H100, ~0.1 s on the CPU backend
+
+  // A first epoch of each, which also says what the streaming mode copies per batch: the
+  // copy-alone baseline copies the same.
+  const std::size_t n_crops = n_images * 5, big_crops = big_calls * kBigBatch;
+  const gpu::TransferCounts before = device->transfers();
+  run_epoch(streaming, image_batches(), *consumer, 0, n_crops);
+  const gpu::TransferCounts after = device->transfers();
+  const std::uint64_t copies = after.h2d_copies - before.h2d_copies, d2h = after.d2h_copies - before.d2h_copies;
+  const std::size_t copy_bytes = copies ? (after.h2d_bytes - before.h2d_bytes) / copies : 0;
+  if (copies == 0 || copy_bytes > kLargestCopy)
+    throw std::logic_error("transfer: the streaming mode copied " + std::to_string(copies) + " times " +
+                           std::to_string(copy_bytes) + " bytes");
+  run_epoch(resident, index_batches(opt.batches, opt.batch_images, n_images), *consumer, 0, n_crops);
+  run_epoch(big, index_batches(big_calls, kBigBatch, kBigImages), *consumer, 0, big_crops);
+
+  // ---- the figures, each repeat taking all of them
+
+  struct CopySize {
+    std::size_t bytes, copies;
+    std::vector<double> pinned, pageable;  // GB/s
+  };
+  std::vector<CopySize> sizes;
+  for (std::size_t mib : kCopySizesMiB)
+    sizes.push_back({mib * kMiB, std::max<std::size_t>(4, kBytesPerCopyTrial / (mib * kMiB)), {}, {}});
+  std::vector<double> pipelined_s, copy_s, crop_s, d2d_s, big_s, big_d2d_s;
+  const double crop_bytes = static_cast<double>(n_crops) * crop_traffic({24, 24});
+  const double big_bytes = static_cast<double>(big_crops) * crop_traffic(kBigCrop);
+
+  for (int rep = 0; rep < common.repeats; ++rep) {
+    std::cerr << "transfer: repeat " << rep + 1 << "/" << common.repeats << "\n";
+    const auto epoch = static_cast<std::uint32_t>(rep + 1);
+    for (CopySize& s : sizes) {
+      const double bytes = static_cast<double>(s.bytes * s.copies);
+      s.pinned.push_back(gb(bytes) / h2d_seconds(*stream, on_device.data(), pinned.data(), s.bytes, s.copies));
+      s.pageable.push_back(gb(bytes) / h2d_seconds(*stream, on_device.data(), pageable.data(), s.bytes, s.copies));
+    }
+    // The inputs are made outside the timed part; both modes cut the very same crops.
+    auto batches = image_batches();
+    pipelined_s.push_back(
+        timed(*consumer, [&] { run_epoch(streaming, std::move(batches), *consumer, epoch, n_crops); }));
+    copy_s.push_back(h2d_seconds(*stream, on_device.data(), pinned.data(), copy_bytes, copies));
+    auto indices = index_batches(opt.batches, opt.batch_images, n_images);
+    crop_s.push_back(timed(*consumer, [&] { run_epoch(resident, std::move(indices), *consumer, epoch, n_crops); }));
+    d2d_s.push_back(d2d_seconds(*stream, on_device, on_device_too, crop_bytes));
+    indices = index_batches(big_calls, kBigBatch, kBigImages);
+    big_s.push_back(timed(*consumer, [&] { run_epoch(big, std::move(indices), *consumer, epoch, big_crops); }));
+    big_d2d_s.push_back(d2d_seconds(*stream, on_device, on_device_too, big_bytes));
+  }
+
+  // ---- report
+
+  double best = 0;
+  for (const CopySize& s : sizes) best = std::max({best, median(s.pinned), median(s.pageable)});
+  double worst_pinned_share = 1;
+  Json h2d = Json::array();
+  std::cout << std::fixed << std::setprecision(2) << "\nhost-to-device GB/s, medians of " << common.repeats
+            << " repeats\n  size      pinned  pageable  pinned/best\n";
+  for (const CopySize& s : sizes) {
+    const double share = median(s.pinned) / best;
+    if (s.bytes >= 4 * kMiB) worst_pinned_share = std::min(worst_pinned_share, share);
+    std::cout << "  " << std::setw(3) << s.bytes / kMiB << " MiB  " << std::setw(8) << median(s.pinned) << std::setw(10)
+              << median(s.pageable) << std::setw(13) << share << "\n";
+    h2d.push_back({{"size_mib", s.bytes / kMiB},
+                   {"copies", s.copies},
+                   {"pinned_gb_s", figure(s.pinned)},
+                   {"pageable_gb_s", figure(s.pageable)},
+                   {"pinned_vs_best", share}});
+  }
+
+  const double pipelined = median(pipelined_s), copy = median(copy_s), crop = median(crop_s);
+  const double overlap_ratio = pipelined / std::max(copy, crop);
+  std::cout << "\noverlap: " << opt.batches << " batches of " << opt.batch_images << " images 28x28, " << n_crops
+            << " crops; one copy of " << copy_bytes / 1024 << " KiB per batch\n"
+            << std::setprecision(2) << "  copy alone " << copy * 1e3 << " ms, crop alone (resident) " << crop * 1e3
+            << " ms, sum " << (copy + crop) * 1e3 << " ms\n  pipelined (streaming) " << pipelined * 1e3
+            << " ms = " << std::setprecision(3) << overlap_ratio << " x max(copy, crop)\n";
+
+  const double crop_gb_s = gb(crop_bytes) / median(crop_s), d2d_gb_s = gb(crop_bytes) / median(d2d_s);
+  const double big_gb_s = gb(big_bytes) / median(big_s), big_d2d_gb_s = gb(big_bytes) / median(big_d2d_s);
+  const double kernel_ratio = big_gb_s / big_d2d_gb_s;
+  std::cout << "\ncrop kernel, GB/s read + written (device-to-device copy of as many bytes)\n"
+            << std::setprecision(2) << "  crops 24x24 of 28x28:       " << std::setw(8) << crop_gb_s << " (" << d2d_gb_s
+            << "), wall time with the host's planning of each crop\n"
+            << "  crops 1024x1024 of 1056^2:  " << std::setw(8) << big_gb_s << " (" << big_d2d_gb_s
+            << ") = " << std::setprecision(3) << kernel_ratio << " of the copy\n";
+
+  Json goals;
+  goals["pinned_h2d"] = goal("lowest pinned_vs_best over sizes >= 4 MiB", worst_pinned_share, ">= 0.90",
+                             worst_pinned_share >= 0.9, on_gpu);
+  goals["overlap"] = goal("pipelined / max(copy, crop)", overlap_ratio, "<= 1.1", overlap_ratio <= 1.1, on_gpu);
+  goals["crop_kernel"] = goal("crop kernel GB/s / device-to-device copy GB/s, 1024x1024 crops", kernel_ratio, ">= 0.70",
+                              kernel_ratio >= 0.7, on_gpu);
+  std::cout << "\ngoals " << (on_gpu ? "(GPU):" : "(not applicable on the CPU backend):");
+  for (const auto& [name, g] : goals.items()) {
+    const char* verdict = g["met"].is_null() ? "" : g["met"].get<bool>() ? " met" : " MISSED";
+    std::cout << "  " << name << " " << std::setprecision(3) << g["value"].get<double>() << " "
+              << g["bar"].get<std::string>() << verdict;
+  }
+  std::cout << "\n";
+
+  Json config;
+  config["device_option"] = opt.device;
+  config["repeats"] = common.repeats;
+  config["clock"] = "host wall time from an idle stream until it is synchronized; GB/s and ratios from medians";
+  config["h2d"] = {{"sizes_mib", kCopySizesMiB},
+                   {"bytes_per_trial", kBytesPerCopyTrial},
+                   {"pageable", "std::vector"},
+                   {"pinned", "Device::allocate_pinned"}};
+  config["overlap"] = {
+      {"batches", opt.batches},
+      {"batch_images", opt.batch_images},
+      {"image", {28, 28}},
+      {"crops", "5 x 24x24 per image, mirror p=0.5, normalize (x/255-0.2860)/0.3530"},
+      {"minibatch", 255},
+      {"shuffle", {{"capacity", 10'000}, {"min_after_dequeue", 2'000}}},
+      {"pipelined",
+       "GpuAugment streaming mode driven directly (operator() with an Emitter, then end_epoch); a "
+       "consumer stream waits for each minibatch and gives it back"},
+      {"copy_alone", "as many copies of as many bytes as the streaming mode issued, pinned to device, one stream"},
+      {"crop_alone",
+       "GpuAugment::resident over the same images: the same crops and minibatches, no copies and no gather (it crops "
+       "straight into the minibatches, where streaming crops into the window and then gathers)"}};
+  config["crop_kernel"] = {{"bytes_per_crop", "uint8 pixels read + float32 values and int32 label written"},
+                           {"baseline", "copy_on_device of half as many bytes (read + written: the same count)"},
+                           {"reference_shapes", "the crop-alone epoch of the overlap figure"},
+                           {"large_shapes",
+                            {{"images", kBigImages},
+                             {"image", {kBigImageSide, kBigImageSide}},
+                             {"crop", {kBigCrop.height, kBigCrop.width}},
+                             {"crops_per_call", kBigBatch},
+                             {"calls", big_calls}}}};
+
+  Json results;
+  results["h2d"] = {{"sizes", std::move(h2d)}, {"best_gb_s", best}};
+  results["overlap"] = {{"pipelined_s", figure(pipelined_s)},
+                        {"copy_s", figure(copy_s)},
+                        {"crop_s", figure(crop_s)},
+                        {"sum_s", copy + crop},
+                        {"max_s", std::max(copy, crop)},
+                        {"pipelined_over_max", overlap_ratio},
+                        {"crops", n_crops},
+                        {"h2d_copies", copies},
+                        {"h2d_bytes_per_copy", copy_bytes},
+                        {"d2h_copies", d2h}};
+  results["crop_kernel"] = {
+      {"reference_shapes", {{"crop_gb_s", crop_gb_s}, {"d2d_copy_gb_s", d2d_gb_s}, {"ratio", crop_gb_s / d2d_gb_s}}},
+      {"large_shapes", {{"crop_gb_s", big_gb_s}, {"d2d_copy_gb_s", big_d2d_gb_s}, {"ratio", kernel_ratio}}}};
+
+  Json out;
+  out["device"] = gpu::backend_name(device->backend());
+  out["gpu_found"] = gpu_found;
+  out["device_name"] = device->name();
+  out["config"] = std::move(config);
+  out["results"] = std::move(results);
+  out["goals"] = std::move(goals);
+  return out;
+}
+
+}  // namespace
+
+SuiteRun setup_transfer(CLI::App& command) {
+  auto opt = std::make_shared<TransferOptions>();
+  command.add_option("--device", opt->device, "Device backend")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  command.add_option("--batches", opt->batches, "Image batches per epoch in the overlap figure")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{4096}))
+      ->capture_default_str();
+  command.add_option("--batch-images", opt->batch_images, "Images per batch in the overlap figure")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{16384}))
+      ->capture_default_str();
+  return [opt](const CommonOptions& common) { return run_transfer(*opt, common); };
+}
+
+}  // namespace stoker::bench

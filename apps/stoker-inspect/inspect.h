@@ -1,0 +1,116 @@
+// Reads a pipeline's occupancy log (the JSON Lines that `.occupancy_log()` writes), sums
+// up each queue and stage, and names the stage that limits the pipeline. Kept apart from
+// main.cpp so that the tests can feed it logs of real runs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <iosfwd>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace stoker::inspect {
+
+/// One sample of one queue.
+struct FillSample {
+  double t = 0;          ///< seconds since the pipeline started
+  std::size_t size = 0;  ///< items held
+  double fill = 0;       ///< size / capacity, 0..1
+};
+
+/// Every sample of one queue, in the order of the log.
+struct QueueSeries {
+  std::string name, producer, consumer;
+  std::size_t capacity = 0;
+  std::vector<FillSample> samples;
+};
+
+/// The counters a stage reports when the pipeline stops.
+struct StageCounters {
+  std::string name;
+  int threads = 1;
+  std::uint64_t items_in = 0, items_out = 0;
+  double busy_s = 0;     ///< time its bodies ran, summed over its threads
+  double starved_s = 0;  ///< time no body ran because its input was empty
+  double blocked_s = 0;  ///< time no body ran because its output was full
+  double t = 0;          ///< when the record was written: the length of the run
+};
+
+/// A parsed log. Queues are in pipeline order, source first.
+struct OccupancyLog {
+  std::string source;  ///< the file, for messages
+  std::vector<QueueSeries> queues;
+  std::vector<StageCounters> stages;
+  std::vector<std::pair<std::string, std::uint64_t>> counters;  ///< kept outside the graph, e.g. copies
+  std::size_t skipped_lines = 0;  ///< malformed lines passed over with skip_bad_lines
+  std::string first_skipped;      ///< "line N: what is wrong" for the first of them
+};
+
+/// A log that cannot be read or makes no sense. The message names the file, and the line
+/// where there is one ("run.jsonl:12: ..."), and fits on one line.
+class LogError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct ReadOptions {
+  bool skip_bad_lines = false;  ///< count malformed lines instead of throwing on the first
+};
+
+/// Parses the log at `path`. Throws LogError for a missing or unreadable file, a malformed
+/// line (unless skipped) and a log without a single sample record.
+OccupancyLog read_log(const std::string& path, ReadOptions options = {});
+/// The same from a stream; `source` names it in messages.
+OccupancyLog parse_log(std::istream& in, const std::string& source, ReadOptions options = {});
+
+/// One queue summed up over the run.
+struct QueueSummary {
+  std::string name, producer, consumer;
+  std::size_t capacity = 0;
+  std::size_t samples = 0;
+  double mean_fill = 0;  ///< mean of size / capacity
+  double p95_fill = 0;   ///< 95th percentile of size / capacity
+  double empty_pct = 0;  ///< share of samples with the queue empty, %
+  double full_pct = 0;   ///< share of samples with the queue full, %
+  std::size_t swings = 0;  ///< times it went from empty to full or back
+};
+
+/// A stage's counters as shares of the run.
+struct StageSummary {
+  StageCounters counters;
+  double busy_pct = 0;     ///< busy time over threads x run length, %
+  double starved_pct = 0;  ///< of the run length, %
+  double blocked_pct = 0;  ///< of the run length, %
+};
+
+struct Report {
+  std::string source;
+  double duration_s = 0;  ///< from the first sample to the last
+  std::vector<QueueSummary> queues;
+  std::vector<StageSummary> stages;  ///< empty when the log has no stage records
+  std::vector<std::pair<std::string, std::uint64_t>> counters;  ///< empty when the log has none
+  std::string bottleneck;          ///< a stage's name; "consumer" is the training loop
+  double confidence = 0;           ///< 0..1: how well the run fits the picture of that bottleneck
+  std::string evidence;            ///< the observations behind the verdict
+  std::string suggestion;          ///< the change that should help most
+};
+
+/// Sums up the log and names the bottleneck. The log must hold at least one queue.
+Report analyze(const OccupancyLog& log);
+
+/// The tables and the verdict, for people.
+void print_report(std::ostream& out, const Report& report);
+
+/// The report as one JSON object: queues, stages, counters, bottleneck, confidence, evidence,
+/// suggestion.
+nlohmann::json to_json(const Report& report);
+
+/// Each queue's fill over time, one polyline per queue, as a standalone SVG document.
+std::string plot_svg(const OccupancyLog& log);
+/// The same SVG in a minimal HTML page.
+std::string plot_html(const OccupancyLog& log);
+
+}  // namespace stoker::inspect

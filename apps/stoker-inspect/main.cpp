@@ -1,0 +1,111 @@
+// stoker-inspect LOG [options]: reads a pipeline's occupancy log, sums up each queue and
+// stage, names the stage that limits the pipeline with the evidence, and plots the queues.
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <exception>
+#include <fstream>
+#include <iostream>
+#include <string>
+
+#include "inspect.h"
+
+namespace stoker::inspect {
+namespace {
+
+// CLI11 puts its hint on a second line; the contract is one line on stderr.
+std::string one_line(std::string message) {
+  std::replace(message.begin(), message.end(), '\n', ' ');
+  return message;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// Bad arguments and bad input: the caller says which, on one line, and exits 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void write_plot(const OccupancyLog& log, const std::string& path) {
+  const bool html = ends_with(path, ".html") || ends_with(path, ".htm");
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) throw UsageError("--plot " + path + ": cannot open for writing: " + std::strerror(errno));
+  out << (html ? plot_html(log) : plot_svg(log));
+  out.close();
+  if (!out) throw UsageError("--plot " + path + ": write failed");
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{
+      "stoker-inspect: reads a pipeline's occupancy log (written with .occupancy_log(path)), prints each\n"
+      "queue's fill and each stage's counters, and names the bottleneck stage with its evidence.\n"
+      "See docs/inspect.md for how to read the report."};
+  app.name("stoker-inspect");
+
+  std::string log_path, plot_path;
+  bool json = false, skip_bad_lines = false;
+  app.add_option("LOG", log_path, "The occupancy log: JSON Lines of sample and stage records")->required();
+  app.add_flag("--json", json,
+               "Also print the report as one JSON object on the last line of stdout (queues, stages, "
+               "bottleneck, confidence, evidence, suggestion)");
+  app.add_option("--plot", plot_path,
+                 "Draw each queue's fill over time into FILE: an SVG image for FILE.svg, the same image "
+                 "in an HTML page for FILE.html")
+      ->type_name("FILE");
+  app.add_flag("--skip-bad-lines", skip_bad_lines,
+               "Skip malformed lines (counting them in a warning) instead of stopping at the first; "
+               "useful for the torn last line of a run that crashed");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "stoker-inspect: " << one_line(e.what()) << " (see stoker-inspect --help)\n";
+    return 2;
+  }
+
+  try {
+    // Checked before reading a log that may be large, so that a typo costs nothing.
+    if (!plot_path.empty() && !ends_with(plot_path, ".svg") && !ends_with(plot_path, ".html") &&
+        !ends_with(plot_path, ".htm"))
+      throw UsageError("--plot " + plot_path + ": the file name must end in .svg or .html");
+
+    const OccupancyLog log = read_log(log_path, {.skip_bad_lines = skip_bad_lines});
+    if (log.skipped_lines > 0)
+      std::cerr << "stoker-inspect: warning: " << log_path << ": skipped " << log.skipped_lines << " malformed line"
+                << (log.skipped_lines == 1 ? "" : "s") << " (first: " << log.first_skipped << ")\n";
+
+    const Report report = analyze(log);
+    if (!plot_path.empty()) write_plot(log, plot_path);  // first, so that a failure prints no report
+    print_report(std::cout, report);
+    if (!plot_path.empty()) std::cout << "plot:       " << plot_path << "\n";
+    if (json) std::cout << to_json(report).dump() << std::endl;
+    return 0;
+  } catch (const LogError& e) {
+    std::cerr << "stoker-inspect: " << one_line(e.what()) << '\n';
+    return 2;
+  } catch (const UsageError& e) {
+    std::cerr << "stoker-inspect: " << one_line(e.what()) << '\n';
+    return 2;
+  }
+}
+
+}  // namespace
+}  // namespace stoker::inspect
+
+int main(int argc, char** argv) {
+  try {
+    return stoker::inspect::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cout.flush();
+    std::cerr << "stoker-inspect: error: " << stoker::inspect::one_line(e.what()) << '\n';
+    return 1;
+  }
+}

@@ -1,0 +1,286 @@
+// stoker-train [options]: trains a multilayer perceptron on Fashion-MNIST through a stoker
+// pipeline, on the GPU when there is one and on the CPU when there is none, and reports test
+// accuracy, throughput and how much the trainer waited for its input.
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <exception>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <unistd.h>
+
+#include "stoker/core/stage_error.h"
+#include "stoker/stages/reader.h"
+#include "train.h"
+
+namespace stoker::train {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// CLI11 puts its hint on a second line; the contract is one line on stderr.
+std::string one_line(std::string message) {
+  std::replace(message.begin(), message.end(), '\n', ' ');
+  return message;
+}
+
+std::string fixed(double value, int decimals) {
+  std::ostringstream s;
+  s << std::fixed << std::setprecision(decimals) << value;
+  return s.str();
+}
+
+std::string megabytes(std::uint64_t bytes) { return fixed(static_cast<double>(bytes) / 1e6, 1) + " MB"; }
+
+std::string layers(const TrainOptions& o) {
+  std::string s = std::to_string(o.crop_size * o.crop_size);
+  for (int w : o.hidden) s += "-" + std::to_string(w);
+  return s + "-10";
+}
+
+// A progress bar redrawn in place, at most ten times a second; only on a terminal.
+class ProgressBar {
+ public:
+  explicit ProgressBar(std::uint32_t epochs) : epochs_(epochs), enabled_(isatty(STDOUT_FILENO) == 1) {}
+
+  void update(std::uint32_t epoch, std::uint64_t done, std::uint64_t total) {
+    if (!enabled_) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (done != total && now - last_ < std::chrono::milliseconds(100)) return;
+    last_ = now;
+    constexpr int kWidth = 40;
+    const double share = total > 0 ? static_cast<double>(done) / static_cast<double>(total) : 1.0;
+    const int filled = static_cast<int>(share * kWidth);
+    std::cout << "\repoch " << epoch << "/" << epochs_ << " [" << std::string(static_cast<std::size_t>(filled), '#')
+              << std::string(static_cast<std::size_t>(kWidth - filled), '.') << "] " << std::setw(3)
+              << static_cast<int>(share * 100) << "%" << std::flush;
+  }
+  void clear() {
+    if (enabled_) std::cout << "\r\033[K" << std::flush;
+  }
+
+ private:
+  std::uint32_t epochs_;
+  bool enabled_;
+  std::chrono::steady_clock::time_point last_{};
+};
+
+void add_options(CLI::App& app, TrainOptions& o, bool& json) {
+  app.add_option("--data", o.data,
+                 "Directory with Fashion-MNIST's train-* and t10k-* IDX files (Debian package dataset-fashion-mnist)")
+      ->capture_default_str();
+  app.add_option("--epochs", o.epochs, "Passes over the training images")
+      ->check(CLI::Range(1u, 100000u))
+      ->capture_default_str();
+  app.add_option("--batch-size", o.batch_size, "Crops per training step")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--crops", o.crops,
+                 "Random crops taken of each training image per epoch (an epoch has images x crops samples)")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  app.add_option("--crop-size", o.crop_size,
+                 "Side of the square crops, at most 28; the test images are center-cropped to it")
+      ->check(CLI::Range(1u, 28u))
+      ->capture_default_str();
+  app.add_option("--mirror-p", o.mirror_p, "Probability that a training crop is mirrored left-right")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+
+  app.add_option("--threads", o.threads, "oneTBB threads shared by all pipeline stages (0: one per core)")
+      ->check(CLI::Range(0, 1024))
+      ->capture_default_str();
+  app.add_option("--crop-threads", o.crop_threads, "Threads of the crop stage (crop + mirror)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--collate-threads", o.collate_threads,
+                 "Threads of the collate stage (normalize into a pinned batch buffer)")
+      ->check(CLI::Range(1, 1024))
+      ->capture_default_str();
+  app.add_option("--read-queue", o.read_queue, "Capacity of the queue of images between the reader and the crop stage")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 24))
+      ->capture_default_str();
+  app.add_option("--batch-queue", o.batch_queue,
+                 "Capacity of each queue of batches: batcher -> collate -> host-to-device copy -> trainer")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 16))
+      ->capture_default_str();
+  app.add_option("--staging-buffers", o.staging_buffers,
+                 "Pinned host buffers batches are collated into; each waits for its copy to finish")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 16))
+      ->capture_default_str();
+  app.add_option("--shuffle-capacity", o.shuffle_capacity, "Crops the shuffle buffer holds at most")
+      ->check(CLI::Range(std::size_t{2}, std::size_t{1} << 28))
+      ->capture_default_str();
+  app.add_option("--min-after-dequeue", o.min_after_dequeue,
+                 "Crops the shuffle buffer keeps after each dequeue: more mixes crops of one image better")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 28))
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "Seed of the crops, mirrors, shuffle and initial weights")->capture_default_str();
+  app.add_option("--occupancy-log", o.occupancy_log,
+                 "Write the queues' fill over time to FILE (JSON Lines) for stoker-inspect; pipelined mode only")
+      ->type_name("FILE");
+
+  app.add_option("--device", o.device, "Where to train: auto (CUDA when a GPU is visible, else the CPU), cpu or cuda")
+      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+      ->capture_default_str();
+  app.add_option("--augment", o.augment,
+                 "Where crops are made: cpu (pipeline stages); gpu (whole images to the device, cropped there) is "
+                 "not available yet")
+      ->check(CLI::IsMember({"cpu", "gpu"}))
+      ->capture_default_str();
+  app.add_option("--mode", o.mode,
+                 "pipelined: reading, crops, copies and training overlap; sync: the same work one step after "
+                 "another with no overlap (the feed-dict baseline)")
+      ->check(CLI::IsMember({"pipelined", "sync"}))
+      ->capture_default_str();
+
+  app.add_option("--hidden", o.hidden, "Widths of the hidden layers, comma-separated")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  app.add_option("--lr", o.learning_rate, "SGD's learning rate at the start; it decays to 0 along a cosine")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--momentum", o.momentum, "SGD's momentum")->check(CLI::Range(0.0, 0.999))->capture_default_str();
+  app.add_option("--weight-decay", o.weight_decay, "L2 weight decay")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  app.add_option("--in-flight", o.in_flight, "Training steps queued on the device before the trainer waits for it")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--limit", o.limit, "Use only the first N training and N test images (0: all); for quick runs")
+      ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 32))
+      ->capture_default_str();
+  app.add_flag("--json", json, "Also print the result as one JSON object on the last line of stdout");
+}
+
+Json to_json(const TrainOptions& o, const TrainReport& r) {
+  Json epochs = Json::array();
+  for (const EpochReport& e : r.epochs)
+    epochs.push_back({{"epoch", e.epoch},
+                      {"loss", e.loss},
+                      {"train_accuracy", e.train_accuracy},
+                      {"test_accuracy", e.test_accuracy},
+                      {"samples", e.samples},
+                      {"seconds", e.train_seconds},
+                      {"samples_per_s", e.samples_per_s()},
+                      {"starvation_pct", 100 * e.starvation()},
+                      {"device_wait_s", e.device_wait_seconds}});
+  Json out;
+  out["test_accuracy"] = r.test_accuracy();
+  out["epochs"] = r.epochs.size();
+  out["samples_per_s"] = r.samples_per_s();
+  out["starvation_pct"] = 100 * r.starvation();
+  out["batches"] = r.batches();
+  out["h2d_copies"] = r.transfers.h2d_copies;
+  out["d2h_copies"] = r.transfers.d2h_copies;
+  out["device"] = r.device;
+  out["device_name"] = r.device_name;
+  out["mode"] = r.mode;
+  out["augment"] = o.augment;
+  out["samples"] = r.samples();
+  out["train_seconds"] = r.train_seconds();
+  out["h2d_bytes"] = r.transfers.h2d_bytes;
+  out["d2h_bytes"] = r.transfers.d2h_bytes;
+  out["train_images"] = r.train_images;
+  out["test_images"] = r.test_images;
+  out["model"] = "mlp " + layers(o);
+  out["parameters"] = r.parameters;
+  out["batch_size"] = o.batch_size;
+  out["crops"] = o.crops;
+  out["seed"] = o.seed;
+  out["per_epoch"] = std::move(epochs);
+  return out;
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{
+      "stoker-train: trains a multilayer perceptron on Fashion-MNIST crops fed by a stoker pipeline\n"
+      "(reader -> random crops + mirror -> shuffle buffer -> batch -> pinned staging -> copy -> trainer),\n"
+      "on the GPU when there is one, and reports test accuracy, samples/s and input starvation.\n"
+      "See docs/train.md."};
+  app.name("stoker-train");
+  TrainOptions o;
+  bool json = false;
+  add_options(app, o, json);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "stoker-train: " << one_line(e.what()) << " (see stoker-train --help)\n";
+    return 2;
+  }
+
+  if (o.mode == "sync" && !o.occupancy_log.empty())
+    std::cerr << "stoker-train: warning: --occupancy-log is ignored in sync mode, which has no pipeline\n";
+
+  ProgressBar bar(o.epochs);
+  TrainCallbacks callbacks;
+  callbacks.on_start = [&](const TrainReport& r) {
+    std::cout << "data:   " << r.train_images << " training and " << r.test_images << " test images from " << o.data
+              << " (" << fixed(r.load_seconds, 1) << " s to load, center-crop and upload the test set)\n"
+              << "device: " << r.device_name << "\n"
+              << "model:  MLP " << layers(o) << " (" << r.parameters << " parameters), SGD momentum " << o.momentum
+              << ", lr " << o.learning_rate << " cosine to 0, weight decay " << o.weight_decay << "\n"
+              << "input:  " << o.mode << ", " << o.crops << " random " << o.crop_size << "x" << o.crop_size
+              << " crops per image (mirror p " << o.mirror_p << "), shuffle " << o.shuffle_capacity << "/"
+              << o.min_after_dequeue << ", batches of " << o.batch_size << ", " << o.epochs << " epochs of "
+              << r.train_images * static_cast<std::uint64_t>(o.crops) << " samples\n";
+  };
+  callbacks.on_batch = [&](std::uint32_t epoch, std::uint64_t done, std::uint64_t total) {
+    bar.update(epoch, done, total);
+  };
+  callbacks.on_epoch = [&](const EpochReport& e) {
+    bar.clear();
+    std::cout << "epoch " << std::setw(2) << e.epoch << "/" << o.epochs << "  loss " << fixed(e.loss, 4) << "  train "
+              << fixed(e.train_accuracy, 4) << "  test " << fixed(e.test_accuracy, 4) << "  " << std::setw(7)
+              << static_cast<long long>(e.samples_per_s()) << " samples/s  starvation " << std::setw(5)
+              << fixed(100 * e.starvation(), 1) << "%  " << fixed(e.train_seconds, 1) << " s" << std::endl;
+  };
+
+  try {
+    const TrainReport r = run_training(o, callbacks);
+    std::cout << "\n";
+    if (r.pipeline) {
+      print_summary(std::cout, *r.pipeline);
+      std::cout << "\n";
+    }
+    std::cout << "copies: " << r.transfers.h2d_copies << " host-to-device (" << megabytes(r.transfers.h2d_bytes)
+              << "), " << r.transfers.d2h_copies << " device-to-host (" << r.transfers.d2h_bytes
+              << " bytes): one per batch and two at setup; one read-back per epoch\n"
+              << "result: test accuracy " << fixed(r.test_accuracy(), 4) << " after " << r.epochs.size() << " epochs, "
+              << static_cast<long long>(r.samples_per_s()) << " samples/s, starvation "
+              << fixed(100 * r.starvation(), 1) << "% (" << r.mode << ", " << r.device << ")\n";
+    if (json) std::cout << to_json(o, r).dump() << std::endl;
+    return 0;
+  } catch (const std::invalid_argument& e) {
+    bar.clear();
+    std::cerr << "stoker-train: " << one_line(e.what()) << '\n';
+    return 2;
+  } catch (const DataError& e) {
+    bar.clear();
+    std::cerr << "stoker-train: " << one_line(e.what()) << '\n';
+    return 2;
+  }
+}
+
+}  // namespace
+}  // namespace stoker::train
+
+int main(int argc, char** argv) {
+  try {
+    return stoker::train::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::cout.flush();
+    std::cerr << "stoker-train: error: " << stoker::train::one_line(e.what()) << '\n';
+    return 1;
+  }
+}

@@ -1,0 +1,363 @@
+#include "train.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <numbers>
+#include <stdexcept>
+#include <utility>
+
+#include "mlp.h"
+#include "stoker/core/pipeline.h"
+#include "stoker/core/random_shuffle_queue.h"
+#include "stoker/gpu/staging.h"
+#include "stoker/stages/batch.h"
+#include "stoker/stages/transforms.h"
+
+namespace stoker::train {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// Fashion-MNIST's pixel statistics, as in the brief's reference job.
+Normalization fashion_normalization() { return {255.0f, {0.2860f}, {0.3530f}}; }
+
+IdxDataset load(const TrainOptions& o, std::string_view split) {
+  IdxDataset d = fashion_mnist(o.data, split);
+  if (o.limit != 0 && o.limit < d.size()) {
+    d.labels.resize(o.limit);
+    d.images.count = static_cast<std::uint32_t>(o.limit);
+    d.images.pixels.resize(o.limit * d.images.height * d.images.width);
+  }
+  return d;
+}
+
+// The test set as one device array of center crops and their labels, uploaded once.
+struct TestSet {
+  gpu::Memory memory;
+  std::size_t count = 0, labels_offset = 0;
+
+  const float* images() const { return reinterpret_cast<const float*>(memory.data()); }
+  const std::int32_t* labels() const { return reinterpret_cast<const std::int32_t*>(memory.data() + labels_offset); }
+};
+
+TestSet upload_test_set(std::shared_ptr<const IdxDataset> data, const TrainOptions& o, gpu::Device& device,
+                        gpu::Stream& stream) {
+  const auto pool = BufferPool::create();
+  const IdxReader reader(std::move(data), {.pool = pool});
+  const CenterCrop center({.size = {o.crop_size, o.crop_size}, .normalize = fashion_normalization(), .pool = pool});
+  std::vector<Sample> crops;
+  crops.reserve(reader.dataset_size());
+  for (std::uint64_t i = 0; i < reader.dataset_size(); ++i) crops.push_back(center(reader.read(i)));
+  const Batch batch = make_batch(std::move(crops), *pool);  // samples then labels: one copy
+  TestSet t{device.allocate(batch.payload_bytes()), batch.count, batch.labels_offset()};
+  stream.copy_to_device(t.memory.data(), batch.data(), batch.payload_bytes());
+  stream.synchronize();  // `batch` is freed on return
+  return t;
+}
+
+// What both modes share: the device, the model, the learning-rate schedule and the per-epoch
+// bookkeeping. One training step per device batch, issued to the compute stream.
+class Trainer {
+ public:
+  Trainer(const TrainOptions& o, const TrainCallbacks& callbacks, std::shared_ptr<gpu::Device> device,
+          std::uint64_t samples_per_epoch)
+      : o_(o),
+        callbacks_(callbacks),
+        device_(std::move(device)),
+        compute_(device_->make_stream()),
+        model_(*device_, *compute_, model_options(o)),
+        samples_per_epoch_(samples_per_epoch),
+        total_steps_(static_cast<std::uint64_t>(o.epochs) * ((samples_per_epoch + o.batch_size - 1) / o.batch_size)) {
+    for (int i = 0; i < o.in_flight; ++i) step_done_.push_back(device_->make_event());
+  }
+
+  gpu::Device& device() { return *device_; }
+  const std::shared_ptr<gpu::Device>& device_ptr() { return device_; }
+  gpu::Stream& compute() { return *compute_; }
+  Mlp& model() { return model_; }
+
+  void begin_epoch(std::uint32_t epoch) {
+    current_ = EpochReport{};
+    current_.epoch = epoch;
+    model_.reset_counters(*compute_);
+    started_ = Clock::now();
+  }
+
+  // The host waits for the device only to keep at most `in_flight` steps queued: that bounds
+  // the work in flight, and it makes the time spent waiting for input mean what it says
+  // (without it, a trainer that outruns the device would seem starved, its next batch held
+  // up by device buffers that the queued steps still use).
+  void step(gpu::DeviceBatch& batch) {
+    gpu::Event& done = *step_done_[step_ % step_done_.size()];
+    if (step_ >= step_done_.size()) {
+      const auto t0 = Clock::now();
+      done.synchronize();
+      current_.device_wait_seconds += seconds_since(t0);
+    }
+    compute_->wait(batch.ready());
+    model_.train_step(*compute_, batch.data_as<float>(), batch.labels(), static_cast<int>(batch.count),
+                      learning_rate());
+    batch.release_after(*compute_);
+    compute_->record(done);
+    ++step_;
+    ++current_.batches;
+    current_.samples += batch.count;
+    if (callbacks_.on_batch) callbacks_.on_batch(current_.epoch, current_.samples, samples_per_epoch_);
+  }
+
+  void add_input_wait(double seconds) { current_.input_wait_seconds += seconds; }
+
+  // Waits for the epoch's last step, evaluates and reads all the counters back in one copy.
+  EpochReport end_epoch(const TestSet& test) {
+    const auto trained = device_->make_event();
+    compute_->record(*trained);
+    trained->synchronize();
+    current_.train_seconds = seconds_since(started_);
+    const auto t0 = Clock::now();
+    model_.evaluate(*compute_, test.images(), test.labels(), test.count);
+    const MlpCounters c = model_.read_counters(*compute_);
+    current_.eval_seconds = seconds_since(t0);
+    const auto samples = static_cast<double>(std::max<std::uint64_t>(current_.samples, 1));
+    current_.loss = c.train_loss_sum / samples;
+    current_.train_accuracy = static_cast<double>(c.train_correct) / samples;
+    current_.test_accuracy =
+        static_cast<double>(c.test_correct) / static_cast<double>(std::max<std::size_t>(test.count, 1));
+    if (callbacks_.on_epoch) callbacks_.on_epoch(current_);
+    return current_;
+  }
+
+ private:
+  static MlpOptions model_options(const TrainOptions& o) {
+    MlpOptions m;
+    m.layers = {static_cast<int>(o.crop_size * o.crop_size)};
+    m.layers.insert(m.layers.end(), o.hidden.begin(), o.hidden.end());
+    m.layers.push_back(10);
+    m.max_rows = static_cast<int>(o.batch_size);
+    m.momentum = o.momentum;
+    m.weight_decay = o.weight_decay;
+    m.seed = o.seed;
+    return m;
+  }
+
+  // Cosine decay from the initial rate to zero over the whole run.
+  float learning_rate() const {
+    const double progress = static_cast<double>(step_) / static_cast<double>(std::max<std::uint64_t>(total_steps_, 1));
+    return static_cast<float>(o_.learning_rate * 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
+  }
+
+  const TrainOptions& o_;
+  const TrainCallbacks& callbacks_;
+  std::shared_ptr<gpu::Device> device_;
+  std::unique_ptr<gpu::Stream> compute_;
+  Mlp model_;
+  std::vector<std::unique_ptr<gpu::Event>> step_done_;
+  std::uint64_t samples_per_epoch_, total_steps_;
+  std::uint64_t step_ = 0;
+  EpochReport current_;
+  Clock::time_point started_;
+};
+
+RandomCropOptions crop_options(const TrainOptions& o, std::shared_ptr<BufferPool> pool) {
+  // uint8 crops, normalized while collating: a quarter of the bytes in the shuffle buffer.
+  return {.size = {o.crop_size, o.crop_size},
+          .count = o.crops,
+          .mirror = MirrorOptions{.axis = Axis::width, .p = o.mirror_p},
+          .pool = std::move(pool)};
+}
+
+gpu::ToDeviceOptions to_device_options(const TrainOptions& o) {
+  const Shape crop{1, 1, o.crop_size, o.crop_size, false};
+  // Device buffers: the batches queued after the copy, those the trainer holds (one being
+  // issued, in_flight queued on the device), and the one being copied into.
+  return {.bytes = Batch::storage_bytes(crop, DType::f32, o.batch_size),
+          .staging_buffers = o.staging_buffers,
+          .device_buffers = o.batch_queue + static_cast<std::size_t>(o.in_flight) + 2};
+}
+
+// reader -> crops (threads) -> shuffle -> batch -> collate into pinned memory -> copy -> trainer.
+void train_pipelined(const TrainOptions& o, std::shared_ptr<const IdxDataset> data, Trainer& trainer,
+                     const TestSet& test, TrainReport& report) {
+  const gpu::ToDevice to_device(trainer.device_ptr(), to_device_options(o));
+  PipelineBuilder builder;
+  builder.threads(o.threads).seed(o.seed).epochs(o.epochs).counters(gpu::transfer_counters(trainer.device_ptr()));
+  if (!o.occupancy_log.empty()) builder.occupancy_log(o.occupancy_log);
+  auto pipe =
+      builder.source("read", IdxReader(std::move(data), {.pool = BufferPool::create()}), {.queue = o.read_queue})
+          .flat_map<Sample>("crops", RandomCrops(crop_options(o, BufferPool::create())), {.threads = o.crop_threads})
+          .shuffle("shuffle",
+                   {.capacity = o.shuffle_capacity, .min_after_dequeue = o.min_after_dequeue, .seed = o.seed})
+          .batch("batch", o.batch_size, {.queue = o.batch_queue})
+          .map("collate", Collate{.pool = to_device.staging(), .normalize = Normalizer(fashion_normalization())},
+               {.threads = o.collate_threads, .queue = o.batch_queue})
+          .map("h2d", to_device, {.queue = o.batch_queue})
+          .build();
+  for (std::uint32_t epoch = 1; epoch <= o.epochs; ++epoch) {
+    trainer.begin_epoch(epoch);
+    for (;;) {
+      const auto t0 = Clock::now();
+      std::optional<gpu::DeviceBatch> batch = pipe.next();
+      trainer.add_input_wait(seconds_since(t0));
+      if (!batch) break;
+      trainer.step(*batch);
+    }
+    report.epochs.push_back(trainer.end_epoch(test));
+  }
+  report.pipeline = pipe.summary();
+}
+
+// The feed-dict baseline: the same reading, crops, shuffle, collate, copy and step, one after
+// the other on this thread, with no overlap at all: the trainer waits for the device after
+// every step, and the device waits while the next batch is made.
+void train_sync(const TrainOptions& o, std::shared_ptr<const IdxDataset> data, Trainer& trainer, const TestSet& test,
+                TrainReport& report) {
+  const gpu::ToDevice to_device(trainer.device_ptr(), to_device_options(o));
+  const IdxReader reader(std::move(data), {.pool = BufferPool::create()});
+  const RandomCrops crops(crop_options(o, BufferPool::create()));
+  const Collate collate{.pool = to_device.staging(), .normalize = Normalizer(fashion_normalization())};
+  RandomShuffleQueue<Sample> shuffle(
+      "shuffle", {.capacity = o.shuffle_capacity, .min_after_dequeue = o.min_after_dequeue, .seed = o.seed});
+  std::vector<Sample> samples;
+
+  for (std::uint32_t epoch = 1; epoch <= o.epochs; ++epoch) {
+    trainer.begin_epoch(epoch);
+    const StageContext ctx{.seed = o.seed, .epoch = epoch - 1};
+    // Takes a batch out of the shuffle buffer, if it has one, and trains on it.
+    auto train_one = [&](Clock::time_point input_started, bool allow_partial) {
+      samples.clear();
+      if (shuffle.try_pop_many(samples, o.batch_size, allow_partial) == 0) return false;
+      gpu::DeviceBatch batch = to_device(collate(std::move(samples)));
+      trainer.add_input_wait(seconds_since(input_started));
+      trainer.step(batch);
+      trainer.compute().synchronize();
+      return true;
+    };
+    for (std::uint64_t id = 0; id < reader.dataset_size(); ++id) {
+      auto t0 = Clock::now();
+      for (Sample& crop : crops.apply(reader.read(id), ctx))
+        while (!shuffle.try_push(std::move(crop))) {  // full: make room first
+          if (!train_one(t0, false))
+            throw std::logic_error("sync mode: the shuffle buffer is full yet cannot be popped");
+          t0 = Clock::now();
+        }
+      while (train_one(t0, false)) t0 = Clock::now();
+      trainer.add_input_wait(seconds_since(t0));
+    }
+    shuffle.close();  // the remainder, in random order, the last batch short
+    for (auto t0 = Clock::now(); train_one(t0, true);) t0 = Clock::now();
+    shuffle.reopen(derive_seed(o.seed, epoch, 0x73796e63));
+    report.epochs.push_back(trainer.end_epoch(test));
+  }
+}
+
+// A device that is not there is a bad argument for this machine, reported as such.
+std::shared_ptr<gpu::Device> open_device(const std::string& which) {
+  try {
+    return gpu::Device::open(which);
+  } catch (const gpu::CudaError&) {
+    throw;  // a device that is there but fails is not the user's mistake
+  } catch (const std::runtime_error& e) {
+    throw std::invalid_argument("--device " + which + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+void validate(const TrainOptions& o) {
+  auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
+  auto at_least_1 = [&](const char* name, auto value) {
+    if (value < 1) fail(std::string(name) + " must be at least 1");
+  };
+  at_least_1("--epochs", o.epochs);
+  at_least_1("--batch-size", o.batch_size);
+  at_least_1("--crops", o.crops);
+  at_least_1("--crop-size", o.crop_size);
+  at_least_1("--crop-threads", o.crop_threads);
+  at_least_1("--collate-threads", o.collate_threads);
+  at_least_1("--read-queue", o.read_queue);
+  at_least_1("--batch-queue", o.batch_queue);
+  at_least_1("--staging-buffers", o.staging_buffers);
+  at_least_1("--in-flight", o.in_flight);
+  if (o.threads < 0) fail("--threads must be 0 (one per core) or more");
+  if (!(o.mirror_p >= 0 && o.mirror_p <= 1)) fail("--mirror-p must be in [0, 1]");
+  if (o.min_after_dequeue >= o.shuffle_capacity)
+    fail("--min-after-dequeue (" + std::to_string(o.min_after_dequeue) + ") must be less than --shuffle-capacity (" +
+         std::to_string(o.shuffle_capacity) + ")");
+  if (o.batch_size > o.shuffle_capacity - o.min_after_dequeue)
+    fail("--batch-size (" + std::to_string(o.batch_size) +
+         ") must be at most --shuffle-capacity minus --min-after-dequeue (" +
+         std::to_string(o.shuffle_capacity - o.min_after_dequeue) + "), what a shuffle buffer can hand out at once");
+  if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
+    fail("--device must be auto, cpu or cuda, not '" + o.device + "'");
+  if (o.augment == "gpu") fail("--augment gpu is not available yet (GPU crops are being built); use --augment cpu");
+  if (o.augment != "cpu") fail("--augment must be cpu or gpu, not '" + o.augment + "'");
+  if (o.mode != "pipelined" && o.mode != "sync") fail("--mode must be pipelined or sync, not '" + o.mode + "'");
+  if (std::any_of(o.hidden.begin(), o.hidden.end(), [](int w) { return w < 1; }))
+    fail("--hidden widths must be at least 1");
+  if (!(o.learning_rate > 0 && std::isfinite(o.learning_rate))) fail("--lr must be positive");
+  if (!(o.momentum >= 0 && o.momentum < 1)) fail("--momentum must be in [0, 1)");
+  if (!(o.weight_decay >= 0 && std::isfinite(o.weight_decay))) fail("--weight-decay must be 0 or more");
+}
+
+std::uint64_t TrainReport::samples() const {
+  std::uint64_t n = 0;
+  for (const EpochReport& e : epochs) n += e.samples;
+  return n;
+}
+std::uint64_t TrainReport::batches() const {
+  std::uint64_t n = 0;
+  for (const EpochReport& e : epochs) n += e.batches;
+  return n;
+}
+double TrainReport::train_seconds() const {
+  double s = 0;
+  for (const EpochReport& e : epochs) s += e.train_seconds;
+  return s;
+}
+double TrainReport::samples_per_s() const {
+  const double s = train_seconds();
+  return s > 0 ? static_cast<double>(samples()) / s : 0;
+}
+double TrainReport::starvation() const {
+  double wait = 0;
+  for (const EpochReport& e : epochs) wait += e.input_wait_seconds;
+  const double s = train_seconds();
+  return s > 0 ? wait / s : 0;
+}
+
+TrainReport run_training(const TrainOptions& o, const TrainCallbacks& callbacks) {
+  validate(o);
+  TrainReport report;
+  report.mode = o.mode;
+  const auto t_load = Clock::now();
+  auto train_data = std::make_shared<const IdxDataset>(load(o, "train"));
+  auto test_data = std::make_shared<const IdxDataset>(load(o, "t10k"));
+  if (train_data->size() == 0 || test_data->size() == 0) throw DataError(o.data, "the train or the test set is empty");
+  if (o.crop_size > train_data->images.height || o.crop_size > train_data->images.width)
+    throw std::invalid_argument("--crop-size " + std::to_string(o.crop_size) + " does not fit the " +
+                                train_data->shape().str() + " images");
+  report.train_images = train_data->size();
+  report.test_images = test_data->size();
+
+  const std::uint64_t samples_per_epoch = train_data->size() * static_cast<std::uint64_t>(o.crops);
+  Trainer trainer(o, callbacks, open_device(o.device), samples_per_epoch);
+  const TestSet test = upload_test_set(test_data, o, trainer.device(), trainer.compute());
+  report.device = gpu::backend_name(trainer.device().backend());
+  report.device_name = trainer.device().name();
+  report.parameters = trainer.model().parameter_count();
+  report.load_seconds = seconds_since(t_load);
+  if (callbacks.on_start) callbacks.on_start(report);
+
+  if (o.mode == "sync")
+    train_sync(o, std::move(train_data), trainer, test, report);
+  else
+    train_pipelined(o, std::move(train_data), trainer, test, report);
+  report.transfers = trainer.device().transfers();
+  return report;
+}
+
+}  // namespace stoker::train

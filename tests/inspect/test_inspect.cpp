@@ -1,0 +1,471 @@
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>  // getpid
+
+#include "inspect.h"
+#include "stoker/core/pipeline.h"
+#include "support.h"
+
+using namespace stoker;
+using namespace stoker::inspect;
+using namespace stoker::test;
+
+namespace {
+
+// A directory of its own per test case and process: other runs may share /tmp.
+struct TempDir {
+  std::filesystem::path path;
+  explicit TempDir(const std::string& name)
+      : path(std::filesystem::temp_directory_path() /
+             ("stoker-test-inspect-" + name + "-" + std::to_string(::getpid()))) {
+    std::filesystem::create_directories(path);
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+};
+
+enum class Slow { source, middle, consumer };
+
+// read -> decode (2 threads) -> augment -> shuffle -> batch -> the loop here, with one part
+// made slow by sleeping, which stays slow however busy the machine is. The other parts do
+// almost nothing, so the slow part is the bottleneck by a wide margin.
+void run_pipeline(Slow slow, const std::filesystem::path& log, int items) {
+  auto pipe = PipelineBuilder{}
+                  .threads(6)  // more than the stages' bodies, so that sleeping bodies starve no stage of threads
+                  .epochs(1)
+                  .occupancy_log(log.string(), 5ms)
+                  .source("read",
+                          [slow, items, n = 0]() mutable -> std::optional<int> {
+                            if (n == items) return std::nullopt;
+                            if (slow == Slow::source) std::this_thread::sleep_for(1ms);
+                            return n++;
+                          },
+                          {.queue = 32})
+                  .map("decode",
+                       [slow](int x) {
+                         if (slow == Slow::middle) std::this_thread::sleep_for(2ms);
+                         return x;
+                       },
+                       {.threads = 2, .queue = 32})
+                  .map("augment", [](int x) { return 2 * x; }, {.queue = 32})
+                  .shuffle("shuffle", {.capacity = 64, .min_after_dequeue = 8, .seed = 1})
+                  .batch("batch", 8, {.queue = 4})
+                  .build();
+  int batches = 0;
+  while (pipe.next()) {
+    ++batches;
+    if (slow == Slow::consumer) std::this_thread::sleep_for(5ms);
+  }
+  REQUIRE(batches == items / 8);
+}
+
+Report inspect_run(Slow slow, const std::string& name, int items) {
+  TempDir dir(name);
+  const auto log_path = dir.path / "run.jsonl";
+  run_pipeline(slow, log_path, items);
+  const OccupancyLog log = read_log(log_path.string());
+  const Report report = analyze(log);
+  std::ostringstream text;
+  print_report(text, report);
+  MESSAGE(text.str());  // the whole report, to judge a failure by
+  return report;
+}
+
+void check_shape(const Report& r) {
+  REQUIRE(r.queues.size() == 4);
+  CHECK(r.queues[0].name == "read->decode");
+  CHECK(r.queues[1].name == "decode->augment");
+  CHECK(r.queues[2].name == "shuffle");
+  CHECK(r.queues[3].name == "batch->consumer");
+  CHECK(r.queues[3].consumer == "consumer");
+  CHECK(r.stages.size() == 4);
+  for (const QueueSummary& q : r.queues) {
+    CHECK(q.samples >= 20);
+    CHECK(q.mean_fill >= 0.0);
+    CHECK(q.mean_fill <= 1.0);
+    CHECK(q.p95_fill <= 1.0);
+  }
+  const nlohmann::json j = to_json(r);
+  CHECK(j.at("bottleneck") == r.bottleneck);
+  CHECK(j.at("queues").size() == 4);
+  for (const char* key : {"name", "capacity", "mean_fill", "p95_fill", "empty_pct", "full_pct", "producer", "consumer"})
+    CHECK(j.at("queues").at(0).contains(key));
+  CHECK(!j.at("evidence").get<std::string>().empty());
+  CHECK(!j.at("suggestion").get<std::string>().empty());
+}
+
+std::string write_file(const std::filesystem::path& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+  return path.string();
+}
+
+std::string sample(double t, const std::string& queue, int size, int capacity, const std::string& producer,
+                   const std::string& consumer) {
+  return nlohmann::json{
+      {"type", "sample"},    {"t", t}, {"queue", queue}, {"size", size}, {"capacity", capacity}, {"producer", producer},
+      {"consumer", consumer}}
+      .dump();
+}
+
+// A two-queue pipeline, a -> b -> consumer, sampled `n` times with the given sizes.
+std::string two_queue_log(int n, int size_ab, int size_bc) {
+  std::string out;
+  for (int i = 0; i < n; ++i)
+    out += sample(0.01 * i, "a->b", size_ab, 10, "a", "b") + "\n" +
+           sample(0.01 * i, "b->consumer", size_bc, 10, "b", "consumer") + "\n";
+  return out;
+}
+
+OccupancyLog parse_text(const std::string& text, ReadOptions options = {}) {
+  std::istringstream in(text);
+  return parse_log(in, "test.jsonl", options);
+}
+
+// Enough of an XML parser to prove that a document is well-formed: every tag closed in
+// order, attribute values quoted, and every '&' the start of an entity.
+struct Markup {
+  std::vector<std::string> errors;
+  std::vector<std::string> elements;  // names of the opening tags, in order
+
+  explicit Markup(const std::string& doc) {
+    std::vector<std::string> open;
+    std::size_t i = 0;
+    while (i < doc.size()) {
+      if (doc[i] == '&') {
+        check_entity(doc, i);
+        ++i;
+        continue;
+      }
+      if (doc[i] != '<') {
+        ++i;
+        continue;
+      }
+      if (doc.compare(i, 4, "<!--") == 0) {
+        i = skip_past(doc, i, "-->");
+        continue;
+      }
+      if (doc.compare(i, 2, "<!") == 0 || doc.compare(i, 2, "<?") == 0) {
+        i = skip_past(doc, i, ">");
+        continue;
+      }
+      const std::size_t end = tag_end(doc, i);
+      if (end == std::string::npos) {
+        errors.push_back("unterminated tag at " + std::to_string(i));
+        return;
+      }
+      const std::string tag = doc.substr(i + 1, end - i - 1);
+      i = end + 1;
+      if (tag.empty()) {
+        errors.push_back("empty tag");
+      } else if (tag[0] == '/') {
+        const std::string name = tag.substr(1);
+        if (open.empty() || open.back() != name)
+          errors.push_back("</" + name + "> closes " + (open.empty() ? "nothing" : "<" + open.back() + ">"));
+        else
+          open.pop_back();
+      } else {
+        const std::string name = tag.substr(0, tag.find_first_of(" \t\n/"));
+        elements.push_back(name);
+        if (tag.back() != '/') open.push_back(name);
+      }
+    }
+    for (const std::string& name : open) errors.push_back("<" + name + "> is never closed");
+  }
+
+  std::size_t count(const std::string& name) const { return std::count(elements.begin(), elements.end(), name); }
+
+ private:
+  std::size_t skip_past(const std::string& doc, std::size_t from, const std::string& what) {
+    const std::size_t at = doc.find(what, from);
+    if (at == std::string::npos) {
+      errors.push_back("no '" + what + "' after " + std::to_string(from));
+      return doc.size();
+    }
+    return at + what.size();
+  }
+
+  // The '>' that ends the tag at `from`, outside quoted attribute values.
+  std::size_t tag_end(const std::string& doc, std::size_t from) {
+    char quote = 0;
+    for (std::size_t j = from + 1; j < doc.size(); ++j) {
+      const char c = doc[j];
+      if (quote) {
+        if (c == quote)
+          quote = 0;
+        else if (c == '<')
+          errors.push_back("'<' inside an attribute value");
+      } else if (c == '"' || c == '\'') {
+        quote = c;
+      } else if (c == '<') {
+        errors.push_back("'<' inside a tag");
+      } else if (c == '>') {
+        return j;
+      }
+    }
+    return std::string::npos;
+  }
+
+  void check_entity(const std::string& doc, std::size_t at) {
+    for (const char* entity : {"&amp;", "&lt;", "&gt;", "&quot;", "&apos;", "&#"})
+      if (doc.compare(at, std::strlen(entity), entity) == 0) return;
+    errors.push_back("bare '&' at " + std::to_string(at));
+  }
+};
+
+}  // namespace
+
+TEST_SUITE("stoker-inspect") {
+  TEST_CASE("a slow source: every queue sits near empty and the source is named" * doctest::timeout(60)) {
+    const Report r = inspect_run(Slow::source, "source", 1200);
+    check_shape(r);
+    CHECK(r.bottleneck == "read");
+    CHECK(r.confidence >= 0.6);
+    CHECK(r.queues[0].mean_fill < 0.3);
+    CHECK(r.evidence.find("near empty") != std::string::npos);
+    CHECK(r.suggestion.find("'read'") != std::string::npos);
+  }
+
+  TEST_CASE("a slow map stage: queues before it full, after it empty, and it is named with more threads" *
+            doctest::timeout(60)) {
+    const Report r = inspect_run(Slow::middle, "middle", 1200);
+    check_shape(r);
+    CHECK(r.bottleneck == "decode");
+    CHECK(r.confidence >= 0.6);
+    CHECK(r.queues[0].mean_fill > 0.5);
+    CHECK(r.queues[1].mean_fill < 0.3);
+    CHECK(r.suggestion.find("give 'decode' more threads (it has 2") != std::string::npos);
+    CHECK(r.evidence.find("'decode' was busy") != std::string::npos);
+  }
+
+  TEST_CASE("a slow training loop: every queue sits near full and the consumer is named" * doctest::timeout(60)) {
+    const Report r = inspect_run(Slow::consumer, "consumer", 2000);
+    check_shape(r);
+    CHECK(r.bottleneck == "consumer");
+    CHECK(r.confidence >= 0.6);
+    for (const QueueSummary& q : r.queues) CHECK(q.mean_fill > 0.5);
+    CHECK(r.evidence.find("near full") != std::string::npos);
+    CHECK(r.suggestion.find("training step") != std::string::npos);
+  }
+
+  TEST_CASE("the rule works from queue fills alone when a log has no stage counters") {
+    CHECK(analyze(parse_text(two_queue_log(10, 0, 0))).bottleneck == "a");
+    CHECK(analyze(parse_text(two_queue_log(10, 9, 0))).bottleneck == "b");
+    CHECK(analyze(parse_text(two_queue_log(10, 10, 10))).bottleneck == "consumer");
+    const Report r = analyze(parse_text(two_queue_log(10, 10, 10)));
+    CHECK(r.stages.empty());
+    CHECK(r.queues[0].full_pct == doctest::Approx(100));
+    CHECK(r.queues[1].empty_pct == doctest::Approx(0));
+    CHECK(r.queues[0].p95_fill == doctest::Approx(1.0));
+  }
+
+  TEST_CASE("stage counters break the tie when the queue fills say nothing") {
+    // Half-full queues fit every candidate equally; 'b' busy all the time, 'a' blocked.
+    std::string log = two_queue_log(10, 5, 5);
+    log +=
+        R"({"type":"stage","t":1.0,"stage":"a","threads":1,"items_in":0,"items_out":100,"busy_s":0.1,"starved_s":0,"blocked_s":0.9})"
+        "\n"
+        R"({"type":"stage","t":1.0,"stage":"b","threads":4,"items_in":100,"items_out":100,"busy_s":3.9,"starved_s":0,"blocked_s":0})"
+        "\n";
+    const Report r = analyze(parse_text(log));
+    CHECK(r.bottleneck == "b");
+    REQUIRE(r.stages.size() == 2);
+    CHECK(r.stages[1].busy_pct == doctest::Approx(97.5));
+    CHECK(r.stages[0].blocked_pct == doctest::Approx(90));
+    CHECK(r.suggestion.find("it has 4") != std::string::npos);
+  }
+
+  TEST_CASE("a queue swinging between empty and full gets a larger capacity suggested") {
+    std::string log;
+    for (int i = 0; i < 20; ++i)
+      log += sample(0.01 * i, "a->b", i % 2 ? 10 : 0, 10, "a", "b") + "\n" +
+             sample(0.01 * i, "b->consumer", 10, 10, "b", "consumer") + "\n";
+    const Report r = analyze(parse_text(log));
+    CHECK(r.queues[0].empty_pct == doctest::Approx(50));
+    CHECK(r.queues[0].full_pct == doctest::Approx(50));
+    CHECK(r.suggestion.find("queue 'a->b' swings between empty") != std::string::npos);
+    CHECK(r.suggestion.find("try 20") != std::string::npos);
+    CHECK(r.suggestion.find("'b->consumer' swings") == std::string::npos);
+    CHECK(r.queues[0].swings == 19);
+
+    // Filling at the start and draining at the end is one swing each way, not a queue too small.
+    std::string fill_and_drain;
+    for (int i = 0; i < 20; ++i)
+      fill_and_drain += sample(0.01 * i, "a->b", i < 3 || i > 16 ? 0 : 10, 10, "a", "b") + "\n" +
+                        sample(0.01 * i, "b->consumer", 10, 10, "b", "consumer") + "\n";
+    const Report drained = analyze(parse_text(fill_and_drain));
+    CHECK(drained.queues[0].empty_pct == doctest::Approx(30));
+    CHECK(drained.queues[0].swings == 2);
+    CHECK(drained.suggestion.find("swings") == std::string::npos);
+  }
+
+  TEST_CASE("queues come back in pipeline order even when the log lists them out of it") {
+    const std::string log = sample(0, "b->consumer", 1, 10, "b", "consumer") + "\n" +
+                            sample(0, "a->b", 1, 10, "a", "b") + "\n" + sample(0.1, "a->b", 1, 10, "a", "b") + "\n";
+    const OccupancyLog parsed = parse_text(log);
+    REQUIRE(parsed.queues.size() == 2);
+    CHECK(parsed.queues[0].name == "a->b");
+    CHECK(parsed.queues[0].samples.size() == 2);
+    CHECK(parsed.queues[1].name == "b->consumer");
+  }
+
+  TEST_CASE("a missing file is an error naming it") {
+    TempDir dir("missing");
+    const std::string path = (dir.path / "no-such.jsonl").string();
+    CHECK_THROWS_WITH_AS(read_log(path), doctest::Contains((path + ": cannot open").c_str()), LogError);
+  }
+
+  TEST_CASE("an empty log, or one without sample records, is an error naming the file") {
+    TempDir dir("empty");
+    const std::string empty = write_file(dir.path / "empty.jsonl", "");
+    CHECK_THROWS_WITH_AS(read_log(empty), doctest::Contains((empty + ": no sample records").c_str()), LogError);
+    const std::string stages_only = write_file(
+        dir.path / "stages.jsonl",
+        R"({"type":"stage","t":1,"stage":"a","threads":1,"items_in":0,"items_out":1,"busy_s":0,"starved_s":0,"blocked_s":0})"
+        "\n\n");
+    CHECK_THROWS_WITH_AS(read_log(stages_only), doctest::Contains("no sample records"), LogError);
+  }
+
+  TEST_CASE("a malformed line is an error naming the file, its line number and the problem") {
+    const std::string good = sample(0, "a->consumer", 1, 4, "a", "consumer") + "\n";
+    struct Case {
+      std::string line, problem;
+    };
+    const std::vector<Case> cases = {
+        {R"({"type":"sample","t":0.1,"queue":"a->consumer","size":1,)", "not JSON"},
+        {"[1, 2]", "must be a JSON object"},
+        {R"({"type":"sample","t":1e400})", "not JSON: number overflow parsing '1e400'"},
+        {R"({"t":0})", "no string 'type'"},
+        {R"({"type":"sample","t":0.1,"queue":"a->consumer","capacity":4,"producer":"a","consumer":"consumer"})",
+         "sample record has no 'size'"},
+        {R"({"type":"sample","t":0.1,"queue":"a->consumer","size":-1,"capacity":4,"producer":"a","consumer":"consumer"})",
+         "'size' must be a non-negative integer, not -1"},
+        {R"({"type":"sample","t":0.1,"queue":"a->consumer","size":1,"capacity":0,"producer":"a","consumer":"consumer"})",
+         "'capacity' must be at least 1"},
+        {R"({"type":"sample","t":"soon","queue":"a->consumer","size":1,"capacity":4,"producer":"a","consumer":"consumer"})",
+         "'t' must be a non-negative number"},
+        {R"({"type":"sample","t":0.1,"queue":"a->consumer","size":1,"capacity":4,"producer":"x","consumer":"consumer"})",
+         "was between 'a' and 'consumer' earlier"},
+        {R"({"type":"stage","t":1,"stage":"a","threads":0,"items_in":0,"items_out":1,"busy_s":0,"starved_s":0,"blocked_s":0})",
+         "'threads' must be between 1"},
+    };
+    for (const Case& c : cases) {
+      CAPTURE(c.line);
+      std::string message;
+      try {
+        parse_text(good + good + c.line + "\n" + good);
+      } catch (const LogError& e) {
+        message = e.what();
+      }
+      CHECK(message.rfind("test.jsonl:3: ", 0) == 0);
+      CHECK(message.find(c.problem) != std::string::npos);
+      CHECK(message.find('\n') == std::string::npos);
+    }
+  }
+
+  TEST_CASE("skip_bad_lines counts malformed lines and keeps the rest") {
+    const std::string good = sample(0, "a->consumer", 2, 4, "a", "consumer") + "\n";
+    const std::string log = good + "garbage\n" + good + R"({"type":"sample"})" + "\n" + good;
+    const OccupancyLog parsed = parse_text(log, {.skip_bad_lines = true});
+    CHECK(parsed.skipped_lines == 2);
+    CHECK(parsed.first_skipped.find("line 2: not JSON") == 0);
+    REQUIRE(parsed.queues.size() == 1);
+    CHECK(parsed.queues[0].samples.size() == 3);
+    CHECK(analyze(parsed).queues[0].mean_fill == doctest::Approx(0.5));
+
+    // Nothing but bad lines is still an empty log, and says why.
+    CHECK_THROWS_WITH_AS(parse_text("garbage\nmore garbage\n", {.skip_bad_lines = true}),
+                         doctest::Contains("no sample records (2 malformed lines skipped)"), LogError);
+  }
+
+  TEST_CASE("a counters record is kept, printed and put in the JSON") {
+    const std::string log = sample(0, "a->consumer", 2, 4, "a", "consumer") + "\n" +
+                            R"({"type":"counters","t":1.0,"counters":{"h2d_copies":150,"d2h_copies":0}})" + "\n";
+    const Report r = analyze(parse_text(log));
+    REQUIRE(r.counters.size() == 2);
+    CHECK(to_json(r).at("counters").at("h2d_copies") == 150);
+    std::ostringstream text;
+    print_report(text, r);
+    CHECK(text.str().find("h2d_copies 150") != std::string::npos);
+    CHECK_THROWS_WITH_AS(parse_text(log + R"({"type":"counters","t":1.0,"counters":{"x":-1}})" + "\n"),
+                         doctest::Contains("test.jsonl:3: counter 'x' must be a non-negative integer"), LogError);
+  }
+
+  TEST_CASE("record types the inspector does not know are passed over") {
+    const std::string log = R"({"type":"epoch","t":0.5,"epoch":1})"
+                            "\n" +
+                            sample(0, "a->consumer", 2, 4, "a", "consumer") + "\n";
+    CHECK(parse_text(log).queues.size() == 1);
+  }
+
+  TEST_CASE("the plot is well-formed SVG, and HTML, with one polyline per queue and escaped names") {
+    // Names with every character XML reserves, which a stage name may well hold.
+    std::string log;
+    for (int i = 0; i < 50; ++i)
+      log += sample(0.02 * i, "read&<x>->decode", i % 8, 8, "read&<x>", "decode \"fast\"") + "\n" +
+             sample(0.02 * i, "shuffle", 16, 32, "decode \"fast\"", "batch'") + "\n" +
+             sample(0.02 * i, "batch'->consumer", 1, 4, "batch'", "consumer") + "\n";
+    const OccupancyLog parsed = parse_text(log);
+
+    const std::string svg = plot_svg(parsed);
+    CHECK(svg.rfind("<svg ", 0) == 0);
+    const Markup svg_markup(svg);
+    CHECK(svg_markup.errors.empty());
+    for (const std::string& e : svg_markup.errors) MESSAGE(e);
+    CHECK(svg_markup.count("polyline") == 3 + 1);  // the queues and the axes
+    CHECK(std::count(svg.begin(), svg.end(), '\n') > 10);
+    CHECK(svg.find("class=\"queue\"") != std::string::npos);
+    CHECK(svg.find("read&amp;&lt;x&gt; -&gt; decode &quot;fast&quot;") != std::string::npos);
+    CHECK(svg.find("decode &quot;fast&quot; -&gt; batch&apos;") != std::string::npos);
+    CHECK(svg.find("batch&apos; -&gt; consumer") != std::string::npos);
+    CHECK(svg.find("time (s)") != std::string::npos);
+    CHECK(svg.find("fill (size / capacity)") != std::string::npos);
+
+    const std::string html = plot_html(parsed);
+    CHECK(html.rfind("<!DOCTYPE html>", 0) == 0);
+    const Markup html_markup(html);
+    CHECK(html_markup.errors.empty());
+    for (const std::string& e : html_markup.errors) MESSAGE(e);
+    CHECK(html_markup.count("html") == 1);
+    CHECK(html_markup.count("svg") == 1);
+    CHECK(html_markup.count("polyline") == 3 + 1);
+    CHECK(html.find(svg) != std::string::npos);
+
+    // A control character, which XML cannot carry at all, comes out replaced.
+    const std::string control = plot_svg(parse_text(sample(0, "a\u0001b", 1, 2, "a\u0001b", "consumer") + "\n"));
+    CHECK(control.find("a?b -&gt; consumer") != std::string::npos);
+    CHECK(control.find('\x01') == std::string::npos);
+
+    // The checker itself catches what it is there to catch.
+    CHECK(!Markup("<svg><g></svg>").errors.empty());
+    CHECK(!Markup("<svg><text>a & b</text></svg>").errors.empty());
+    CHECK(!Markup("<svg><text>a <b> c</text></svg>").errors.empty());
+  }
+
+  TEST_CASE("a long log is thinned to a few points per pixel, keeping the extremes") {
+    std::string log;
+    for (int i = 0; i < 20000; ++i)
+      log += sample(0.001 * i, "a->consumer", i % 100 == 0 ? 4 : 1, 4, "a", "consumer") + "\n";
+    const std::string svg = plot_svg(parse_text(log));
+    const auto start = svg.find("points=\"", svg.find("class=\"queue\""));
+    const auto end = svg.find('"', start + 8);
+    const std::string points = svg.substr(start + 8, end - start - 8);
+    const auto pairs = std::count(points.begin(), points.end(), ',');
+    CHECK(pairs <= 2 * 721);
+    CHECK(pairs >= 100);
+    CHECK(points.find(",24.0") != std::string::npos);  // a full sample: the top of the frame
+  }
+}

@@ -1,0 +1,320 @@
+// stoker-train: the nn ops against plain reference loops on each backend, and short training
+// runs through the trainer's own code.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <memory>
+#include <random>
+#include <stdexcept>
+#include <vector>
+
+#include "stoker/gpu/device.h"
+#include "stoker/gpu/nn.h"
+#include "stoker/stages/idx.h"
+#include "train.h"
+
+namespace nn = stoker::gpu::nn;
+using stoker::gpu::Device;
+using stoker::gpu::Stream;
+
+namespace {
+
+// Host vectors in and out of device memory, so that one check runs on either backend.
+template <class T>
+class DeviceArray {
+ public:
+  DeviceArray(Device& device, Stream& stream, const std::vector<T>& values)
+      : stream_(stream),
+        memory_(device.allocate(std::max<std::size_t>(values.size(), 1) * sizeof(T))),
+        size_(values.size()) {
+    stream.copy_to_device(memory_.data(), values.data(), size_ * sizeof(T));
+    stream.synchronize();
+  }
+  T* get() const { return reinterpret_cast<T*>(memory_.data()); }
+  std::vector<T> read() const {
+    std::vector<T> out(size_);
+    stream_.copy_to_host(out.data(), memory_.data(), size_ * sizeof(T));
+    stream_.synchronize();
+    return out;
+  }
+
+ private:
+  Stream& stream_;
+  stoker::gpu::Memory memory_;
+  std::size_t size_;
+};
+
+std::vector<float> random_values(std::size_t n, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = uniform(rng);
+  return v;
+}
+
+// C = alpha op(A) op(B) + beta C, row-major, the textbook way.
+std::vector<float> reference_gemm(bool ta, bool tb, int m, int n, int k, float alpha, const std::vector<float>& a,
+                                  int lda, const std::vector<float>& b, int ldb, float beta, std::vector<float> c,
+                                  int ldc) {
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double sum = 0;
+      for (int p = 0; p < k; ++p) {
+        const float av = ta ? a[static_cast<std::size_t>(p * lda + i)] : a[static_cast<std::size_t>(i * lda + p)];
+        const float bv = tb ? b[static_cast<std::size_t>(j * ldb + p)] : b[static_cast<std::size_t>(p * ldb + j)];
+        sum += static_cast<double>(av) * bv;
+      }
+      float& out = c[static_cast<std::size_t>(i * ldc + j)];
+      out = static_cast<float>(alpha * sum + (beta == 0 ? 0.0 : beta * out));
+    }
+  return c;
+}
+
+void check_gemm(Device& device) {
+  auto stream = device.make_stream();
+  const int m = 5, n = 7, k = 3;
+  for (const bool ta : {false, true})
+    for (const bool tb : {false, true})
+      for (const float beta : {0.0f, 0.5f}) {
+        CAPTURE(ta);
+        CAPTURE(tb);
+        CAPTURE(beta);
+        // Leading dimensions wider than the matrices, to catch a swapped one.
+        const int lda = (ta ? m : k) + 2, ldb = (tb ? k : n) + 1, ldc = n + 3;
+        const auto a = random_values(static_cast<std::size_t>((ta ? k : m) * lda), 1);
+        const auto b = random_values(static_cast<std::size_t>((tb ? n : k) * ldb), 2);
+        auto c = random_values(static_cast<std::size_t>(m * ldc), 3);
+        // With beta = 0 whatever C held must not matter, NaN included.
+        if (beta == 0) std::fill(c.begin(), c.end(), std::numeric_limits<float>::quiet_NaN());
+        const auto want = reference_gemm(ta, tb, m, n, k, 1.5f, a, lda, b, ldb, beta, c, ldc);
+        DeviceArray<float> da(device, *stream, a), db(device, *stream, b), dc(device, *stream, c);
+        nn::gemm(*stream, ta, tb, m, n, k, 1.5f, da.get(), lda, db.get(), ldb, beta, dc.get(), ldc);
+        const auto got = dc.read();
+        for (int i = 0; i < m; ++i)
+          for (int j = 0; j < n; ++j) {
+            const auto at = static_cast<std::size_t>(i * ldc + j);
+            CHECK(got[at] == doctest::Approx(want[at]).epsilon(1e-5));
+          }
+      }
+  CHECK_THROWS_AS(nn::gemm(*stream, false, false, 2, 2, 2, 1.0f, nullptr, 1, nullptr, 2, 0.0f, nullptr, 2),
+                  std::invalid_argument);
+}
+
+// The mean loss as the op computes it, for finite differences.
+double mean_loss(Device& device, Stream& stream, const std::vector<float>& logits,
+                 const std::vector<std::int32_t>& labels, int rows, int classes) {
+  DeviceArray<float> z(device, stream, logits), loss(device, stream, {0.0f});
+  DeviceArray<std::int32_t> y(device, stream, labels);
+  nn::softmax_cross_entropy(stream, z.get(), y.get(), rows, classes, nullptr, 0.0f, loss.get(), nullptr);
+  return loss.read()[0] / rows;
+}
+
+void check_softmax_cross_entropy(Device& device) {
+  auto stream = device.make_stream();
+  const int rows = 4, classes = 5;
+  auto logits = random_values(rows * classes, 4);
+  for (float& v : logits) v *= 3;
+  const std::vector<std::int32_t> labels{2, 0, 4, 1};
+
+  DeviceArray<float> z(device, *stream, logits), grad(device, *stream, std::vector<float>(rows * classes, 9.0f));
+  DeviceArray<float> loss(device, *stream, {1.0f});  // the op adds to what is there
+  DeviceArray<std::int32_t> y(device, *stream, labels), correct(device, *stream, {10});
+  nn::softmax_cross_entropy(*stream, z.get(), y.get(), rows, classes, grad.get(), 1.0f / rows, loss.get(),
+                            correct.get());
+  const auto g = grad.read();
+
+  // Loss and accuracy against a direct computation.
+  double want_loss = 1.0;
+  int want_correct = 10;
+  for (int i = 0; i < rows; ++i) {
+    const float* row = &logits[static_cast<std::size_t>(i * classes)];
+    double sum = 0;
+    for (int j = 0; j < classes; ++j) sum += std::exp(static_cast<double>(row[j]));
+    want_loss += std::log(sum) - row[labels[static_cast<std::size_t>(i)]];
+    want_correct += std::max_element(row, row + classes) - row == labels[static_cast<std::size_t>(i)];
+  }
+  CHECK(loss.read()[0] == doctest::Approx(want_loss).epsilon(1e-5));
+  CHECK(correct.read()[0] == want_correct);
+
+  // The gradient of the mean loss against central differences.
+  const float h = 1e-2f;
+  for (std::size_t at = 0; at < logits.size(); ++at) {
+    CAPTURE(at);
+    auto up = logits, down = logits;
+    up[at] += h;
+    down[at] -= h;
+    const double numeric = (mean_loss(device, *stream, up, labels, rows, classes) -
+                            mean_loss(device, *stream, down, labels, rows, classes)) /
+                           (2 * h);
+    CHECK(g[at] == doctest::Approx(numeric).epsilon(1e-3).scale(1.0));
+  }
+
+  // A label out of range: no loss, no gradient, not correct.
+  DeviceArray<std::int32_t> bad(device, *stream, {-1, 0, 99, 1});
+  DeviceArray<float> loss2(device, *stream, {0.0f});
+  DeviceArray<std::int32_t> correct2(device, *stream, {0});
+  nn::softmax_cross_entropy(*stream, z.get(), bad.get(), rows, classes, grad.get(), 1.0f, loss2.get(), correct2.get());
+  const auto g2 = grad.read();
+  for (int j = 0; j < classes; ++j) {
+    CHECK(g2[static_cast<std::size_t>(j)] == 0.0f);
+    CHECK(g2[static_cast<std::size_t>(2 * classes + j)] == 0.0f);
+  }
+  CHECK(loss2.read()[0] > 0.0f);  // rows 1 and 3 still count
+}
+
+void check_elementwise(Device& device) {
+  auto stream = device.make_stream();
+  const int rows = 3, cols = 4;
+  const auto x = random_values(rows * cols, 5);
+  const auto bias = random_values(cols, 6);
+
+  DeviceArray<float> y(device, *stream, x), b(device, *stream, bias);
+  nn::bias_activation(*stream, y.get(), b.get(), rows, cols, true);
+  auto relu = y.read();
+  DeviceArray<float> linear(device, *stream, x);
+  nn::bias_activation(*stream, linear.get(), b.get(), rows, cols, false);
+  const auto lin = linear.read();
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float v = x[i] + bias[i % cols];
+    CHECK(lin[i] == doctest::Approx(v));
+    CHECK(relu[i] == doctest::Approx(std::max(v, 0.0f)));
+  }
+
+  DeviceArray<float> grad(device, *stream, std::vector<float>(x.size(), 2.0f));
+  nn::relu_backward(*stream, grad.get(), y.get(), x.size());
+  const auto gr = grad.read();
+  for (std::size_t i = 0; i < x.size(); ++i) CHECK(gr[i] == (relu[i] > 0 ? 2.0f : 0.0f));
+
+  DeviceArray<float> sums(device, *stream, std::vector<float>(cols, 7.0f));
+  nn::column_sum(*stream, linear.get(), rows, cols, sums.get());
+  const auto s = sums.read();
+  for (int j = 0; j < cols; ++j) {
+    double want = 0;
+    for (int i = 0; i < rows; ++i) want += lin[static_cast<std::size_t>(i * cols + j)];
+    CHECK(s[static_cast<std::size_t>(j)] == doctest::Approx(want));
+  }
+
+  const auto p0 = random_values(10, 7), g0 = random_values(10, 8), v0 = random_values(10, 9);
+  DeviceArray<float> p(device, *stream, p0), g(device, *stream, g0), v(device, *stream, v0);
+  nn::sgd_momentum(*stream, p.get(), g.get(), v.get(), p0.size(), 0.1f, 0.9f, 0.01f);
+  const auto p1 = p.read(), v1 = v.read();
+  for (std::size_t i = 0; i < p0.size(); ++i) {
+    const float vel = 0.9f * v0[i] + g0[i] + 0.01f * p0[i];
+    CHECK(v1[i] == doctest::Approx(vel));
+    CHECK(p1[i] == doctest::Approx(p0[i] - 0.1f * vel));
+  }
+
+  nn::zero(*stream, p.get(), p0.size() * sizeof(float));
+  for (float value : p.read()) CHECK(value == 0.0f);
+}
+
+bool have_fashion_mnist() {
+  return std::filesystem::exists(std::filesystem::path(stoker::kFashionMnistDir) / "train-images-idx3-ubyte.gz");
+}
+
+stoker::train::TrainOptions small_run(const char* mode, std::size_t images) {
+  stoker::train::TrainOptions o;
+  o.device = "cpu";
+  o.mode = mode;
+  o.limit = images;
+  o.epochs = 2;
+  o.threads = 2;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("nn ops on the CPU backend: gemm with each transposition" * doctest::timeout(30)) {
+  check_gemm(*Device::open("cpu"));
+}
+
+TEST_CASE("nn ops on the CPU backend: softmax cross-entropy and its gradient against finite differences" *
+          doctest::timeout(30)) {
+  check_softmax_cross_entropy(*Device::open("cpu"));
+}
+
+TEST_CASE("nn ops on the CPU backend: bias, ReLU, column sums, SGD and zero against plain loops" *
+          doctest::timeout(30)) {
+  check_elementwise(*Device::open("cpu"));
+}
+
+TEST_CASE("nn ops on CUDA match the same references" * doctest::timeout(60)) {
+  if (stoker::gpu::cuda_device_count() == 0) {
+    MESSAGE("no CUDA device found: the CUDA nn op checks are skipped on this machine");
+    return;
+  }
+  const auto device = Device::open("cuda");
+  check_gemm(*device);
+  check_softmax_cross_entropy(*device);
+  check_elementwise(*device);
+}
+
+TEST_CASE("bad trainer options are refused naming the option" * doctest::timeout(10)) {
+  using stoker::train::validate;
+  auto o = small_run("pipelined", 6000);
+  CHECK_NOTHROW(validate(o));
+  auto bad = o;
+  bad.augment = "gpu";
+  CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--augment gpu is not available yet"), std::invalid_argument);
+  bad = o;
+  bad.min_after_dequeue = bad.shuffle_capacity;
+  CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--min-after-dequeue"), std::invalid_argument);
+  bad = o;
+  bad.batch_size = bad.shuffle_capacity;
+  CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--batch-size"), std::invalid_argument);
+  bad = o;
+  bad.mode = "eager";
+  CHECK_THROWS_AS(validate(bad), std::invalid_argument);
+  bad = o;
+  bad.data = "/nonexistent/fashion";
+  CHECK_THROWS_AS(stoker::train::run_training(bad), stoker::DataError);
+}
+
+TEST_CASE("a short pipelined run on the CPU learns, with one copy per batch and one read-back per epoch" *
+          doctest::timeout(240)) {
+  if (!have_fashion_mnist()) {
+    MESSAGE("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped");
+    return;
+  }
+  const auto o = small_run("pipelined", 6000);
+  const auto r = stoker::train::run_training(o);
+  REQUIRE(r.epochs.size() == 2);
+  CHECK(r.device == "cpu");
+  CHECK(r.test_images == 6000);
+  CHECK(r.test_accuracy() > 0.6);  // chance is 0.1
+  CHECK(r.epochs[1].loss < r.epochs[0].loss);
+  for (const auto& e : r.epochs) {
+    CHECK(e.samples == 6000u * 5);
+    CHECK(e.batches == (6000u * 5 + 254) / 255);
+  }
+  // Setup: the initial weights and the test set; then one per batch. Back: one per epoch.
+  CHECK(r.transfers.h2d_copies == r.batches() + 2);
+  CHECK(r.transfers.d2h_copies == r.epochs.size());
+  REQUIRE(r.pipeline.has_value());
+  CHECK(r.pipeline->consumed == r.batches());
+}
+
+TEST_CASE("sync mode sees the same samples as pipelined mode and learns as well" * doctest::timeout(240)) {
+  if (!have_fashion_mnist()) {
+    MESSAGE("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped");
+    return;
+  }
+  // Fewer images than above: this test trains twice, and sanitizer builds run it too.
+  const auto pipelined = stoker::train::run_training(small_run("pipelined", 3000));
+  const auto sync = stoker::train::run_training(small_run("sync", 3000));
+  REQUIRE(sync.epochs.size() == pipelined.epochs.size());
+  for (std::size_t e = 0; e < sync.epochs.size(); ++e) {
+    CHECK(sync.epochs[e].samples == pipelined.epochs[e].samples);
+    CHECK(sync.epochs[e].batches == pipelined.epochs[e].batches);
+  }
+  CHECK(sync.transfers.h2d_copies == pipelined.transfers.h2d_copies);
+  CHECK(sync.transfers.d2h_copies == pipelined.transfers.d2h_copies);
+  CHECK_FALSE(sync.pipeline.has_value());
+  CHECK(sync.test_accuracy() > 0.6);
+  // The same crops in another order: the two runs should land close to each other.
+  CHECK(std::abs(sync.test_accuracy() - pipelined.test_accuracy()) < 0.05);
+}
