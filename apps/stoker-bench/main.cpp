@@ -12,6 +12,7 @@
 #include <thread>
 #include <unistd.h>
 
+#include "app_main.h"
 #include "bench_suite.h"
 
 namespace stoker::bench {
@@ -117,11 +118,7 @@ void add_common_options(CLI::App& command, CommonOptions& common) {
       ->capture_default_str();
 }
 
-// CLI11 puts its hint on a second line; the contract is one line on stderr.
-std::string one_line(std::string message) {
-  std::replace(message.begin(), message.end(), '\n', ' ');
-  return message;
-}
+using apps::one_line;
 
 int run(int argc, char** argv) {
   CLI::App app{"stoker-bench: benchmarks of stoker against baselines measured in the same run"};
@@ -184,11 +181,5 @@ int run(int argc, char** argv) {
 }  // namespace stoker::bench
 
 int main(int argc, char** argv) {
-  try {
-    return stoker::bench::run(argc, argv);
-  } catch (const std::exception& e) {
-    std::cout.flush();
-    std::cerr << "stoker-bench: error: " << stoker::bench::one_line(e.what()) << '\n';
-    return 1;
-  }
+  return stoker::apps::guarded_main("stoker-bench", stoker::bench::run, argc, argv);
 }

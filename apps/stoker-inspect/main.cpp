@@ -10,16 +10,13 @@
 #include <iostream>
 #include <string>
 
+#include "app_main.h"
 #include "inspect.h"
 
 namespace stoker::inspect {
 namespace {
 
-// CLI11 puts its hint on a second line; the contract is one line on stderr.
-std::string one_line(std::string message) {
-  std::replace(message.begin(), message.end(), '\n', ' ');
-  return message;
-}
+using apps::one_line;
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -101,11 +98,5 @@ int run(int argc, char** argv) {
 }  // namespace stoker::inspect
 
 int main(int argc, char** argv) {
-  try {
-    return stoker::inspect::run(argc, argv);
-  } catch (const std::exception& e) {
-    std::cout.flush();
-    std::cerr << "stoker-inspect: error: " << stoker::inspect::one_line(e.what()) << '\n';
-    return 1;
-  }
+  return stoker::apps::guarded_main("stoker-inspect", stoker::inspect::run, argc, argv);
 }

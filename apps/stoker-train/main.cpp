@@ -14,6 +14,7 @@
 #include <string>
 #include <unistd.h>
 
+#include "app_main.h"
 #include "stoker/core/stage_error.h"
 #include "stoker/stages/reader.h"
 #include "train.h"
@@ -23,11 +24,7 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-// CLI11 puts its hint on a second line; the contract is one line on stderr.
-std::string one_line(std::string message) {
-  std::replace(message.begin(), message.end(), '\n', ' ');
-  return message;
-}
+using apps::one_line;
 
 std::string fixed(double value, int decimals) {
   std::ostringstream s;
@@ -276,11 +273,5 @@ int run(int argc, char** argv) {
 }  // namespace stoker::train
 
 int main(int argc, char** argv) {
-  try {
-    return stoker::train::run(argc, argv);
-  } catch (const std::exception& e) {
-    std::cout.flush();
-    std::cerr << "stoker-train: error: " << stoker::train::one_line(e.what()) << '\n';
-    return 1;
-  }
+  return stoker::apps::guarded_main("stoker-train", stoker::train::run, argc, argv);
 }
