@@ -1,7 +1,8 @@
 // The `transfer` suite: what stoker's device layer moves and how fast, each figure next to its
 // baseline in the same run: host-to-device bandwidth from pinned and from pageable memory;
-// GpuAugment's streaming mode (one copy + crops per image batch) against its copies alone and
-// its crops alone; the crop kernel against a device-to-device copy of as many bytes.
+// a pipeline that streams images to GpuAugment (collate into pinned memory, one copy + crops
+// per image batch) against the same pipeline with its copies alone and with its crops alone;
+// the crop kernel against a device-to-device copy of as many bytes.
 //
 // The public device API has one clock, the host's (an Event tells whether, not when), so every
 // figure is the wall time from an idle stream until the stream has finished its work.
@@ -18,6 +19,7 @@
 #include <vector>
 
 #include "bench_suite.h"
+#include "stoker/core/pipeline.h"
 #include "stoker/gpu/augment.h"
 #include "stoker/gpu/device.h"
 #include "stoker/gpu/staging.h"
@@ -50,6 +52,7 @@ struct TransferOptions {
   std::string device = "auto";
   std::size_t batches = 16;         // image batches per epoch in the overlap figure
   std::size_t batch_images = 1024;  // images per batch
+  int collate_threads = 2;          // bodies of the collate stage in the overlap figure
 };
 
 // Wall seconds of `work`, which issues to `stream`, from an idle stream until it has finished.
@@ -93,8 +96,47 @@ GpuAugmentOptions reference_job(std::size_t batch_images) {
              .normalize = Normalization{255.0f, {0.2860f}, {0.3530f}}};
   o.batch_size = 255;
   o.shuffle = {.capacity = 10'000, .min_after_dequeue = 2'000, .seed = 0};
+  o.image = Shape{1, 1, 28, 28, false};
   o.max_images = batch_images;
   return o;
+}
+
+// The ids 0 .. n-1, one per call, then the end of the epoch: the source of a resident pipeline.
+auto all_indices(std::uint64_t n) {
+  return [n, next = std::uint64_t{0}]() mutable -> std::optional<std::uint64_t> {
+    if (next == n) {
+      next = 0;
+      return std::nullopt;
+    }
+    return next++;
+  };
+}
+
+// Consumes an epoch of `pipe` as a training step would: the consumer stream waits for each
+// batch and then gives it back. A figure of an epoch that lost crops is no figure.
+template <class T>
+std::size_t consume_epoch(Pipeline<T>& pipe, Stream& consumer) {
+  std::size_t items = 0;
+  for (auto& b : pipe.epoch()) {
+    items += b.count;
+    consumer.wait(b.ready());
+    b.release_after(consumer);
+  }
+  return items;
+}
+
+// Wall seconds of one epoch of the pipeline `build()` makes, from the end of a first epoch
+// (which fills it) until the consumer stream has finished the second.
+template <class Build>
+double timed_epoch(Stream& consumer, Build&& build, std::size_t expected, const char* what) {
+  auto pipe = build();
+  std::size_t first = consume_epoch(pipe, consumer), second = 0;
+  const double seconds = timed(consumer, [&] { second = consume_epoch(pipe, consumer); });
+  if (first != expected || second != expected)
+    throw std::runtime_error(std::string("transfer: broken run: an epoch of the ") + what + " pipeline gave " +
+                             std::to_string(first) + " and " + std::to_string(second) + " instead of " +
+                             std::to_string(expected));
+  return seconds;
 }
 
 // What one crop moves on the device: its uint8 pixels read, its float32 values and label written.
@@ -174,19 +216,46 @@ Json run_transfer(const TransferOptions& opt, const CommonOptions& common) {
 
   const std::size_t n_images = opt.batches * opt.batch_images;
   const auto images = synthetic_images(n_images, 28, 28);
-  const IdxReader reader(images);
-  const auto image_batches = [&] {
-    std::vector<std::vector<Sample>> batches(opt.batches);
-    for (std::size_t i = 0; i < n_images; ++i) batches[i / opt.batch_images].push_back(reader.read(i));
-    return batches;
-  };
   const auto index_batches = [](std::size_t batches, std::size_t size, std::size_t data_set) {
     std::vector<std::vector<std::uint64_t>> out(batches);
     for (std::size_t i = 0; i < batches * size; ++i) out[i / size].push_back(i % data_set);
     return out;
   };
+  // The overlap figure's three pipelines: the same source of images and batches of them; then
+  // collate + copy + crops (streaming), collate + copy (ToDevice), or crops alone (resident).
   GpuAugment streaming(device, reference_job(opt.batch_images));
   GpuAugment resident = GpuAugment::resident(device, images, reference_job(opt.batch_images));
+  const gpu::ToDevice to_device(device, {.bytes = Batch::storage_bytes({1, 1, 28, 28, false}, DType::u8, opt.batch_images),
+                                         .staging_buffers = 3,
+                                         .device_buffers = 4});
+  const std::size_t n_crops = n_images * 5;
+  const StageOptions collate{.threads = opt.collate_threads, .queue = 2};
+  const auto streaming_pipeline = [&] {
+    return PipelineBuilder{}
+        .epochs(2)
+        .source("read", IdxReader(images))
+        .batch("batch", opt.batch_images, {.queue = 2})
+        .map("collate", Collate{.pool = streaming.staging()}, collate)
+        .flat_map<DeviceBatch>("gpu_augment", streaming, {.queue = 8})
+        .build();
+  };
+  const auto copy_pipeline = [&] {
+    return PipelineBuilder{}
+        .epochs(2)
+        .source("read", IdxReader(images))
+        .batch("batch", opt.batch_images, {.queue = 2})
+        .map("collate", Collate{.pool = to_device.staging()}, collate)
+        .map("h2d", to_device, {.queue = 2})
+        .build();
+  };
+  const auto crop_pipeline = [&] {
+    return PipelineBuilder{}
+        .epochs(2)
+        .source("indices", all_indices(n_images))
+        .batch("batch", opt.batch_images, {.queue = 2})
+        .flat_map<DeviceBatch>("gpu_augment", resident, {.queue = 8})
+        .build();
+  };
 
   const auto big_images = synthetic_images(kBigImages, kBigImageSide, kBigImageSide);
   GpuAugmentOptions big_job = reference_job(kBigBatch);
@@ -197,18 +266,16 @@ Json run_transfer(const TransferOptions& opt, const CommonOptions& common) {
   GpuAugment big = GpuAugment::resident(device, big_images, big_job);
   const std::size_t big_calls = on_gpu ? 256 : 4;  // ~10 ms on an H100, ~0.1 s on the CPU backend
 
-  // A first epoch of each, which also says what the streaming mode copies per batch: the
-  // copy-alone baseline copies the same.
-  const std::size_t n_crops = n_images * 5, big_crops = big_calls * kBigBatch;
+  // A first run of each, which also says what the streaming pipeline copies per batch.
+  const std::size_t big_crops = big_calls * kBigBatch;
   const gpu::TransferCounts before = device->transfers();
-  run_epoch(streaming, image_batches(), *consumer, 0, n_crops);
+  (void)timed_epoch(*consumer, streaming_pipeline, n_crops, "streaming");
   const gpu::TransferCounts after = device->transfers();
-  const std::uint64_t copies = after.h2d_copies - before.h2d_copies, d2h = after.d2h_copies - before.d2h_copies;
-  const std::size_t copy_bytes = copies ? (after.h2d_bytes - before.h2d_bytes) / copies : 0;
-  if (copies == 0 || copy_bytes > kLargestCopy)
-    throw std::logic_error("transfer: the streaming mode copied " + std::to_string(copies) + " times " +
-                           std::to_string(copy_bytes) + " bytes");
-  run_epoch(resident, index_batches(opt.batches, opt.batch_images, n_images), *consumer, 0, n_crops);
+  const std::uint64_t copies = (after.h2d_copies - before.h2d_copies) / 2, d2h = after.d2h_copies - before.d2h_copies;
+  const std::size_t copy_bytes = copies ? (after.h2d_bytes - before.h2d_bytes) / (2 * copies) : 0;
+  if (copies != opt.batches)
+    throw std::logic_error("transfer: the streaming pipeline copied " + std::to_string(copies) + " times an epoch, for " +
+                           std::to_string(opt.batches) + " batches");
   run_epoch(big, index_batches(big_calls, kBigBatch, kBigImages), *consumer, 0, big_crops);
 
   // ---- the figures, each repeat taking all of them
@@ -232,15 +299,11 @@ Json run_transfer(const TransferOptions& opt, const CommonOptions& common) {
       s.pinned.push_back(gb(bytes) / h2d_seconds(*stream, on_device.data(), pinned.data(), s.bytes, s.copies));
       s.pageable.push_back(gb(bytes) / h2d_seconds(*stream, on_device.data(), pageable.data(), s.bytes, s.copies));
     }
-    // The inputs are made outside the timed part; both modes cut the very same crops.
-    auto batches = image_batches();
-    pipelined_s.push_back(
-        timed(*consumer, [&] { run_epoch(streaming, std::move(batches), *consumer, epoch, n_crops); }));
-    copy_s.push_back(h2d_seconds(*stream, on_device.data(), pinned.data(), copy_bytes, copies));
-    auto indices = index_batches(opt.batches, opt.batch_images, n_images);
-    crop_s.push_back(timed(*consumer, [&] { run_epoch(resident, std::move(indices), *consumer, epoch, n_crops); }));
+    pipelined_s.push_back(timed_epoch(*consumer, streaming_pipeline, n_crops, "streaming"));
+    copy_s.push_back(timed_epoch(*consumer, copy_pipeline, n_images, "copy"));
+    crop_s.push_back(timed_epoch(*consumer, crop_pipeline, n_crops, "resident"));
     d2d_s.push_back(d2d_seconds(*stream, on_device, on_device_too, crop_bytes));
-    indices = index_batches(big_calls, kBigBatch, kBigImages);
+    auto indices = index_batches(big_calls, kBigBatch, kBigImages);
     big_s.push_back(timed(*consumer, [&] { run_epoch(big, std::move(indices), *consumer, epoch, big_crops); }));
     big_d2d_s.push_back(d2d_seconds(*stream, on_device, on_device_too, big_bytes));
   }
@@ -267,11 +330,11 @@ Json run_transfer(const TransferOptions& opt, const CommonOptions& common) {
 
   const double pipelined = median(pipelined_s), copy = median(copy_s), crop = median(crop_s);
   const double overlap_ratio = pipelined / std::max(copy, crop);
-  std::cout << "\noverlap: " << opt.batches << " batches of " << opt.batch_images << " images 28x28, " << n_crops
-            << " crops; one copy of " << copy_bytes / 1024 << " KiB per batch\n"
-            << std::setprecision(2) << "  copy alone " << copy * 1e3 << " ms, crop alone (resident) " << crop * 1e3
-            << " ms, sum " << (copy + crop) * 1e3 << " ms\n  pipelined (streaming) " << pipelined * 1e3
-            << " ms = " << std::setprecision(3) << overlap_ratio << " x max(copy, crop)\n";
+  std::cout << "\noverlap: pipelines of " << opt.batches << " batches of " << opt.batch_images << " images 28x28, "
+            << n_crops << " crops; one copy of " << copy_bytes / 1024 << " KiB per batch\n"
+            << std::setprecision(2) << "  copy alone (collate + h2d) " << copy * 1e3 << " ms, crop alone (resident) "
+            << crop * 1e3 << " ms, sum " << (copy + crop) * 1e3 << " ms\n  pipelined (collate + h2d + crops) "
+            << pipelined * 1e3 << " ms = " << std::setprecision(3) << overlap_ratio << " x max(copy, crop)\n";
 
   const double crop_gb_s = gb(crop_bytes) / median(crop_s), d2d_gb_s = gb(crop_bytes) / median(d2d_s);
   const double big_gb_s = gb(big_bytes) / median(big_s), big_d2d_gb_s = gb(big_bytes) / median(big_d2d_s);
@@ -307,17 +370,19 @@ Json run_transfer(const TransferOptions& opt, const CommonOptions& common) {
   config["overlap"] = {
       {"batches", opt.batches},
       {"batch_images", opt.batch_images},
+      {"collate_threads", opt.collate_threads},
       {"image", {28, 28}},
       {"crops", "5 x 24x24 per image, mirror p=0.5, normalize (x/255-0.2860)/0.3530"},
       {"minibatch", 255},
       {"shuffle", {{"capacity", 10'000}, {"min_after_dequeue", 2'000}}},
+      {"timing", "one epoch of a pipeline, after a first epoch that fills it, until the consumer stream is done"},
       {"pipelined",
-       "GpuAugment streaming mode driven directly (operator() with an Emitter, then end_epoch); a "
-       "consumer stream waits for each minibatch and gives it back"},
-      {"copy_alone", "as many copies of as many bytes as the streaming mode issued, pinned to device, one stream"},
+       "read -> batch -> collate into GpuAugment::staging() -> gpu_augment (streaming: one copy, crops into the "
+       "window, gathers) -> consumer stream waits for each minibatch and gives it back"},
+      {"copy_alone", "read -> batch -> collate into ToDevice::staging() -> h2d (one copy per batch) -> consumer"},
       {"crop_alone",
-       "GpuAugment::resident over the same images: the same crops and minibatches, no copies and no gather (it crops "
-       "straight into the minibatches, where streaming crops into the window and then gathers)"}};
+       "indices -> batch -> gpu_augment (GpuAugment::resident over the same images: the same crops and minibatches, "
+       "no copies and no gather) -> consumer"}};
   config["crop_kernel"] = {{"bytes_per_crop", "uint8 pixels read + float32 values and int32 label written"},
                            {"baseline", "copy_on_device of half as many bytes (read + written: the same count)"},
                            {"reference_shapes", "the crop-alone epoch of the overlap figure"},
@@ -366,6 +431,9 @@ SuiteRun setup_transfer(CLI::App& command) {
       ->capture_default_str();
   command.add_option("--batch-images", opt->batch_images, "Images per batch in the overlap figure")
       ->check(CLI::Range(std::size_t{1}, std::size_t{16384}))
+      ->capture_default_str();
+  command.add_option("--collate-threads", opt->collate_threads, "Threads of the collate stage in the overlap figure")
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   return [opt](const CommonOptions& common) { return run_transfer(*opt, common); };
 }

@@ -25,6 +25,10 @@ std::size_t labels_offset(const Shape& crop, std::size_t count) {
   return Batch{.storage = {}, .shape = crop, .dtype = DType::f32, .count = count}.labels_offset();
 }
 
+std::size_t max_job_count(const GpuAugmentOptions& o) {
+  return o.max_images * static_cast<std::size_t>(std::max(o.crops.count, 0));
+}
+
 GpuAugmentOptions checked(GpuAugmentOptions o) {
   const auto fail = [](const std::string& what) { throw std::invalid_argument("GpuAugment: " + what); };
   if (o.batch_size == 0) fail("option batch_size must be at least 1");
@@ -33,6 +37,8 @@ GpuAugmentOptions checked(GpuAugmentOptions o) {
          " must be at least shuffle.min_after_dequeue + batch_size = " +
          std::to_string(o.shuffle.min_after_dequeue + o.batch_size));
   if (o.staging_buffers == 0) fail("option staging_buffers must be at least 1");
+  if (o.max_images == 0) fail("option max_images (the most images or indices per input batch) must be at least 1");
+  if (o.crops.count < 1) fail("option crops.count must be at least 1");
   return o;
 }
 
@@ -90,42 +96,35 @@ struct GpuAugment::State {
 
   // ---- set-up
 
-  // The pools, sized for input batches of at most `images` images (or indices). The pinned
-  // pool comes last: it marks the set-up as done.
-  void make_pools(std::size_t images) {
-    const std::size_t most = options.max_images != 0 ? options.max_images : images;
+  // Every buffer, for input batches of at most max_images images (or indices) of the geometry
+  // of `kernels`.
+  void make_pools() {
     const std::size_t B = batch_size(), mad = options.shuffle.min_after_dequeue;
-    const std::size_t max_jobs = most * static_cast<std::size_t>(options.crops.count);
-
-    // All the minibatches of one call need a buffer at once: the stage emits them on return.
-    const std::size_t per_input = std::max<std::size_t>(1, (max_jobs + B - 1) / B);
-    const std::size_t per_drain = ceil_div(mad + B - 1, B);
-    const std::size_t need = std::max(per_input, per_drain);
+    const std::size_t max_jobs = max_job_count(options);
+    const std::size_t need = buffers_per_call(options);
     if (options.output_buffers != 0 && options.output_buffers < need)
       throw std::invalid_argument("GpuAugment: option output_buffers = " + std::to_string(options.output_buffers) +
                                   " is fewer than the " + std::to_string(need) +
                                   " minibatches that one call may give at once");
-    const std::size_t buffers = options.output_buffers != 0 ? options.output_buffers : need + 2;
-    outputs = SlotPool::create(device, SlotPool::Kind::device, buffers,
+    outputs = SlotPool::create(device, SlotPool::Kind::device, options.output_buffers != 0 ? options.output_buffers : need + 2,
                                Batch::storage_bytes(kernels->crop(), DType::f32, B));
-
-    std::size_t pinned_bytes = 0;
-    if (resident()) {
-      pinned_bytes = (std::max(max_jobs, mad) + B) * sizeof(CropJob);
-    } else {
-      const std::size_t per_batch = align_up(most * kernels->image_bytes()) + align_up(max_jobs * sizeof(CropJob)) +
-                                    align_up((max_jobs + B) * sizeof(std::uint32_t)) + kernels->table_bytes();
-      pinned_bytes = std::max(per_batch, (mad + B) * sizeof(std::uint32_t));
-      staging = SlotPool::create(device, SlotPool::Kind::device, options.staging_buffers, per_batch);
-      window_slots = mad + B;  // all the window can hold: a minibatch leaves as soon as it can
-      window_labels_at = align_up(window_slots * kernels->crop_elements() * sizeof(float));
-      window_memory = device->allocate(window_labels_at + window_slots * sizeof(std::int32_t));
-      table = device->allocate(kernels->table_bytes());
-      table_data = table.data();
-    }
-    max_images = most;
+    // The kernels read the crops to cut (resident) and the drain's gather slots from here.
+    lists = SlotPool::create(device, SlotPool::Kind::pinned, options.staging_buffers,
+                             (std::max(max_jobs, mad) + B) * sizeof(CropJob));
+    if (resident()) return;
+    // A staging buffer: the collated batch, then the crops to cut, the slots to gather and,
+    // with the first batch, the normalization table; all of it in one copy.
+    const std::size_t per_batch = align_up(Batch::storage_bytes(kernels->image(), kernels->dtype(), options.max_images)) +
+                                  align_up(max_jobs * sizeof(CropJob)) +
+                                  align_up((max_jobs + B) * sizeof(std::uint32_t)) + kernels->table_bytes();
+    host_staging = SlotPool::create(device, SlotPool::Kind::pinned, options.staging_buffers, per_batch);
+    device_staging = SlotPool::create(device, SlotPool::Kind::device, options.staging_buffers, per_batch);
+    window_slots = mad + B;  // all the window can hold: a minibatch leaves as soon as it can
+    window_labels_at = align_up(window_slots * kernels->crop_elements() * sizeof(float));
+    window_memory = device->allocate(window_labels_at + window_slots * sizeof(std::int32_t));
+    table = device->allocate(kernels->table_bytes());
+    table_data = table.data();
     drop_window();
-    pinned = SlotPool::create(device, SlotPool::Kind::pinned, options.staging_buffers, pinned_bytes);
   }
 
   // Uploads the data set and the normalization table in one copy; the host waits for it, once.
@@ -136,6 +135,7 @@ struct GpuAugment::State {
       throw std::invalid_argument("GpuAugment::resident: the data set's images and labels do not match");
     dataset = std::move(data);
     kernels.emplace(dataset->shape(), DType::u8, options.crops.size, normalizer);
+    make_pools();
     const std::size_t images = dataset->images.pixels.size();
     const std::size_t table_at = align_up(images);
     const std::size_t bytes = table_at + kernels->table_bytes();
@@ -222,12 +222,11 @@ struct GpuAugment::State {
     return reinterpret_cast<std::int32_t*>(b.data() + labels_offset(kernels->crop(), m.count));
   }
 
-  // Streaming: one copy of [images | jobs | gather slots | table, the first time], then the
-  // kernels in the order the books were kept, so that a slot is refilled only after the
-  // gather that emptied it.
-  void crop_images(const std::vector<Sample>& images, Emitter<DeviceBatch>& emit) {
-    const std::size_t image_bytes = kernels->image_bytes();
-    const std::size_t jobs_at = align_up(images.size() * image_bytes);
+  // Streaming: one copy of [collated images | jobs | gather slots | table, the first time],
+  // then the kernels in the order the books were kept, so that a slot is refilled only after
+  // the gather that emptied it.
+  void crop_images(Batch& images, Emitter<DeviceBatch>& emit) {
+    const std::size_t jobs_at = align_up(images.storage.size());
     const std::size_t picks_at = align_up(jobs_at + jobs.size() * sizeof(CropJob));
     const std::size_t picks_end = picks_at + picked.size() * sizeof(std::uint32_t);
     const std::size_t table_at = align_up(picks_end);
@@ -235,19 +234,18 @@ struct GpuAugment::State {
     const std::size_t bytes = with_table ? table_at + kernels->table_bytes() : picks_end;
 
     std::vector<Buffer> out = acquire_outputs();
-    Buffer host = pinned->acquire(bytes);
-    for (std::size_t i = 0; i < images.size(); ++i)
-      std::memcpy(host.data() + i * image_bytes, images[i].data.data(), image_bytes);
-    std::memcpy(host.data() + jobs_at, jobs.data(), jobs.size() * sizeof(CropJob));
-    auto* picks = reinterpret_cast<std::uint32_t*>(host.data() + picks_at);
+    // The staging slot is larger than the batch collated into it: the rest is ours.
+    std::byte* host = images.data();
+    std::memcpy(host + jobs_at, jobs.data(), jobs.size() * sizeof(CropJob));
+    auto* picks = reinterpret_cast<std::uint32_t*>(host + picks_at);
     for (std::size_t k = 0; k < picked.size(); ++k) picks[k] = picked[k].dst;
-    if (with_table) kernels->write_table(host.data() + table_at);
+    if (with_table) kernels->write_table(host + table_at);
 
-    Buffer dev = staging->acquire(bytes);
-    Event& copied = staging->event(dev);
-    copy->copy_to_device(dev.data(), host.data(), bytes);
+    Buffer dev = device_staging->acquire(bytes);
+    Event& copied = device_staging->event(dev);
+    copy->copy_to_device(dev.data(), host, bytes);
     copy->record(copied);
-    pinned->release_after(std::move(host), *copy);
+    host_staging->release_after(std::move(images.storage), *copy);
 
     compute->wait(copied);
     if (with_table) {
@@ -268,7 +266,7 @@ struct GpuAugment::State {
     }
     kernels->crop(*compute, dev.data(), dev_jobs + cropped, jobs.size() - cropped, table_data, window_crops(),
                   window_labels());
-    staging->release_after(std::move(dev), *compute);
+    device_staging->release_after(std::move(dev), *compute);
   }
 
   // What crosses PCIe without images (the resident mode's jobs, the drain's gather slots) is
@@ -279,10 +277,10 @@ struct GpuAugment::State {
     std::vector<Buffer> out = acquire_outputs();
     Buffer host;
     if (resident()) {
-      host = pinned->acquire(picked.size() * sizeof(CropJob));
+      host = lists->acquire(picked.size() * sizeof(CropJob));
       std::memcpy(host.data(), picked.data(), picked.size() * sizeof(CropJob));
     } else {
-      host = pinned->acquire(picked.size() * sizeof(std::uint32_t));
+      host = lists->acquire(picked.size() * sizeof(std::uint32_t));
       auto* picks = reinterpret_cast<std::uint32_t*>(host.data());
       for (std::size_t k = 0; k < picked.size(); ++k) picks[k] = picked[k].dst;
     }
@@ -299,33 +297,35 @@ struct GpuAugment::State {
       }
       finish(m, std::move(out[i]), emit);
     }
-    pinned->release_after(std::move(host), *compute);
+    lists->release_after(std::move(host), *compute);
   }
 
   // ---- the calls
 
-  void streaming_call(std::vector<Sample>& images, Emitter<DeviceBatch>& emit, const StageContext& ctx) {
+  void streaming_call(Batch& images, Emitter<DeviceBatch>& emit, const StageContext& ctx) {
     if (resident())
       throw std::invalid_argument("GpuAugment: this one is resident over a data set; give it batches of indices");
-    if (images.empty()) return;
-    if (!pinned) {
-      kernels.emplace(images.front().shape, images.front().dtype, options.crops.size, normalizer);
-      make_pools(images.size());
-    }
-    if (images.size() > max_images)
-      throw std::invalid_argument("GpuAugment: a batch of " + std::to_string(images.size()) +
-                                  " images, but max_images is " + std::to_string(max_images));
-    for (const Sample& s : images)
-      if (s.shape != kernels->image() || s.dtype != kernels->dtype() || s.data.size() != kernels->image_bytes())
-        throw std::invalid_argument("GpuAugment: sample " + std::to_string(s.id) + " is " + s.shape.str() + " " +
-                                    dtype_name(s.dtype) + ", but the images are " + kernels->image().str() + " " +
-                                    dtype_name(kernels->dtype()) + " (those of the first batch)");
+    if (images.storage.pool() != host_staging.get())
+      throw std::invalid_argument(
+          "GpuAugment: the images were not collated into its staging buffers (use Collate{.pool = augment.staging()})");
+    if (images.count > options.max_images)
+      throw std::invalid_argument("GpuAugment: a batch of " + std::to_string(images.count) +
+                                  " images, but max_images is " + std::to_string(options.max_images));
+    if (images.shape != kernels->image() || images.dtype != kernels->dtype())
+      throw std::invalid_argument("GpuAugment: a batch of " + images.shape.str() + " " + dtype_name(images.dtype) +
+                                  " images, but option image is " + kernels->image().str() + " " +
+                                  dtype_name(kernels->dtype()));
+    if (images.count == 0) return;
     begin_epoch(ctx.epoch);
     jobs.clear();
-    for (std::size_t i = 0; i < images.size(); ++i) {
+    const auto labels = images.label_values();
+    const auto ids = images.id_values();
+    for (std::size_t i = 0; i < images.count; ++i) {
+      const Sample image = detail::borrowed_sample(images.data() + i * kernels->image_bytes(), kernels->image(),
+                                                   kernels->dtype(), labels[i], ids[i]);
       plans.clear();
-      crops.plan(images[i], ctx, plans);
-      for (const auto& p : plans) jobs.push_back(detail::make_job(static_cast<std::uint32_t>(i), p, images[i].label));
+      crops.plan(image, ctx, plans);
+      for (const auto& p : plans) jobs.push_back(detail::make_job(static_cast<std::uint32_t>(i), p, labels[i]));
     }
     book_jobs();
     if (!jobs.empty()) crop_images(images, emit);
@@ -334,11 +334,10 @@ struct GpuAugment::State {
   void resident_call(const std::vector<std::uint64_t>& indices, Emitter<DeviceBatch>& emit, const StageContext& ctx) {
     if (!resident())
       throw std::invalid_argument("GpuAugment: batches of indices need a resident data set (GpuAugment::resident)");
-    if (indices.empty()) return;
-    if (!pinned) make_pools(indices.size());
-    if (indices.size() > max_images)
+    if (indices.size() > options.max_images)
       throw std::invalid_argument("GpuAugment: a batch of " + std::to_string(indices.size()) +
-                                  " indices, but max_images is " + std::to_string(max_images));
+                                  " indices, but max_images is " + std::to_string(options.max_images));
+    if (indices.empty()) return;
     begin_epoch(ctx.epoch);
     jobs.clear();
     const std::size_t image_bytes = kernels->image_bytes();
@@ -380,9 +379,10 @@ struct GpuAugment::State {
   const Normalizer normalizer;
   std::shared_ptr<const IdxDataset> dataset;  // resident mode
   std::optional<detail::CropKernels> kernels;
-  std::size_t max_images = 0;
 
-  std::shared_ptr<SlotPool> pinned, staging, outputs;
+  // Pinned: collated images (streaming) and the lists the kernels read in place; device: the
+  // copies of the collated images, and the minibatches.
+  std::shared_ptr<SlotPool> host_staging, lists, device_staging, outputs;
   Memory window_memory;  // streaming: window_slots crops of floats, then their labels
   std::size_t window_slots = 0, window_labels_at = 0;
   Memory table;  // streaming: the normalization table, shipped with the first batch
@@ -404,17 +404,40 @@ struct GpuAugment::State {
 };
 
 GpuAugment::GpuAugment(std::shared_ptr<Device> device, GpuAugmentOptions options)
-    : state_(std::make_shared<State>(std::move(device), std::move(options))) {}
+    : state_(std::make_shared<State>(std::move(device), std::move(options))) {
+  const auto& o = state_->options;
+  if (!o.image) throw std::invalid_argument("GpuAugment: option image (the shape of every image) is required");
+  state_->kernels.emplace(*o.image, o.dtype, o.crops.size, state_->normalizer);
+  state_->make_pools();
+}
+
+GpuAugment::GpuAugment(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
 GpuAugment GpuAugment::resident(std::shared_ptr<Device> device, std::shared_ptr<const IdxDataset> data,
                                 GpuAugmentOptions options) {
-  GpuAugment a(std::move(device), std::move(options));
+  GpuAugment a(std::make_shared<State>(std::move(device), std::move(options)));
   a.state_->upload(std::move(data));
   return a;
 }
 
-void GpuAugment::operator()(std::vector<Sample> images, Emitter<DeviceBatch>& emit, const StageContext& ctx) {
+void GpuAugment::operator()(Batch images, Emitter<DeviceBatch>& emit, const StageContext& ctx) {
   state_->serially([&] { state_->streaming_call(images, emit, ctx); });
+}
+
+void GpuAugment::operator()(std::vector<Sample> images, Emitter<DeviceBatch>& emit, const StageContext& ctx) {
+  if (images.empty()) return;
+  if (!state_->host_staging)
+    throw std::invalid_argument("GpuAugment: this one is resident over a data set; give it batches of indices");
+  (*this)(make_batch(std::move(images), *state_->host_staging), emit, ctx);
+}
+
+std::shared_ptr<SlotPool> GpuAugment::staging() const noexcept { return state_->host_staging; }
+
+std::size_t GpuAugment::buffers_per_call(const GpuAugmentOptions& o) {
+  const std::size_t B = std::max<std::size_t>(o.batch_size, 1);
+  const std::size_t per_input = std::max<std::size_t>(1, ceil_div(max_job_count(o), B));
+  const std::size_t per_drain = ceil_div(o.shuffle.min_after_dequeue + B - 1, B);
+  return std::max(per_input, per_drain);
 }
 
 void GpuAugment::operator()(std::vector<std::uint64_t> indices, Emitter<DeviceBatch>& emit, const StageContext& ctx) {

@@ -7,6 +7,8 @@
 #include <new>
 #include <thread>
 
+#include <unistd.h>
+
 #include "backends.h"
 
 namespace stoker::gpu::detail {
@@ -130,6 +132,9 @@ class CpuDevice final : public DeviceBase {
   std::unique_ptr<Event> make_event() override { return std::make_unique<CpuEvent>(); }
   Memory allocate(std::size_t bytes) override { return host(bytes); }
   Memory allocate_pinned(std::size_t bytes) override { return host(bytes); }
+  std::size_t free_memory() const override {
+    return static_cast<std::size_t>(sysconf(_SC_AVPHYS_PAGES)) * static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  }
 
  private:
   static Memory host(std::size_t bytes) {

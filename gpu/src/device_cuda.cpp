@@ -118,6 +118,11 @@ class CudaDevice final : public DeviceBase {
     STOKER_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
     return Memory(p, bytes, [](void* q) noexcept { (void)cudaFreeHost(q); });
   }
+  std::size_t free_memory() const override {
+    std::size_t free = 0, total = 0;
+    STOKER_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return free;
+  }
 
  private:
   std::string name_;

@@ -191,10 +191,12 @@ CropCount varying(int most) {
   return [most](const Sample&, Rng& rng) { return static_cast<int>(rng.below(static_cast<std::uint64_t>(most) + 1)); };
 }
 
-GpuAugmentOptions fashion_options() {
+GpuAugmentOptions fashion_options(std::size_t max_images = 64) {
   return {.crops = {.size = {24, 24}, .count = 5, .mirror = MirrorOptions{}, .normalize = kFashion},
           .batch_size = 32,
-          .shuffle = {.capacity = 400, .min_after_dequeue = 300, .seed = 11}};
+          .shuffle = {.capacity = 400, .min_after_dequeue = 300, .seed = 11},
+          .image = Shape{1, 1, 28, 28, false},
+          .max_images = max_images};
 }
 
 void check_epochs(gpu::Device& device, GpuAugment& augment, const Images& data, std::uint64_t seed, int epochs) {
@@ -242,7 +244,10 @@ TEST_SUITE("GpuAugment on the CPU backend") {
                     .mirror = MirrorOptions{.axis = Axis::depth},
                     .normalize = Normalization{.scale = 3.0f, .mean = {0.5f, -1.25f}, .std = {0.2f, 7.0f}}},
           .batch_size = 8,
-          .shuffle = {.capacity = 40, .min_after_dequeue = 20, .seed = 3}};
+          .shuffle = {.capacity = 40, .min_after_dequeue = 20, .seed = 3},
+          .image = Shape{2, 7, 9, 11, true},
+          .dtype = dtype,
+          .max_images = 4};
       GpuAugment augment(device, o);
       check_epochs(*device, augment, {.shape = {2, 7, 9, 11, true}, .dtype = dtype, .images = 30, .per_batch = 4}, 1,
                    1);
@@ -271,6 +276,7 @@ TEST_SUITE("GpuAugment on the CPU backend") {
     for (bool deterministic : {false, true}) {
       CAPTURE(deterministic);
       const auto before = device->transfers();
+      // Collated into the pinned staging buffers by a stage of their own, on two threads.
       auto pipe = PipelineBuilder{}
                       .threads(3)
                       .seed(21)
@@ -278,6 +284,7 @@ TEST_SUITE("GpuAugment on the CPU backend") {
                       .deterministic(deterministic)
                       .source("read", data.source())
                       .batch("images", data.per_batch)
+                      .map("collate", Collate{.pool = augment.staging()}, {.threads = 2, .queue = 2})
                       .flat_map<DeviceBatch>("gpu_augment", augment, {.queue = 2})
                       .build();
       ReadBack read(*device);
@@ -320,7 +327,7 @@ TEST_SUITE("GpuAugment on the CPU backend") {
 
   TEST_CASE("destroying the pipeline mid-epoch with minibatches in flight returns" * doctest::timeout(60)) {
     auto device = gpu::Device::open("cpu");
-    auto o = fashion_options();
+    auto o = fashion_options(20);
     o.batch_size = 16;
     o.shuffle = {.capacity = 100, .min_after_dequeue = 50, .seed = 1};
     o.output_buffers = 8;  // (20 images x 5 crops + 15) / 16: the least one call may need
@@ -372,12 +379,31 @@ TEST_SUITE("GpuAugment on the CPU backend") {
     CHECK_THROWS_WITH_AS(GpuAugment(device, o), doctest::Contains("count"), std::invalid_argument);
 
     o = fashion_options();
-    o.output_buffers = 2;
-    GpuAugment few(device, o);
+    o.output_buffers = 2;  // 64 images x 5 crops make 10 minibatches of 32
+    CHECK(GpuAugment::buffers_per_call(o) == 11);  // and the drain up to (300 + 31) / 32
+    CHECK_THROWS_WITH_AS(GpuAugment(device, o), doctest::Contains("output_buffers"), std::invalid_argument);
+    o = fashion_options(0);
+    CHECK_THROWS_WITH_AS(GpuAugment(device, o), doctest::Contains("max_images"), std::invalid_argument);
+    o = fashion_options();
+    o.image.reset();
+    CHECK_THROWS_WITH_AS(GpuAugment(device, o), doctest::Contains("option image"), std::invalid_argument);
+    o = fashion_options();
+    o.image = Shape{1, 1, 20, 28, false};
+    CHECK_THROWS_WITH_AS(GpuAugment(device, o), doctest::Contains("20"), std::invalid_argument);  // the crop does not fit
+  }
+
+  TEST_CASE("a batch must be collated into the staging buffers, of the images' shape" * doctest::timeout(30)) {
+    auto device = gpu::Device::open("cpu");
+    GpuAugment augment(device, fashion_options(8));
     std::vector<DeviceBatch> out;
     Emitter<DeviceBatch> emit(out);
-    CHECK_THROWS_WITH_AS(few(Images{.images = 64, .per_batch = 64}.batch(0), emit, {}),
-                         doctest::Contains("output_buffers"), std::invalid_argument);
+    const Images data{.images = 8, .per_batch = 8};
+    CHECK_THROWS_WITH_AS(augment(make_batch(data.batch(0), *pool()), emit, {}), doctest::Contains("staging()"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(augment(Images{.images = 9, .per_batch = 9}.batch(0), emit, {}),
+                         doctest::Contains("max_images is 8"), std::invalid_argument);
+    augment(make_batch(data.batch(0), *augment.staging()), emit, {});
+    CHECK(augment.held() == 8 * 5 - out.size() * 32);
   }
 }
 
@@ -563,6 +589,10 @@ void check_all_kernels(gpu::Device& device) {
   check_kernels(device, {2, 9, 10, 11, true}, DType::u16, {4, 10, 3},
                 {.scale = 65535, .mean = {0.1f, 0.9f}, .std = {0.3f, 3.0f}});
   check_kernels(device, {1, 6, 7, 8, true}, DType::f32, {0, 5, 5}, {.scale = 7, .mean = {-2.5f}, .std = {0.7f}});
+  // Rows wider than a warp, and more rows than a block takes at once; one a multiple of 4 wide
+  // (written 4 values at a time), one not.
+  check_kernels(device, {1, 1, 90, 150, false}, DType::u8, {81, 140}, kFashion);
+  check_kernels(device, {1, 1, 90, 100, false}, DType::u16, {81, 70}, {.scale = 65535, .mean = {0.3f}, .std = {0.2f}});
 }
 
 }  // namespace

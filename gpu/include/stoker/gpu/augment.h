@@ -4,10 +4,13 @@
 //   stoker::gpu::GpuAugment augment(device, {
 //       .crops = {.size = {24, 24}, .count = 5, .mirror = stoker::MirrorOptions{}, .normalize = fashion},
 //       .batch_size = 255,
-//       .shuffle = {.capacity = 10000, .min_after_dequeue = 2000, .seed = 7}});
+//       .shuffle = {.capacity = 10000, .min_after_dequeue = 2000, .seed = 7},
+//       .image = stoker::Shape{1, 1, 28, 28},
+//       .max_images = 256});
 //   auto pipe = stoker::PipelineBuilder{}
-//       .source("read", reader)                       // whole uint8 images
-//       .batch("images", 64)
+//       .source("read", reader)                                         // whole uint8 images
+//       .batch("images", 256)
+//       .map("collate", stoker::Collate{.pool = augment.staging()})     // straight into pinned memory
 //       .flat_map<stoker::gpu::DeviceBatch>("gpu_augment", augment, {.queue = 2})
 //       .build();
 //   for (auto& b : pipe.epoch()) {
@@ -17,9 +20,11 @@
 //   }
 //
 // Each input batch of images crosses PCIe in one copy, together with the crops to cut and the
-// minibatches to gather, and nothing comes back. The crops and flips are drawn on the host
-// exactly as stoker::RandomCrops draws them (RandomCrops::plan), and each crop equals, bit for
-// bit, what RandomCrops' fused path gives on the CPU.
+// minibatches to gather, and nothing comes back. The images are collated into the pinned
+// staging buffer that this copy leaves from by the stage before (on its own threads), so the
+// copy needs no extra host copy. The crops and flips are drawn on the host exactly as
+// stoker::RandomCrops draws them (RandomCrops::plan), and each crop equals, bit for bit, what
+// RandomCrops' fused path gives on the CPU.
 //
 // Crops wait on the device in a shuffle window with the semantics of stoker::RandomShuffleQueue
 // (the host keeps the books of which window slot holds which crop, with a RandomShuffleQueue of
@@ -34,12 +39,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "stoker/core/pipeline.h"
 #include "stoker/core/random_shuffle_queue.h"
 #include "stoker/gpu/device.h"
 #include "stoker/gpu/staging.h"
+#include "stoker/stages/batch.h"
 #include "stoker/stages/idx.h"
 #include "stoker/stages/sample.h"
 #include "stoker/stages/transforms.h"
@@ -56,13 +63,15 @@ struct GpuAugmentOptions {
   /// so the window never holds more than min_after_dequeue + batch_size, and capacity must be
   /// at least that. Reseeded every epoch with derive_seed(seed, epoch), as a pipeline's shuffle.
   ShuffleOptions shuffle{};
-  std::size_t max_images = 0;       ///< most images (or indices) per input batch; 0 = the first batch's size
+  /// Streaming: the shape and dtype of every image; required. Resident: the data set's.
+  std::optional<Shape> image{};
+  DType dtype = DType::u8;
+  std::size_t max_images = 0;       ///< most images (or indices) per input batch; required
   std::size_t staging_buffers = 3;  ///< pinned and device staging buffers: with 2 or more, copy i+1 overlaps crop i
-  /// Device buffers of minibatches. The minibatches of one call all need a buffer at once:
-  /// up to (count * max_images + batch_size - 1) / batch_size for an input batch, and
-  /// ceil((min_after_dequeue + batch_size - 1) / batch_size) at the end of an epoch.
-  /// 0 = the larger of the two, plus 2 for minibatches the consumer holds; a consumer that
-  /// holds more at a time needs more, or it waits for itself.
+  /// Device buffers of minibatches. The minibatches of one call all need a buffer at once
+  /// (buffers_per_call: enough for count * max_images crops, and for the drain at the end of
+  /// an epoch). 0 = that, plus 2 for minibatches queued or held by the consumer; a pipeline
+  /// that holds more at a time needs more, or it waits for itself.
   std::size_t output_buffers = 0;
 };
 
@@ -73,8 +82,9 @@ struct GpuAugmentOptions {
 /// device except through the pools (backpressure). End of epoch: the pipeline calls end_epoch.
 class GpuAugment {
  public:
-  /// Throws std::invalid_argument for a null device, a batch_size of 0, a window smaller than
-  /// min_after_dequeue + batch_size, no staging buffers, or bad crop options, naming the option.
+  /// Streaming: allocates every buffer now. Throws std::invalid_argument for a null device, a
+  /// batch_size of 0, a window smaller than min_after_dequeue + batch_size, no image shape, a
+  /// max_images of 0, no staging buffers, or bad crop options, naming the option.
   GpuAugment(std::shared_ptr<Device> device, GpuAugmentOptions options);
 
   /// A GpuAugment over `data` uploaded to the device now, in one copy (the host waits for that
@@ -84,8 +94,11 @@ class GpuAugment {
   static GpuAugment resident(std::shared_ptr<Device> device, std::shared_ptr<const IdxDataset> data,
                              GpuAugmentOptions options);
 
-  /// Streaming: crops a batch of whole images, all of one shape and dtype (those of the first
-  /// batch ever given), at most max_images of them. Emits the minibatches that became full.
+  /// Streaming: crops a batch of at most max_images images of the shape and dtype of the
+  /// options, collated into staging() (Collate{.pool = augment.staging()}). Emits the
+  /// minibatches that became full.
+  void operator()(Batch images, Emitter<DeviceBatch>& emit, const StageContext& ctx);
+  /// The same for images not yet collated: collates them into staging() first, on this thread.
   void operator()(std::vector<Sample> images, Emitter<DeviceBatch>& emit, const StageContext& ctx);
   /// Resident: the same for a batch of indices into the data set.
   void operator()(std::vector<std::uint64_t> indices, Emitter<DeviceBatch>& emit, const StageContext& ctx);
@@ -94,6 +107,12 @@ class GpuAugment {
   /// that was never ended (a stopped pipeline) is dropped when the next one starts.
   void end_epoch(Emitter<DeviceBatch>& emit, const StageContext& ctx);
 
+  /// Pinned buffers to collate input batches into; null when resident.
+  std::shared_ptr<SlotPool> staging() const noexcept;
+  /// The output buffers that one call may need at once with these options: output_buffers
+  /// must be at least this, plus the minibatches queued and held by the consumer.
+  static std::size_t buffers_per_call(const GpuAugmentOptions& options);
+
   bool is_resident() const noexcept;
   std::size_t held() const;  ///< crops in the window now; not while a call runs
   Device& device() const noexcept;
@@ -101,6 +120,7 @@ class GpuAugment {
 
  private:
   struct State;
+  explicit GpuAugment(std::shared_ptr<State> state);
   std::shared_ptr<State> state_;
 };
 

@@ -125,6 +125,9 @@ class Device {
   virtual Memory allocate(std::size_t bytes) = 0;
   /// Page-locked host memory, which a device copies from asynchronously (cudaHostAlloc).
   virtual Memory allocate_pinned(std::size_t bytes) = 0;
+  /// Bytes allocate() could give now: the device's free memory (the host's available
+  /// memory on the CPU backend).
+  virtual std::size_t free_memory() const = 0;
 
   /// Copies issued so far by all of this device's streams.
   TransferCounts transfers() const noexcept;

@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Runs stoker's GPU checks and GPU figures on a machine with a CUDA device, from programs built
+# elsewhere and packed with ../shared/tools/gpu-carry.sh into .gpu/ (bin/, lib/, and data/ with
+# the Fashion-MNIST files). Each step has its own time limit, and a failed step does not stop
+# the others; logs go to $OUT/logs.tar.gz (or ./gpu-out), a table of verdicts is printed last.
+#
+#   scripts/gpu-check.sh [STEP...]     steps: tests sanitizer transfer train bench (default: all)
+set -uo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$root"
+bin="$root/.gpu/bin"
+data="$root/.gpu/data"
+final="${OUT:-$root/gpu-out}"
+out="$(mktemp -d)"
+mkdir -p "$final"
+export LD_LIBRARY_PATH="$root/.gpu/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export PATH="/usr/local/cuda/bin:$PATH"
+
+steps=("$@")
+((${#steps[@]})) || steps=(tests sanitizer transfer train bench)
+verdicts=()
+
+# run NAME LIMIT_S CMD...: output to $out/NAME.log, its tail on the console.
+run() {
+  local name="$1" limit="$2"
+  shift 2
+  local start=$SECONDS status=0
+  echo "==== $name: $*"
+  timeout --kill-after=10s "$limit" "$@" >"$out/$name.log" 2>&1 || status=$?
+  tail -n "${STOKER_GPU_TAIL:-3}" "$out/$name.log"
+  verdicts+=("$(printf '%-28s exit %-3s %4ds' "$name" "$status" $((SECONDS - start)))")
+}
+
+# The tests and the trainer look for Fashion-MNIST where Debian installs it.
+if [[ ! -d /usr/share/datasets/fashion-mnist && -d "$data" ]]; then
+  mkdir -p /usr/share/datasets && ln -s "$data" /usr/share/datasets/fashion-mnist
+fi
+
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$out/gpu.txt"
+nproc | sed 's/^/cpu cores: /' | tee -a "$out/gpu.txt"
+
+for step in "${steps[@]}"; do
+  case "$step" in
+    tests)
+      for t in test_gpu test_augment test_train; do
+        run "$t" 150 "$bin/$t" --duration=true
+      done
+      ;;
+    sanitizer)
+      # memcheck over the CUDA cases: kernel bounds, and no host memory read that was not pinned.
+      run memcheck-augment 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        "$bin/test_augment" --test-case='*CUDA*,*device the pipeline runs on*,resident*'
+      run memcheck-train 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
+        "$bin/test_train" --test-case='*CUDA*,*augment gpu*'
+      ;;
+    transfer)
+      run transfer 300 "$bin/stoker-bench" transfer --json
+      ;;
+    train)
+      for mode in pipelined sync; do
+        run "train-cpu-$mode" 300 "$bin/stoker-train" --augment cpu --mode "$mode" --json
+        for resident in yes no; do
+          run "train-gpu-$mode-resident-$resident" 300 "$bin/stoker-train" --augment gpu --resident "$resident" \
+            --mode "$mode" --json
+        done
+      done
+      run "train-cpu-pipelined-crop-threads-8" 300 "$bin/stoker-train" --augment cpu --crop-threads 8 --json
+      ;;
+    bench)
+      run augment 300 "$bin/stoker-bench" augment --json
+      run pipeline 300 "$bin/stoker-bench" pipeline --json
+      ;;
+    *) echo "gpu-check: unknown step '$step'" >&2; exit 2 ;;
+  esac
+done
+
+printf '%s\n' "${verdicts[@]}" >"$out/verdicts.txt"
+tar -C "$out" -czf "$final/logs.tar.gz" .
+echo
+echo "==== verdicts (logs in logs.tar.gz)"
+printf '%s\n' "${verdicts[@]}"
