@@ -40,6 +40,13 @@ std::string layers(const TrainOptions& o) {
   return s + "-10";
 }
 
+// What the copy counters should show, to read them against.
+std::string copies_expected(const TrainOptions& o, const TrainReport& r) {
+  if (o.augment == "cpu") return "two at setup (weights, test set), then one per batch";
+  if (r.resident) return "three at setup (weights, test set, training images), then none";
+  return "two at setup (weights, test set), then one per " + std::to_string(o.image_batch) + " images";
+}
+
 // A progress bar redrawn in place, at most ten times a second; only on a terminal.
 class ProgressBar {
  public:
@@ -126,9 +133,17 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   app.add_option("--augment", o.augment,
-                 "Where crops are made: cpu (pipeline stages); gpu (whole images to the device, cropped there) is "
-                 "not available yet")
+                 "Where crops are made: cpu (stages on host threads, crops copied to the device) or gpu (whole "
+                 "images copied to the device, cropped, shuffled and batched there)")
       ->check(CLI::IsMember({"cpu", "gpu"}))
+      ->capture_default_str();
+  app.add_option("--image-batch", o.image_batch, "--augment gpu: whole images sent to the device in one copy")
+      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20))
+      ->capture_default_str();
+  app.add_option("--resident", o.resident,
+                 "--augment gpu: upload the training images once and send only the crops to cut: auto (on a GPU "
+                 "with room for them), yes or no")
+      ->check(CLI::IsMember({"auto", "yes", "no"}))
       ->capture_default_str();
   app.add_option("--mode", o.mode,
                  "pipelined: reading, crops, copies and training overlap; sync: the same work one step after "
@@ -180,6 +195,7 @@ Json to_json(const TrainOptions& o, const TrainReport& r) {
   out["device_name"] = r.device_name;
   out["mode"] = r.mode;
   out["augment"] = o.augment;
+  out["resident"] = r.resident;
   out["samples"] = r.samples();
   out["train_seconds"] = r.train_seconds();
   out["h2d_bytes"] = r.transfers.h2d_bytes;
@@ -228,9 +244,9 @@ int run(int argc, char** argv) {
               << "model:  MLP " << layers(o) << " (" << r.parameters << " parameters), SGD momentum " << o.momentum
               << ", lr " << o.learning_rate << " cosine to 0, weight decay " << o.weight_decay << "\n"
               << "input:  " << o.mode << ", " << o.crops << " random " << o.crop_size << "x" << o.crop_size
-              << " crops per image (mirror p " << o.mirror_p << "), shuffle " << o.shuffle_capacity << "/"
-              << o.min_after_dequeue << ", batches of " << o.batch_size << ", " << o.epochs << " epochs of "
-              << r.train_images * static_cast<std::uint64_t>(o.crops) << " samples\n";
+              << " crops per image (mirror p " << o.mirror_p << ") on the " << o.augment << ", shuffle "
+              << o.shuffle_capacity << "/" << o.min_after_dequeue << ", batches of " << o.batch_size << ", " << o.epochs
+              << " epochs of " << r.train_images * static_cast<std::uint64_t>(o.crops) << " samples\n";
   };
   callbacks.on_batch = [&](std::uint32_t epoch, std::uint64_t done, std::uint64_t total) {
     bar.update(epoch, done, total);
@@ -252,7 +268,7 @@ int run(int argc, char** argv) {
     }
     std::cout << "copies: " << r.transfers.h2d_copies << " host-to-device (" << megabytes(r.transfers.h2d_bytes)
               << "), " << r.transfers.d2h_copies << " device-to-host (" << r.transfers.d2h_bytes
-              << " bytes): one per batch and two at setup; one read-back per epoch\n"
+              << " bytes): " << copies_expected(o, r) << "; one read-back per epoch\n"
               << "result: test accuracy " << fixed(r.test_accuracy(), 4) << " after " << r.epochs.size() << " epochs, "
               << static_cast<long long>(r.samples_per_s()) << " samples/s, starvation "
               << fixed(100 * r.starvation(), 1) << "% (" << r.mode << ", " << r.device << ")\n";

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <numbers>
 #include <stdexcept>
@@ -11,6 +12,7 @@
 #include "mlp.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/core/random_shuffle_queue.h"
+#include "stoker/gpu/augment.h"
 #include "stoker/gpu/staging.h"
 #include "stoker/stages/batch.h"
 #include "stoker/stages/transforms.h"
@@ -179,23 +181,20 @@ gpu::ToDeviceOptions to_device_options(const TrainOptions& o) {
           .device_buffers = o.batch_queue + static_cast<std::size_t>(o.in_flight) + 2};
 }
 
-// reader -> crops (threads) -> shuffle -> batch -> collate into pinned memory -> copy -> trainer.
-void train_pipelined(const TrainOptions& o, std::shared_ptr<const IdxDataset> data, Trainer& trainer,
-                     const TestSet& test, TrainReport& report) {
-  const gpu::ToDevice to_device(trainer.device_ptr(), to_device_options(o));
+PipelineBuilder pipeline_builder(const TrainOptions& o, Trainer& trainer) {
   PipelineBuilder builder;
   builder.threads(o.threads).seed(o.seed).epochs(o.epochs).counters(gpu::transfer_counters(trainer.device_ptr()));
   if (!o.occupancy_log.empty()) builder.occupancy_log(o.occupancy_log);
-  auto pipe =
-      builder.source("read", IdxReader(std::move(data), {.pool = BufferPool::create()}), {.queue = o.read_queue})
-          .flat_map<Sample>("crops", RandomCrops(crop_options(o, BufferPool::create())), {.threads = o.crop_threads})
-          .shuffle("shuffle",
-                   {.capacity = o.shuffle_capacity, .min_after_dequeue = o.min_after_dequeue, .seed = o.seed})
-          .batch("batch", o.batch_size, {.queue = o.batch_queue})
-          .map("collate", Collate{.pool = to_device.staging(), .normalize = Normalizer(fashion_normalization())},
-               {.threads = o.collate_threads, .queue = o.batch_queue})
-          .map("h2d", to_device, {.queue = o.batch_queue})
-          .build();
+  return builder;
+}
+
+ShuffleOptions shuffle_options(const TrainOptions& o) {
+  return {.capacity = o.shuffle_capacity, .min_after_dequeue = o.min_after_dequeue, .seed = o.seed};
+}
+
+// The training loop of pipelined mode: one step per device batch the pipeline delivers.
+void train_from(Pipeline<gpu::DeviceBatch>& pipe, const TrainOptions& o, Trainer& trainer, const TestSet& test,
+                TrainReport& report) {
   for (std::uint32_t epoch = 1; epoch <= o.epochs; ++epoch) {
     trainer.begin_epoch(epoch);
     for (;;) {
@@ -208,6 +207,92 @@ void train_pipelined(const TrainOptions& o, std::shared_ptr<const IdxDataset> da
     report.epochs.push_back(trainer.end_epoch(test));
   }
   report.pipeline = pipe.summary();
+}
+
+// reader -> crops (threads) -> shuffle -> batch -> collate into pinned memory -> copy -> trainer.
+void train_pipelined(const TrainOptions& o, std::shared_ptr<const IdxDataset> data, Trainer& trainer,
+                     const TestSet& test, TrainReport& report) {
+  const gpu::ToDevice to_device(trainer.device_ptr(), to_device_options(o));
+  auto pipe =
+      pipeline_builder(o, trainer)
+          .source("read", IdxReader(std::move(data), {.pool = BufferPool::create()}), {.queue = o.read_queue})
+          .flat_map<Sample>("crops", RandomCrops(crop_options(o, BufferPool::create())), {.threads = o.crop_threads})
+          .shuffle("shuffle", shuffle_options(o))
+          .batch("batch", o.batch_size, {.queue = o.batch_queue})
+          .map("collate", Collate{.pool = to_device.staging(), .normalize = Normalizer(fashion_normalization())},
+               {.threads = o.collate_threads, .queue = o.batch_queue})
+          .map("h2d", to_device, {.queue = o.batch_queue})
+          .build();
+  train_from(pipe, o, trainer, test, report);
+}
+
+// --augment gpu: whole images go to the device, which crops, shuffles and batches them.
+gpu::GpuAugmentOptions gpu_augment_options(const TrainOptions& o, const Shape& image) {
+  gpu::GpuAugmentOptions a{.crops = {.size = {o.crop_size, o.crop_size},
+                                     .count = o.crops,
+                                     .mirror = MirrorOptions{.axis = Axis::width, .p = o.mirror_p},
+                                     .normalize = fashion_normalization()},
+                           .batch_size = o.batch_size,
+                           // Another seed than the shuffle of images: the two draw independently.
+                           .shuffle = {.capacity = o.shuffle_capacity,
+                                       .min_after_dequeue = o.min_after_dequeue,
+                                       .seed = derive_seed(o.seed, 0x77696e646f77)},
+                           .image = image,
+                           .max_images = o.image_batch,
+                           .staging_buffers = o.staging_buffers};
+  // The minibatches of one call, those queued for the trainer, and those it holds: one being
+  // issued and in_flight queued on the device.
+  a.output_buffers = gpu::GpuAugment::buffers_per_call(a) + o.batch_queue + static_cast<std::size_t>(o.in_flight) + 1;
+  return a;
+}
+
+// The whole data set on the device, or images streamed to it: what --resident asks for.
+gpu::GpuAugment make_gpu_augment(const TrainOptions& o, std::shared_ptr<const IdxDataset> data, gpu::Device& device,
+                                 const std::shared_ptr<gpu::Device>& shared) {
+  const std::size_t bytes = data->images.pixels.size();
+  const bool resident = o.resident == "yes" || (o.resident == "auto" && device.backend() == gpu::Backend::cuda &&
+                                                bytes <= device.free_memory() / 4);
+  auto options = gpu_augment_options(o, data->shape());
+  return resident ? gpu::GpuAugment::resident(shared, std::move(data), std::move(options))
+                  : gpu::GpuAugment(shared, std::move(options));
+}
+
+// The ids of a data set, one per call, as a pipeline source: the resident mode's input.
+auto all_indices(std::uint64_t n) {
+  return [n, next = std::uint64_t{0}]() mutable -> std::optional<std::uint64_t> {
+    if (next == n) {
+      next = 0;
+      return std::nullopt;
+    }
+    return next++;
+  };
+}
+
+// Streaming: reader -> shuffle of images -> batch -> collate into pinned memory -> one copy,
+// crops, window, minibatches on the device -> trainer. Resident: the same with indices and
+// no collate or copy.
+void train_pipelined_gpu(const TrainOptions& o, std::shared_ptr<const IdxDataset> data, Trainer& trainer,
+                         const TestSet& test, TrainReport& report) {
+  gpu::GpuAugment augment = make_gpu_augment(o, data, trainer.device(), trainer.device_ptr());
+  report.resident = augment.is_resident();
+  const StageOptions augment_stage{.threads = 1, .queue = o.batch_queue};
+  if (augment.is_resident()) {
+    auto pipe = pipeline_builder(o, trainer)
+                    .source("indices", all_indices(data->size()), {.queue = o.read_queue})
+                    .shuffle("shuffle", shuffle_options(o))
+                    .batch("batch", o.image_batch, {.queue = o.batch_queue})
+                    .flat_map<gpu::DeviceBatch>("gpu_augment", augment, augment_stage)
+                    .build();
+    return train_from(pipe, o, trainer, test, report);
+  }
+  auto pipe = pipeline_builder(o, trainer)
+                  .source("read", IdxReader(std::move(data), {.pool = BufferPool::create()}), {.queue = o.read_queue})
+                  .shuffle("shuffle", shuffle_options(o))
+                  .batch("batch", o.image_batch, {.queue = o.batch_queue})
+                  .map("collate", Collate{.pool = augment.staging()}, {.threads = o.collate_threads, .queue = o.batch_queue})
+                  .flat_map<gpu::DeviceBatch>("gpu_augment", augment, augment_stage)
+                  .build();
+  train_from(pipe, o, trainer, test, report);
 }
 
 // The feed-dict baseline: the same reading, crops, shuffle, collate, copy and step, one after
@@ -254,6 +339,62 @@ void train_sync(const TrainOptions& o, std::shared_ptr<const IdxDataset> data, T
   }
 }
 
+// Sync mode with --augment gpu: the same shuffle of images (or of indices), input batches and
+// device crops, one step after another: each input batch is cropped, then its minibatches are
+// trained on, the host waiting for the device after every step.
+template <class Item, class Read>
+void train_sync_gpu_items(const TrainOptions& o, std::uint64_t n, Read read, gpu::GpuAugment& augment,
+                          Trainer& trainer, const TestSet& test, TrainReport& report) {
+  RandomShuffleQueue<Item> shuffle("shuffle", shuffle_options(o));
+  std::vector<Item> items;
+  std::vector<gpu::DeviceBatch> minibatches;
+  Emitter<gpu::DeviceBatch> emit(minibatches);
+  for (std::uint32_t epoch = 1; epoch <= o.epochs; ++epoch) {
+    trainer.begin_epoch(epoch);
+    const StageContext ctx{.seed = o.seed, .epoch = epoch - 1};
+    auto t0 = Clock::now();
+    const auto train_all = [&] {
+      for (gpu::DeviceBatch& b : minibatches) {
+        trainer.add_input_wait(seconds_since(t0));
+        trainer.step(b);
+        trainer.compute().synchronize();
+        t0 = Clock::now();
+      }
+      minibatches.clear();
+    };
+    // Crops one input batch out of the shuffle buffer, if it has one, and trains on it.
+    const auto crop_some = [&](bool closing) {
+      items.clear();
+      if (shuffle.try_pop_many(items, o.image_batch, closing) == 0) return false;
+      augment(std::move(items), emit, ctx);
+      train_all();
+      return true;
+    };
+    for (std::uint64_t id = 0; id < n; ++id)
+      for (Item item = read(id); !shuffle.try_push(std::move(item));)  // full: make room first
+        if (!crop_some(false)) throw std::logic_error("sync mode: the shuffle buffer is full yet cannot be popped");
+    shuffle.close();
+    while (crop_some(true)) {
+    }
+    augment.end_epoch(emit, ctx);
+    train_all();
+    trainer.add_input_wait(seconds_since(t0));
+    shuffle.reopen(derive_seed(o.seed, epoch, 0x73796e63));
+    report.epochs.push_back(trainer.end_epoch(test));
+  }
+}
+
+void train_sync_gpu(const TrainOptions& o, std::shared_ptr<const IdxDataset> data, Trainer& trainer,
+                    const TestSet& test, TrainReport& report) {
+  gpu::GpuAugment augment = make_gpu_augment(o, data, trainer.device(), trainer.device_ptr());
+  report.resident = augment.is_resident();
+  const std::uint64_t n = data->size();
+  if (augment.is_resident())
+    return train_sync_gpu_items<std::uint64_t>(o, n, std::identity{}, augment, trainer, test, report);
+  const IdxReader reader(std::move(data), {.pool = BufferPool::create()});
+  train_sync_gpu_items<Sample>(o, n, [&](std::uint64_t id) { return reader.read(id); }, augment, trainer, test, report);
+}
+
 // A device that is not there is a bad argument for this machine, reported as such.
 std::shared_ptr<gpu::Device> open_device(const std::string& which) {
   try {
@@ -282,6 +423,7 @@ void validate(const TrainOptions& o) {
   at_least_1("--batch-queue", o.batch_queue);
   at_least_1("--staging-buffers", o.staging_buffers);
   at_least_1("--in-flight", o.in_flight);
+  at_least_1("--image-batch", o.image_batch);
   if (o.threads < 0) fail("--threads must be 0 (one per core) or more");
   if (!(o.mirror_p >= 0 && o.mirror_p <= 1)) fail("--mirror-p must be in [0, 1]");
   if (o.min_after_dequeue >= o.shuffle_capacity)
@@ -293,8 +435,9 @@ void validate(const TrainOptions& o) {
          std::to_string(o.shuffle_capacity - o.min_after_dequeue) + "), what a shuffle buffer can hand out at once");
   if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
     fail("--device must be auto, cpu or cuda, not '" + o.device + "'");
-  if (o.augment == "gpu") fail("--augment gpu is not available yet (GPU crops are being built); use --augment cpu");
-  if (o.augment != "cpu") fail("--augment must be cpu or gpu, not '" + o.augment + "'");
+  if (o.augment != "cpu" && o.augment != "gpu") fail("--augment must be cpu or gpu, not '" + o.augment + "'");
+  if (o.resident != "auto" && o.resident != "yes" && o.resident != "no")
+    fail("--resident must be auto, yes or no, not '" + o.resident + "'");
   if (o.mode != "pipelined" && o.mode != "sync") fail("--mode must be pipelined or sync, not '" + o.mode + "'");
   if (std::any_of(o.hidden.begin(), o.hidden.end(), [](int w) { return w < 1; }))
     fail("--hidden widths must be at least 1");
@@ -352,10 +495,11 @@ TrainReport run_training(const TrainOptions& o, const TrainCallbacks& callbacks)
   report.load_seconds = seconds_since(t_load);
   if (callbacks.on_start) callbacks.on_start(report);
 
+  const bool gpu_augment = o.augment == "gpu";
   if (o.mode == "sync")
-    train_sync(o, std::move(train_data), trainer, test, report);
+    (gpu_augment ? train_sync_gpu : train_sync)(o, std::move(train_data), trainer, test, report);
   else
-    train_pipelined(o, std::move(train_data), trainer, test, report);
+    (gpu_augment ? train_pipelined_gpu : train_pipelined)(o, std::move(train_data), trainer, test, report);
   report.transfers = trainer.device().transfers();
   return report;
 }

@@ -34,13 +34,19 @@ struct TrainOptions {
   std::size_t read_queue = 64;      ///< images between the reader and the crop stage
   std::size_t batch_queue = 4;      ///< batches between batcher, collate, copy and trainer
   std::size_t staging_buffers = 4;  ///< pinned buffers batches are collated into
+  /// The shuffle buffer of crops (--augment cpu); with --augment gpu, both the shuffle buffer of
+  /// images on the host and the window of crops on the device.
   std::size_t shuffle_capacity = 10'000;
   std::size_t min_after_dequeue = 2'000;
+  std::size_t image_batch = 512;  ///< --augment gpu: whole images per copy to the device
+  /// --augment gpu: upload the data set once and send only crop lists: auto (when on a GPU
+  /// and the data set takes at most a quarter of its free memory), yes or no.
+  std::string resident = "auto";
   std::string occupancy_log;  ///< JSON Lines file for stoker-inspect; empty = none
 
   std::uint64_t seed = 1;          ///< crops, mirrors, shuffle and initial weights
   std::string device = "auto";     ///< auto, cpu or cuda
-  std::string augment = "cpu";     ///< cpu (gpu: not available yet)
+  std::string augment = "cpu";     ///< cpu (crops on host threads) or gpu (crops on the device)
   std::string mode = "pipelined";  ///< pipelined or sync
 
   // The model and its optimizer.
@@ -75,6 +81,7 @@ struct TrainReport {
   std::string device;       ///< "cuda" or "cpu"
   std::string device_name;  ///< e.g. "NVIDIA H100 80GB HBM3 (cuda:0)"
   std::string mode;
+  bool resident = false;  ///< the data set was uploaded once (--augment gpu)
   std::uint64_t train_images = 0, test_images = 0;
   std::size_t parameters = 0;
   double load_seconds = 0;  ///< reading and decoding the data sets, preparing the test set

@@ -258,8 +258,14 @@ TEST_CASE("bad trainer options are refused naming the option" * doctest::timeout
   auto o = small_run("pipelined", 6000);
   CHECK_NOTHROW(validate(o));
   auto bad = o;
-  bad.augment = "gpu";
-  CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--augment gpu is not available yet"), std::invalid_argument);
+  bad.augment = "tpu";
+  CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--augment"), std::invalid_argument);
+  bad = o;
+  bad.resident = "maybe";
+  CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--resident"), std::invalid_argument);
+  bad = o;
+  bad.image_batch = 0;
+  CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--image-batch"), std::invalid_argument);
   bad = o;
   bad.min_after_dequeue = bad.shuffle_capacity;
   CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--min-after-dequeue"), std::invalid_argument);
@@ -317,4 +323,43 @@ TEST_CASE("sync mode sees the same samples as pipelined mode and learns as well"
   CHECK(sync.test_accuracy() > 0.6);
   // The same crops in another order: the two runs should land close to each other.
   CHECK(std::abs(sync.test_accuracy() - pipelined.test_accuracy()) < 0.05);
+}
+
+TEST_CASE("--augment gpu: streaming, sync and resident runs see the same samples, make the copies they promise, "
+          "and learn" * doctest::timeout(240)) {
+  if (!have_fashion_mnist()) {
+    MESSAGE("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped");
+    return;
+  }
+  const std::size_t images = 2000;
+  auto run = [&](const char* mode, const char* resident) {
+    auto o = small_run(mode, images);
+    o.device = stoker::gpu::cuda_device_count() > 0 ? "cuda" : "cpu";
+    o.augment = "gpu";
+    o.resident = resident;
+    o.image_batch = 300;
+    return stoker::train::run_training(o);
+  };
+  const auto streaming = run("pipelined", "no");
+  const auto sync = run("sync", "no");
+  const auto resident = run("pipelined", "yes");
+  INFO("device: " << streaming.device_name);
+  CHECK_FALSE(streaming.resident);
+  CHECK_FALSE(sync.resident);
+  CHECK(resident.resident);
+  for (const auto* r : {&streaming, &sync, &resident}) {
+    REQUIRE(r->epochs.size() == 2);
+    for (const auto& e : r->epochs) {
+      CHECK(e.samples == images * 5);
+      CHECK(e.batches == (images * 5 + 254) / 255);
+    }
+    CHECK(r->test_accuracy() > 0.6);  // chance is 0.1
+    CHECK(r->transfers.d2h_copies == 2);  // the counters, once per epoch
+  }
+  // Setup: the weights and the test set; then one copy per 300 images, or the data set once.
+  CHECK(streaming.transfers.h2d_copies == 2 + 2 * ((images + 299) / 300));
+  CHECK(sync.transfers.h2d_copies == streaming.transfers.h2d_copies);
+  CHECK(resident.transfers.h2d_copies == 3);
+  REQUIRE(streaming.pipeline.has_value());
+  CHECK(streaming.pipeline->consumed == streaming.batches());
 }
