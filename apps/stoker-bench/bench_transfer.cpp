@@ -42,11 +42,13 @@ constexpr std::size_t kBytesPerCopyTrial = 256 * kMiB;  // per size: many small 
 
 // At the reference shapes the host's planning of each crop (of the order of 100 ns) outweighs
 // the device's work on it (about 3 KB, ~1 ns on an H100), so the kernel figure is also taken
-// on crops big enough for the device to set the pace: 16 crops of 1024x1024 per call move
-// 84 MB on the device. The 64 source images (71 MB) do not fit an H100's 50 MB L2.
+// on crops big enough for the device to set the pace: 64 crops of 1024x1024 per call move
+// 336 MB on the device, about 150 us of an H100's time, several times what a call costs the
+// host (with 16 a call, the host set the pace). The 64 source images (71 MB) do not fit an
+// H100's 50 MB L2.
 constexpr std::uint32_t kBigImageSide = 1056;
 constexpr CropSize kBigCrop{1024, 1024};
-constexpr std::size_t kBigBatch = 16, kBigImages = 64;
+constexpr std::size_t kBigBatch = 64, kBigImages = 64;
 
 struct TransferOptions {
   std::string device = "auto";
@@ -126,12 +128,15 @@ std::size_t consume_epoch(Pipeline<T>& pipe, Stream& consumer) {
 }
 
 // Wall seconds of one epoch of the pipeline `build()` makes, from the end of a first epoch
-// (which fills it) until the consumer stream has finished the second.
+// (which fills it) until the consumer stream has finished the second. `summary` gets the
+// pipeline's counters, which say where the time went.
 template <class Build>
-double timed_epoch(Stream& consumer, Build&& build, std::size_t expected, const char* what) {
+double timed_epoch(Stream& consumer, Build&& build, std::size_t expected, const char* what,
+                   PipelineSummary* summary = nullptr) {
   auto pipe = build();
   std::size_t first = consume_epoch(pipe, consumer), second = 0;
   const double seconds = timed(consumer, [&] { second = consume_epoch(pipe, consumer); });
+  if (summary) *summary = pipe.summary();
   if (first != expected || second != expected)
     throw std::runtime_error(std::string("transfer: broken run: an epoch of the ") + what + " pipeline gave " +
                              std::to_string(first) + " and " + std::to_string(second) + " instead of " +
@@ -264,7 +269,7 @@ Json run_transfer(const TransferOptions& opt, const CommonOptions& common) {
   big_job.batch_size = kBigBatch;
   big_job.shuffle = {.capacity = kBigBatch, .min_after_dequeue = 0, .seed = 0};  // a minibatch per call
   GpuAugment big = GpuAugment::resident(device, big_images, big_job);
-  const std::size_t big_calls = on_gpu ? 256 : 4;  // ~10 ms on an H100, ~0.1 s on the CPU backend
+  const std::size_t big_calls = on_gpu ? 64 : 4;  // ~10 ms on an H100, ~0.3 s on the CPU backend
 
   // A first run of each, which also says what the streaming pipeline copies per batch.
   const std::size_t big_crops = big_calls * kBigBatch;
@@ -288,6 +293,7 @@ Json run_transfer(const TransferOptions& opt, const CommonOptions& common) {
   for (std::size_t mib : kCopySizesMiB)
     sizes.push_back({mib * kMiB, std::max<std::size_t>(4, kBytesPerCopyTrial / (mib * kMiB)), {}, {}});
   std::vector<double> pipelined_s, copy_s, crop_s, d2d_s, big_s, big_d2d_s;
+  PipelineSummary summaries[3];  // of the last repeat: streaming, copy alone, crop alone
   const double crop_bytes = static_cast<double>(n_crops) * crop_traffic({24, 24});
   const double big_bytes = static_cast<double>(big_crops) * crop_traffic(kBigCrop);
 
@@ -299,9 +305,9 @@ Json run_transfer(const TransferOptions& opt, const CommonOptions& common) {
       s.pinned.push_back(gb(bytes) / h2d_seconds(*stream, on_device.data(), pinned.data(), s.bytes, s.copies));
       s.pageable.push_back(gb(bytes) / h2d_seconds(*stream, on_device.data(), pageable.data(), s.bytes, s.copies));
     }
-    pipelined_s.push_back(timed_epoch(*consumer, streaming_pipeline, n_crops, "streaming"));
-    copy_s.push_back(timed_epoch(*consumer, copy_pipeline, n_images, "copy"));
-    crop_s.push_back(timed_epoch(*consumer, crop_pipeline, n_crops, "resident"));
+    pipelined_s.push_back(timed_epoch(*consumer, streaming_pipeline, n_crops, "streaming", &summaries[0]));
+    copy_s.push_back(timed_epoch(*consumer, copy_pipeline, n_images, "copy", &summaries[1]));
+    crop_s.push_back(timed_epoch(*consumer, crop_pipeline, n_crops, "resident", &summaries[2]));
     d2d_s.push_back(d2d_seconds(*stream, on_device, on_device_too, crop_bytes));
     auto indices = index_batches(big_calls, kBigBatch, kBigImages);
     big_s.push_back(timed(*consumer, [&] { run_epoch(big, std::move(indices), *consumer, epoch, big_crops); }));
@@ -335,6 +341,11 @@ Json run_transfer(const TransferOptions& opt, const CommonOptions& common) {
             << std::setprecision(2) << "  copy alone (collate + h2d) " << copy * 1e3 << " ms, crop alone (resident) "
             << crop * 1e3 << " ms, sum " << (copy + crop) * 1e3 << " ms\n  pipelined (collate + h2d + crops) "
             << pipelined * 1e3 << " ms = " << std::setprecision(3) << overlap_ratio << " x max(copy, crop)\n";
+  const char* names[] = {"streaming", "copy alone", "crop alone"};
+  for (int i = 0; i < 3; ++i) {
+    std::cerr << "\nthe " << names[i] << " pipeline, two epochs of the last repeat:\n";
+    print_summary(std::cerr, summaries[i]);
+  }
 
   const double crop_gb_s = gb(crop_bytes) / median(crop_s), d2d_gb_s = gb(crop_bytes) / median(d2d_s);
   const double big_gb_s = gb(big_bytes) / median(big_s), big_d2d_gb_s = gb(big_bytes) / median(big_d2d_s);

@@ -275,12 +275,16 @@ class Pipeline {
       bool got = final_->try_pop(e) == detail::Pop::item;
       if (!got) {
         const auto t0 = std::chrono::steady_clock::now();
-        // Poll a few microseconds before sleeping: when items come that fast, a futex
-        // wake-up per item would cost more than the items themselves.
-        for (auto until = t0 + std::chrono::microseconds(20); !got && std::chrono::steady_clock::now() < until;)
-          for (int i = 0; i < 16 && !(got = final_->try_pop(e) == detail::Pop::item); ++i) detail::cpu_relax();
+        // Poll a few microseconds before sleeping when the last wait was short: when items
+        // come that fast, a futex wake-up per item would cost more than the items. When they
+        // come slower, polling would only take a core from the stages that make them.
+        if (poll_)
+          for (auto until = t0 + kPoll; !got && std::chrono::steady_clock::now() < until;)
+            for (int i = 0; i < 16 && !(got = final_->try_pop(e) == detail::Pop::item); ++i) detail::cpu_relax();
         if (!got) got = final_->pop_wait(e);
-        core_->add_consumer_wait(std::chrono::steady_clock::now() - t0);
+        const auto waited = std::chrono::steady_clock::now() - t0;
+        poll_ = waited < kPoll / 2;
+        core_->add_consumer_wait(waited);
       }
       if (!got) {  // stopped
         core_->rethrow_if_failed();
@@ -351,6 +355,8 @@ class Pipeline {
   std::uint32_t epochs_;
   std::uint32_t epoch_ = 0;
   bool finished_ = false;
+  static constexpr std::chrono::microseconds kPoll{20};
+  bool poll_ = true;  // the last wait for an item was short
   detail::ArrivalCount arrivals_;
 };
 
