@@ -10,6 +10,10 @@ QueueMeter::QueueMeter(std::string name, std::size_t capacity)
   since_ = born_;
 }
 
+void QueueMeter::count_in(std::size_t n) noexcept {
+  if (n != 0) crossed(size_.fetch_add(static_cast<std::ptrdiff_t>(n)), static_cast<std::ptrdiff_t>(n));
+}
+
 void QueueMeter::count_out(std::size_t n) noexcept {
   if (n != 0) crossed(size_.fetch_sub(static_cast<std::ptrdiff_t>(n)), -static_cast<std::ptrdiff_t>(n));
 }

@@ -16,6 +16,43 @@ TEST_SUITE("BoundedQueue") {
     check_exactly_once(q, 4, 4, 1'000'000);
   }
 
+  TEST_CASE("bursts of pushes and pops: every item exactly once, within the bound" * doctest::timeout(120)) {
+    for (std::size_t capacity : {std::size_t{5}, std::size_t{256}}) {
+      CAPTURE(capacity);
+      BoundedQueue<std::uint32_t> q("q", capacity);
+      check_exactly_once_in_bursts(
+          q, 3, 3, 300'000, 16, [&](auto first, std::size_t n) { return q.try_push_many(first, n); },
+          [&](std::vector<std::uint32_t>& out, std::size_t max) { return q.try_pop_many(out, max); });
+    }
+  }
+
+  TEST_CASE("a burst pushes what fits, leaves the rest with the caller, and pops in order" * doctest::timeout(30)) {
+    BoundedQueue<std::unique_ptr<int>> q("q", 3);
+    std::vector<std::unique_ptr<int>> items;
+    for (int i = 0; i < 5; ++i) items.push_back(std::make_unique<int>(i));
+    CHECK(q.try_push_many(items.begin(), 5) == 3);
+    CHECK(q.size() == 3);
+    CHECK(items[0] == nullptr);
+    REQUIRE(items[3] != nullptr);  // not pushed: still the caller's
+    CHECK(*items[3] == 3);
+    CHECK(q.try_push_many(items.begin() + 3, 2) == 0);  // full
+
+    std::vector<std::unique_ptr<int>> out;
+    CHECK(q.try_pop_many(out, 2) == 2);
+    CHECK(q.try_pop_many(out, 5) == 1);
+    CHECK(q.try_pop_many(out, 5) == 0);
+    REQUIRE(out.size() == 3);
+    for (int i = 0; i < 3; ++i) CHECK(*out[static_cast<std::size_t>(i)] == i);  // one producer: its order
+
+    CHECK(q.try_push_many(items.begin() + 3, 2) == 2);
+    q.close();
+    CHECK(q.try_push_many(items.begin(), 1) == 0);
+    out.clear();
+    CHECK(q.try_pop_many(out, 10) == 2);  // drains after close
+    CHECK(q.try_pop_many(out, 10) == 0);
+    CHECK(q.drained());
+  }
+
   TEST_CASE("a tiny capacity is still exact and bounded" * doctest::timeout(60)) {
     BoundedQueue<std::uint32_t> q("q", 1);
     check_exactly_once(q, 3, 2, 100'000);

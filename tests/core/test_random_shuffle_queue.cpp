@@ -187,6 +187,35 @@ TEST_SUITE("RandomShuffleQueue") {
     CHECK(many.size() == 70);
   }
 
+  TEST_CASE("bursts of pushes and pops: every item exactly once, within the bound" * doctest::timeout(120)) {
+    RandomShuffleQueue<std::uint32_t> q("q", {.capacity = 300, .min_after_dequeue = 100, .seed = 3});
+    check_exactly_once_in_bursts(
+        q, 3, 3, 200'000, 16, [&](auto first, std::size_t n) { return q.try_push_many(first, first + static_cast<std::ptrdiff_t>(n)); },
+        [&](std::vector<std::uint32_t>& out, std::size_t max) { return q.try_pop_some(out, max); });
+  }
+
+  TEST_CASE("try_pop_some takes what may be taken now, as that many pops would") {
+    const ShuffleOptions o{.capacity = 50, .min_after_dequeue = 10, .seed = 99};
+    RandomShuffleQueue<int> a("a", o), b("b", o);
+    std::vector<int> values(30);
+    std::iota(values.begin(), values.end(), 0);
+    CHECK(a.try_push_many(values.begin(), values.end()) == 30);
+    for (int v : values) REQUIRE(b.try_push(v));
+    std::vector<int> got;
+    CHECK(a.try_pop_some(got, 8) == 8);
+    CHECK(a.try_pop_some(got, 100) == 12);  // 20 held: 10 may go, 10 must stay
+    CHECK(a.try_pop_some(got, 100) == 0);
+    std::vector<int> want;
+    for (int v; want.size() < 20 && b.try_pop(v);) want.push_back(v);
+    CHECK(got == want);
+    a.close();
+    CHECK(a.try_pop_some(got, 100) == 10);  // the rest drains after close
+    CHECK(a.drained());
+    std::vector<int> full(60, 7);
+    RandomShuffleQueue<int> c("c", o);
+    CHECK(c.try_push_many(full.begin(), full.end()) == 50);  // as far as there is room
+  }
+
   TEST_CASE("pop_many after close: a short final batch is taken or left by option") {
     Queue q("q", {.capacity = 100, .min_after_dequeue = 10, .seed = 9});
     for (std::uint32_t i = 0; i < 25; ++i) REQUIRE(q.push(i));

@@ -4,11 +4,13 @@
 #include <chrono>
 #include <concurrentqueue/concurrentqueue.h>
 #include <concurrentqueue/lightweightsemaphore.h>
+#include <iterator>
 #include <new>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "stoker/core/queue_meter.h"
 
@@ -49,6 +51,15 @@ class BoundedQueue : public QueueMeter {
     if (closed() || !free_slots_.tryWait()) return false;
     return insert(std::forward<U>(value));
   }
+  /// Pushes the first k of the `n` values from `first` (moving from them), k being as many as
+  /// there are free slots now; returns k, 0 when the queue is full or closed. One slot
+  /// claim and one wake-up for all k: what makes a burst cheaper than k pushes.
+  template <class It>
+  std::size_t try_push_many(It first, std::size_t n) {
+    if (n == 0 || closed()) return 0;
+    const auto k = static_cast<std::size_t>(free_slots_.tryWaitMany(static_cast<Semaphore::ssize_t>(n)));
+    return k != 0 && insert_many(first, k) ? k : 0;
+  }
   /// Waits at most `timeout` for a free slot.
   template <class U = T, class Rep, class Period>
   bool push_for(U&& value, std::chrono::duration<Rep, Period> timeout) {
@@ -63,6 +74,12 @@ class BoundedQueue : public QueueMeter {
   }
   /// Returns false at once if nothing is ready; `drained()` tells whether more may come.
   bool try_pop(T& out) { return items_.tryWait() && take(out); }
+  /// Appends up to `max` items to `out` without waiting; returns how many. Each producer's
+  /// items come out in the order it pushed them, as with try_pop.
+  std::size_t try_pop_many(std::vector<T>& out, std::size_t max) {
+    const auto k = static_cast<std::size_t>(items_.tryWaitMany(static_cast<Semaphore::ssize_t>(max)));
+    return k == 0 ? 0 : take_many(out, k);
+  }
   /// Waits at most `timeout` for an item.
   template <class Rep, class Period>
   bool pop_for(T& out, std::chrono::duration<Rep, Period> timeout) {
@@ -119,6 +136,43 @@ class BoundedQueue : public QueueMeter {
     return true;
   }
 
+  template <class It>
+  bool insert_many(It first, std::size_t k) {
+    inserting_.fetch_add(1);
+    if (closed_.load()) {
+      inserting_.fetch_sub(1);
+      free_slots_.signal(static_cast<Semaphore::ssize_t>(k));
+      return false;
+    }
+    if (!queue_.enqueue_bulk(std::make_move_iterator(first), k)) {
+      inserting_.fetch_sub(1);
+      free_slots_.signal(static_cast<Semaphore::ssize_t>(k));
+      throw std::bad_alloc();
+    }
+    count_in(k);
+    inserting_.fetch_sub(1);
+    items_.signal(static_cast<Semaphore::ssize_t>(k));
+    return true;
+  }
+  // Called holding `k` item tokens; as take(), for k items. What it takes is counted out at
+  // once: drained() must not see items that a consumer already holds.
+  std::size_t take_many(std::vector<T>& out, std::size_t k) {
+    std::size_t taken = 0;
+    while (taken < k) {
+      const std::size_t got = queue_.try_dequeue_bulk(std::back_inserter(out), k - taken);
+      if (got != 0) {
+        taken += got;
+        count_out(got);
+        free_slots_.signal(static_cast<Semaphore::ssize_t>(got));
+      } else if (drained()) {
+        items_.signal(static_cast<Semaphore::ssize_t>(k - taken));  // tokens without items go back
+        break;
+      } else {
+        std::this_thread::yield();
+      }
+    }
+    return taken;
+  }
   // Called holding an item token (real, or a wake-up token after close()).
   bool take(T& out) {
     for (;;) {

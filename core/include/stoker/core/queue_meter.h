@@ -44,6 +44,7 @@ class QueueMeter {
   ~QueueMeter() = default;
   void count_in() noexcept { crossed(size_.fetch_add(1), +1); }
   void count_out() noexcept { crossed(size_.fetch_sub(1), -1); }
+  void count_in(std::size_t n) noexcept;
   void count_out(std::size_t n) noexcept;
   std::ptrdiff_t raw_size() const noexcept { return size_.load(); }
 

@@ -1,6 +1,7 @@
 // A queue that hands out its elements in random order (TensorFlow's RandomShuffleQueue).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -60,6 +61,21 @@ class RandomShuffleQueue : public QueueMeter {
     std::unique_lock lock(mutex_);
     return held() < capacity() && insert(lock, std::forward<U>(value));
   }
+  /// Pushes the values of [first, last) in order (moving from them) as far as there is room
+  /// now; returns how many, 0 when full or closed. One lock and one wake-up for all.
+  template <class It>
+  std::size_t try_push_many(It first, It last) {
+    std::unique_lock lock(mutex_);
+    if (closed_) return 0;
+    std::size_t n = 0;
+    for (; first != last && held() < capacity(); ++first, ++n) place(*first);
+    if (n == 0) return 0;
+    count_in(n);
+    const bool wake = can_pop(1);
+    lock.unlock();
+    if (wake) ready_.notify_all();
+    return n;
+  }
   template <class U = T, class Rep, class Period>
   bool push_for(U&& value, std::chrono::duration<Rep, Period> timeout) {
     std::unique_lock lock(mutex_);
@@ -112,6 +128,13 @@ class RandomShuffleQueue : public QueueMeter {
     return can_pop(n) ? take_many(lock, out, n, allow_partial) : 0;
   }
 
+  /// Appends as many elements as may be dequeued now, at most `max`: the same elements in the
+  /// same order as that many calls to `try_pop`. Returns how many; 0 when none may be.
+  std::size_t try_pop_some(std::vector<T>& out, std::size_t max) {
+    std::unique_lock lock(mutex_);
+    const std::size_t poppable = closed_ ? held() : held() > min_after_dequeue() ? held() - min_after_dequeue() : 0;
+    return poppable == 0 || max == 0 ? 0 : take_many(lock, out, std::min(max, poppable), false);
+  }
   /// Idempotent. Wakes every blocked producer and consumer.
   void close() {
     {
@@ -164,12 +187,16 @@ class RandomShuffleQueue : public QueueMeter {
   bool can_pop(std::size_t n) const { return closed_ || held() >= min_after_dequeue() + n; }
 
   template <class U>
-  bool insert(std::unique_lock<std::mutex>& lock, U&& value) {
-    if (closed_) return false;
+  void place(U&& value) {
     if (window_.size() < window_size_)
       window_.emplace_back(std::forward<U>(value));
     else
       backlog_.emplace_back(std::forward<U>(value));
+  }
+  template <class U>
+  bool insert(std::unique_lock<std::mutex>& lock, U&& value) {
+    if (closed_) return false;
+    place(std::forward<U>(value));
     count_in();
     const bool wake = can_pop(1);
     lock.unlock();

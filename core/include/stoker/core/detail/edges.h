@@ -7,7 +7,10 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <ranges>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "stoker/core/bounded_queue.h"
 #include "stoker/core/random.h"
@@ -82,6 +85,12 @@ class Edge : public EdgeBase {
   /// deterministic mode (the producer serialises them).
   virtual bool try_push(Envelope<T>& e) = 0;
   virtual Pop try_pop(Envelope<T>& e) = 0;
+  /// Pushes a prefix of `items`, all of them items (no end-of-epoch marker), moving from
+  /// them; returns its length. One claim of room for the lot.
+  virtual std::size_t try_push_many(std::span<Envelope<T>> items) = 0;
+  /// Appends up to `max` envelopes to `out`, as that many try_pop calls would; reports
+  /// `item` when it appended any.
+  virtual Pop try_pop_many(std::vector<Envelope<T>>& out, std::size_t max) = 0;
   /// True when `try_pop` would not return `empty`.
   virtual bool ready() const = 0;
   /// True when a blocked producer should resume: the queue is at most half full. Waiting
@@ -100,11 +109,25 @@ class QueueEdge final : public Edge<T> {
       : Edge<T>(std::move(producer), std::move(consumer)), queue_(std::move(name), capacity), in_order_(in_order) {}
 
   bool try_push(Envelope<T>& e) override { return queue_.try_push(std::move(e)); }
+  std::size_t try_push_many(std::span<Envelope<T>> items) override {
+    return queue_.try_push_many(items.begin(), items.size());
+  }
 
   Pop try_pop(Envelope<T>& e) override {
     if (!in_order_) return queue_.try_pop(e) ? Pop::item : (queue_.drained() ? Pop::closed : Pop::empty);
     std::lock_guard lock(order_mutex_);
     return pop_in_order(e, [&](Envelope<T>& x) { return queue_.try_pop(x); });
+  }
+  Pop try_pop_many(std::vector<Envelope<T>>& out, std::size_t max) override {
+    if (!in_order_) return queue_.try_pop_many(out, max) ? Pop::item : (queue_.drained() ? Pop::closed : Pop::empty);
+    std::lock_guard lock(order_mutex_);
+    Pop r = Pop::empty;
+    for (std::size_t n = 0; n < max; ++n) {
+      Envelope<T> e;
+      if ((r = pop_in_order(e, [&](Envelope<T>& x) { return queue_.try_pop(x); })) != Pop::item) break;
+      out.push_back(std::move(e));
+    }
+    return out.empty() ? r : Pop::item;
   }
 
   /// Blocking pop for the consumer's thread (the only one popping this edge).
@@ -175,6 +198,10 @@ class ShuffleEdge final : public Edge<T> {
     }
     return queue_.try_push(std::move(*e.value));
   }
+  std::size_t try_push_many(std::span<Envelope<T>> items) override {
+    auto values = items | std::views::transform([](Envelope<T>& e) -> T&& { return std::move(*e.value); });
+    return queue_.try_push_many(values.begin(), values.end());
+  }
 
   Pop try_pop(Envelope<T>& e) override {
     std::lock_guard lock(pop_mutex_);  // so that `seq` follows the pop order
@@ -184,11 +211,20 @@ class ShuffleEdge final : public Edge<T> {
       e.seq = popped_++;
       return Pop::item;
     }
-    if (!queue_.drained() || marker_sent_.load()) return Pop::empty;
-    marker_sent_.store(true);
-    e.value.reset();
-    e.seq = popped_;
-    return Pop::item;
+    return end_of_epoch(e);
+  }
+  Pop try_pop_many(std::vector<Envelope<T>>& out, std::size_t max) override {
+    std::lock_guard lock(pop_mutex_);
+    if (aborted_.load()) return Pop::closed;
+    popped_values_.clear();
+    if (queue_.try_pop_some(popped_values_, max) != 0) {
+      for (T& v : popped_values_) out.push_back({std::move(v), popped_++});
+      return Pop::item;
+    }
+    Envelope<T> marker;
+    const Pop r = end_of_epoch(marker);
+    if (r == Pop::item) out.push_back(std::move(marker));
+    return r;
   }
 
   bool ready() const override { return aborted_.load() || (!marker_sent_.load() && queue_.ready()); }
@@ -204,9 +240,19 @@ class ShuffleEdge final : public Edge<T> {
   const QueueMeter& meter() const override { return queue_; }
 
  private:
+  // Under pop_mutex_, when nothing may be popped: the end-of-epoch marker, once drained.
+  Pop end_of_epoch(Envelope<T>& e) {
+    if (!queue_.drained() || marker_sent_.load()) return Pop::empty;
+    marker_sent_.store(true);
+    e.value.reset();
+    e.seq = popped_;
+    return Pop::item;
+  }
+
   const std::uint64_t seed_;
   RandomShuffleQueue<T> queue_;
   std::mutex pop_mutex_;
+  std::vector<T> popped_values_;  // reused under pop_mutex_
   std::uint64_t popped_ = 0;
   std::atomic<bool> marker_sent_{false};
   std::atomic<bool> aborted_{false};
@@ -227,6 +273,19 @@ class Output {
     parking_.push_back(std::move(e));
     parked_.fetch_add(1);
     flush_locked();
+  }
+  /// emit() for each of `items` (no end-of-epoch marker among them), in one push when the
+  /// edge has room for them all. Leaves `items` empty.
+  void emit_many(std::vector<Envelope<T>>& items) {
+    const std::size_t pushed = parked_.load() == 0 ? edge_->try_push_many(items) : 0;
+    if (pushed != items.size()) {
+      std::lock_guard lock(mutex_);
+      for (auto it = items.begin() + static_cast<std::ptrdiff_t>(pushed); it != items.end(); ++it)
+        parking_.push_back(std::move(*it));
+      parked_.fetch_add(items.size() - pushed);
+      flush_locked();
+    }
+    items.clear();
   }
   /// Pushes what is parked, as far as the edge has room. True when nothing is left.
   bool flush() {

@@ -57,6 +57,13 @@ class Producer : public StageBase {
     out_.emit(std::move(e));
     if (downstream_) downstream_->wake();
   }
+  /// emit() for each of `items`, all of them items, with one wake-up. Leaves `items` empty.
+  void emit_many(std::vector<Envelope<T>>& items) {
+    if (items.empty()) return;
+    sent_.fetch_add(items.size());
+    out_.emit_many(items);
+    if (downstream_) downstream_->wake();
+  }
   void end_epoch() { emit({std::nullopt, 0}); }
   /// Pushes what the output holds back. True when nothing is left.
   bool flush() {
@@ -186,6 +193,27 @@ class Transformer : public Producer<Out> {
       arrivals_.marker(e.seq);
     }
   }
+  /// Appends up to `max` items to `out`, or reports `empty` (including after the marker) or
+  /// `closed` when it appends none.
+  Pop pop_many(std::vector<Envelope<In>>& out, std::size_t max) {
+    for (;;) {
+      popped_.clear();
+      const auto r = in_->try_pop_many(popped_, max);
+      if (r != Pop::item) return r;
+      if (upstream_) upstream_->wake_if_blocked();
+      bool any = false;
+      for (auto& e : popped_) {
+        if (e.value) {
+          arrivals_.item();
+          out.push_back(std::move(e));
+          any = true;
+        } else {
+          arrivals_.marker(e.seq);
+        }
+      }
+      if (any) return Pop::item;
+    }
+  }
   /// True once every item of the epoch has been popped.
   bool input_ended() const { return arrivals_.complete(); }
   bool input_ready() const { return in_->ready(); }
@@ -194,6 +222,7 @@ class Transformer : public Producer<Out> {
   Edge<In>* in_ = nullptr;
   StageBase* upstream_ = nullptr;
   ArrivalCount arrivals_;
+  std::vector<Envelope<In>> popped_;  // pop_many's, reused: only serial stages call it
 };
 
 /// A flat_map function that holds outputs back until its input ends (a shuffle window):
@@ -265,7 +294,9 @@ class TransformStage final : public Transformer<In, Out> {
       call_with_context(fn_, ctx, std::move(*e.value), emit);
       this->count_out(outputs.size());
       if (!sequencer_) {
-        for (auto& o : outputs) this->emit({std::move(o), 0});
+        thread_local std::vector<Envelope<Out>> envelopes;
+        for (auto& o : outputs) envelopes.push_back({std::move(o), 0});
+        this->emit_many(envelopes);
       } else {
         release(e.seq, std::move(outputs));
       }
@@ -338,15 +369,16 @@ class BatchStage final : public Transformer<T, std::vector<T>> {
   }
 
  protected:
+  // Takes what the batch still lacks in one pop, when that much is there.
   Step step() override {
     if (!this->flush()) return Step::blocked;
     if (finished_) return Step::done;
-    Envelope<T> e;
-    const auto r = this->pop(e);
+    inbox_.clear();
+    const auto r = this->pop_many(inbox_, size_ - batch_.size());
     if (r == Pop::closed) return Step::done;
     if (r == Pop::item) {
-      this->count_in();
-      batch_.push_back(std::move(*e.value));
+      this->count_in(inbox_.size());
+      for (auto& e : inbox_) batch_.push_back(std::move(*e.value));
       if (batch_.size() == size_) send();
     }
     if (this->input_ended()) {
@@ -374,6 +406,7 @@ class BatchStage final : public Transformer<T, std::vector<T>> {
   const std::size_t size_;
   const bool drop_remainder_;
   std::vector<T> batch_;
+  std::vector<Envelope<T>> inbox_;
   std::uint64_t batches_ = 0;
   bool finished_ = false;  // serial: one body at a time
 };
