@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <numeric>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -271,6 +274,62 @@ TEST_SUITE("Pipeline") {
     CHECK(run(2, 4) == reference);
     CHECK(run(4, 3) == reference);
     CHECK(run(3, 2) == reference);
+  }
+
+  TEST_CASE("deterministic mode: a stage drawing from a pool of threads + 1 buffers cannot deadlock" *
+            doctest::timeout(60)) {
+    // A pool of tokens, as a stage drawing pinned buffers from a SlotPool has: acquire waits.
+    struct Tokens {
+      std::mutex mutex;
+      std::condition_variable returned;
+      int free = 0;
+    };
+    struct Held {  // an item and the token it holds, given back when it is dropped
+      int value = 0;
+      std::shared_ptr<Tokens> tokens;
+      Held(int v, std::shared_ptr<Tokens> t) : value(v), tokens(std::move(t)) {}
+      Held(Held&& o) noexcept : value(o.value), tokens(std::move(o.tokens)) {}
+      Held& operator=(Held&& o) noexcept {
+        give_back();
+        value = o.value;
+        tokens = std::move(o.tokens);
+        return *this;
+      }
+      ~Held() { give_back(); }
+      void give_back() {
+        if (!tokens) return;
+        {
+          std::lock_guard lock(tokens->mutex);
+          ++tokens->free;
+        }
+        tokens->returned.notify_all();
+        tokens.reset();
+      }
+    };
+    constexpr int kThreads = 2;
+    auto tokens = std::make_shared<Tokens>();
+    tokens->free = kThreads + 1;  // one for each body, one for the item the consumer holds
+    const auto take = [tokens](int x) {
+      // Every fifth item is slow to start, so that the other body runs ahead of it; outputs
+      // that wait for it in the reorder window keep their tokens.
+      if (x % 5 == 4) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      std::unique_lock lock(tokens->mutex);
+      if (!tokens->returned.wait_for(lock, std::chrono::seconds(10), [&] { return tokens->free > 0 || stop_requested(); }))
+        throw std::runtime_error("no token for 10 s: deadlock at item " + std::to_string(x) + ", free " + std::to_string(tokens->free));
+      if (tokens->free == 0) throw PipelineStopped();
+      --tokens->free;
+      return Held(x, tokens);
+    };
+    auto pipe = PipelineBuilder{}
+                    .threads(4)
+                    .deterministic()
+                    .epochs(1)
+                    .source("read", CountUpTo{200}, {.queue = 2})
+                    .map("take", take, {.threads = kThreads, .queue = 1})
+                    .build();
+    int expected = 0;
+    for (auto& h : pipe.epoch()) CHECK(h.value == expected++);
+    CHECK(expected == 200);
   }
 
   TEST_CASE("epochs: each one delivers every item, reshuffled, and ends visibly" * doctest::timeout(60)) {

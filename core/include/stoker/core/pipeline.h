@@ -272,7 +272,14 @@ class Pipeline {
         return std::nullopt;
       }
       detail::Envelope<T> e;
-      bool got = final_->try_pop(e) == detail::Pop::item;
+      // Whatever a pop takes out of the queue (in deterministic mode, perhaps only to hold it
+      // back), the last stage may have been waiting for that room.
+      const auto try_pop = [&] {
+        const bool got = final_->try_pop(e) == detail::Pop::item;
+        last_->wake_if_blocked();
+        return got;
+      };
+      bool got = try_pop();
       if (!got) {
         const auto t0 = std::chrono::steady_clock::now();
         // Poll a few microseconds before sleeping when the last wait was short: when items
@@ -280,8 +287,11 @@ class Pipeline {
         // come slower, polling would only take a core from the stages that make them.
         if (poll_)
           for (auto until = t0 + kPoll; !got && std::chrono::steady_clock::now() < until;)
-            for (int i = 0; i < 16 && !(got = final_->try_pop(e) == detail::Pop::item); ++i) detail::cpu_relax();
-        if (!got) got = final_->pop_wait(e);
+            for (int i = 0; i < 16 && !(got = try_pop()); ++i) detail::cpu_relax();
+        if (!got) {
+          got = final_->pop_wait(e, [&] { last_->wake_if_blocked(); });
+          last_->wake_if_blocked();
+        }
         const auto waited = std::chrono::steady_clock::now() - t0;
         poll_ = waited < kPoll / 2;
         core_->add_consumer_wait(waited);
@@ -291,7 +301,6 @@ class Pipeline {
         finished_ = true;
         break;
       }
-      last_->wake_if_blocked();
       if (e.value) {
         arrivals_.item();
         core_->count_consumed();

@@ -130,11 +130,30 @@ class QueueEdge final : public Edge<T> {
     return out.empty() ? r : Pop::item;
   }
 
-  /// Blocking pop for the consumer's thread (the only one popping this edge).
-  bool pop_wait(Envelope<T>& e) {
+  /// Blocking pop for the consumer's thread (the only one popping this edge). In order, it
+  /// may take items that must wait for an earlier one; it calls `took()` after each item it
+  /// takes out of the queue, so that the caller can wake a producer that waits for room,
+  /// perhaps with that earlier item.
+  template <class Took>
+  bool pop_wait(Envelope<T>& e, Took&& took) {
     if (!in_order_) return queue_.pop(e);
-    std::lock_guard lock(order_mutex_);
-    return pop_in_order(e, [&](Envelope<T>& x) { return queue_.pop(x); }) == Pop::item;
+    for (;;) {
+      {
+        std::lock_guard lock(order_mutex_);
+        if (take_held_back(e)) return true;
+      }
+      Envelope<T> x;
+      const bool got = queue_.pop(x);  // not under the lock: a producer's wake-up may need ready()
+      std::lock_guard lock(order_mutex_);
+      if (!got) return take_held_back(e);  // closed and drained
+      took();
+      if (x.seq == next_seq_) {
+        e = std::move(x);
+        ++next_seq_;
+        return true;
+      }
+      held_back_.emplace(x.seq, std::move(x));
+    }
   }
 
   bool ready() const override {
@@ -153,15 +172,20 @@ class QueueEdge final : public Edge<T> {
   const QueueMeter& meter() const override { return queue_; }
 
  private:
+  // Under order_mutex_: the next item in order, if it was held back.
+  bool take_held_back(Envelope<T>& e) {
+    const auto it = held_back_.find(next_seq_);
+    if (it == held_back_.end()) return false;
+    e = std::move(it->second);
+    held_back_.erase(it);
+    ++next_seq_;
+    return true;
+  }
+
   template <class PopFn>
   Pop pop_in_order(Envelope<T>& e, PopFn pop) {
     for (;;) {
-      if (auto it = held_back_.find(next_seq_); it != held_back_.end()) {
-        e = std::move(it->second);
-        held_back_.erase(it);
-        ++next_seq_;
-        return Pop::item;
-      }
+      if (take_held_back(e)) return Pop::item;
       Envelope<T> x;
       if (!pop(x)) return queue_.drained() ? Pop::closed : Pop::empty;
       if (x.seq == next_seq_) {

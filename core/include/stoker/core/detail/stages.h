@@ -130,7 +130,17 @@ class Sequencer {
  public:
   explicit Sequencer(std::size_t window) : window_(window) {}
   bool window_full() const { return taken_.load() - released_.load() >= window_; }
-  void taken() { taken_.fetch_add(1); }
+  /// Claims a place in the window for an input about to be taken; false when it is full.
+  /// Claimed before the pop, not counted after it: two bodies that both saw room must not
+  /// both take an input into the last place.
+  bool try_claim() {
+    auto t = taken_.load();
+    while (t - released_.load() < window_)
+      if (taken_.compare_exchange_weak(t, t + 1)) return true;
+    return false;
+  }
+  /// Gives back a claim that no input came for.
+  void unclaim() { taken_.fetch_sub(1); }
 
   template <class Emit>
   void complete(std::uint64_t seq, std::vector<T>&& outputs, Emit&& emit) {
@@ -180,12 +190,15 @@ class Transformer : public Producer<Out> {
   }
 
  protected:
-  /// Pops an item, or reports `empty` (including after the marker) or `closed`.
+  /// Pops an item, or reports `empty` (including after the marker) or `closed`. Wakes the
+  /// stage upstream if it waits for room, even when nothing comes out: in deterministic mode a
+  /// pop may take items out of the queue only to hold them back for an earlier one, which
+  /// the stage upstream may be holding because the queue was full.
   Pop pop(Envelope<In>& e) {
     for (;;) {
       const auto r = in_->try_pop(e);
-      if (r != Pop::item) return r;
       if (upstream_) upstream_->wake_if_blocked();
+      if (r != Pop::item) return r;
       if (e.value) {
         arrivals_.item();
         return r;
@@ -199,8 +212,8 @@ class Transformer : public Producer<Out> {
     for (;;) {
       popped_.clear();
       const auto r = in_->try_pop_many(popped_, max);
+      if (upstream_) upstream_->wake_if_blocked();  // as in pop()
       if (r != Pop::item) return r;
-      if (upstream_) upstream_->wake_if_blocked();
       bool any = false;
       for (auto& e : popped_) {
         if (e.value) {
@@ -239,7 +252,10 @@ class TransformStage final : public Transformer<In, Out> {
  public:
   TransformStage(PipelineCore& core, std::string name, int threads, F fn, bool deterministic)
       : Transformer<In, Out>(core, std::move(name), threads), fn_(std::move(fn)) {
-    if (deterministic) sequencer_.emplace(2 * static_cast<std::size_t>(threads) + 2);
+    // No body runs more than `threads` inputs ahead of the oldest one not done: outputs that
+    // wait for it then hold at most threads - 1 buffers of whatever pool the stage draws from,
+    // so a pool of more than that cannot run dry for the very input everyone waits for.
+    if (deterministic) sequencer_.emplace(static_cast<std::size_t>(threads));
   }
 
   void begin_epoch(std::uint32_t epoch) override {
@@ -251,20 +267,20 @@ class TransformStage final : public Transformer<In, Out> {
  protected:
   Step step() override {
     if (!this->flush()) return Step::blocked;
-    if (sequencer_ && sequencer_->window_full()) return Step::blocked;
+    if (sequencer_ && !sequencer_->try_claim()) return Step::blocked;
     // Counted before the pop, so that whoever sees the last item arrive cannot also see
     // "nothing in process" while this one is on its way.
     in_process_.fetch_add(1);
     Envelope<In> e;
     const auto r = this->pop(e);
     if (r != Pop::item) {
+      if (sequencer_) sequencer_->unclaim();
       in_process_.fetch_sub(1);
       maybe_finish();
       return r == Pop::empty ? Step::starved : Step::done;
     }
     if (this->threads() > 1) this->wake();  // a sibling may take the next input
     this->count_in();
-    if (sequencer_) sequencer_->taken();
     process(std::move(e));
     in_process_.fetch_sub(1);
     maybe_finish();
