@@ -5,6 +5,7 @@
 # the others; logs go to $OUT/logs.tar.gz (or ./gpu-out), a table of verdicts is printed last.
 #
 #   scripts/gpu-check.sh [STEP...]     steps: tests sanitizer transfer train bench (default: all)
+#   STOKER_GPU_CROP_THREADS="4 8"      train also with --augment cpu at these crop threads
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -65,7 +66,9 @@ for step in "${steps[@]}"; do
             --mode "$mode" --json
         done
       done
-      run "train-cpu-pipelined-crop-threads-8" 300 "$bin/stoker-train" --augment cpu --crop-threads 8 --json
+      for n in ${STOKER_GPU_CROP_THREADS:-}; do
+        run "train-cpu-pipelined-crop-threads-$n" 300 "$bin/stoker-train" --augment cpu --crop-threads "$n" --json
+      done
       ;;
     bench)
       run augment 300 "$bin/stoker-bench" augment --json

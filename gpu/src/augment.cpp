@@ -166,19 +166,26 @@ struct GpuAugment::State {
     for (std::size_t i = 0; i < window_slots; ++i) free_slots[i] = static_cast<std::uint32_t>(window_slots - 1 - i);
   }
 
-  // Puts the jobs in the window in order, and takes a minibatch out each time one can be.
+  // Puts the jobs in the window in order, and takes a minibatch out each time one can be:
+  // as many jobs at a time as the window takes before the next minibatch can leave.
   void book_jobs() {
     picked.clear();
     minibatches.clear();
-    for (std::size_t j = 0; j < jobs.size(); ++j) {
-      if (!resident()) {
-        jobs[j].dst = free_slots.back();
-        free_slots.pop_back();
-      }
+    const std::size_t full = options.shuffle.min_after_dequeue + batch_size();
+    for (std::size_t j = 0; j < jobs.size();) {
+      const std::size_t n = std::min(full - window->size(), jobs.size() - j);
+      if (!resident())
+        for (std::size_t k = j; k < j + n; ++k) {
+          jobs[k].dst = free_slots.back();
+          free_slots.pop_back();
+        }
       // Never full: capacity >= min_after_dequeue + batch_size, and a minibatch leaves as
       // soon as min_after_dequeue + batch_size are held.
-      if (!window->try_push(jobs[j])) throw std::logic_error("GpuAugment: the window is full");
-      take_minibatch(j + 1, false);
+      const auto first = jobs.begin() + static_cast<std::ptrdiff_t>(j);
+      if (window->try_push_many(first, first + static_cast<std::ptrdiff_t>(n)) != n)
+        throw std::logic_error("GpuAugment: the window is full");
+      j += n;
+      take_minibatch(j, false);
     }
   }
 
