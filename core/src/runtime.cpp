@@ -33,9 +33,15 @@ namespace stoker {
 namespace {
 // The pipeline whose stage body this thread is running, if any.
 thread_local const detail::PipelineCore* running_for = nullptr;
+// What the stage functions of the body this thread runs reported as blocked (note_blocked).
+thread_local std::chrono::nanoseconds blocked_in_body{0};
 }  // namespace
 
 bool stop_requested() noexcept { return running_for && running_for->stopping(); }
+
+void note_blocked(std::chrono::nanoseconds waited) noexcept {
+  if (running_for) blocked_in_body += waited;
+}
 
 namespace {
 std::atomic<void (*)(const char*)> trace_begin{nullptr};
@@ -122,6 +128,13 @@ void StageBase::run() {
   Clock::duration lingered{};
   Step step_result = Step::done;
   running_for = &core_;
+  blocked_in_body = {};
+  // Busy time excludes lingering and what the stage function reported as blocked.
+  const auto account = [&](Step why) {
+    const auto busy = Clock::now() - started - lingered - blocked_in_body;
+    busy_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(busy).count(), std::memory_order_relaxed);
+    body_left(why, blocked_in_body);
+  };
   auto* const traced = trace_begin.load(std::memory_order_relaxed);
   if (traced) traced(name_.c_str());
   struct Unmark {
@@ -137,8 +150,7 @@ void StageBase::run() {
       while (step_result == Step::progressed && !core_.stopping());
     } catch (...) {
       active_.fetch_sub(1);
-      busy_ns_.fetch_add((Clock::now() - started - lingered).count(), std::memory_order_relaxed);
-      body_left(Step::done);
+      account(Step::done);
       core_.fail(name_, std::current_exception());
       STOKER_TSAN_RELEASE(&core_);
       return;
@@ -152,8 +164,7 @@ void StageBase::run() {
     }
     if (!rejoined) break;
   }
-  busy_ns_.fetch_add((Clock::now() - started - lingered).count(), std::memory_order_relaxed);
-  body_left(step_result);
+  account(step_result);
   STOKER_TSAN_RELEASE(&core_);
 }
 
@@ -183,8 +194,9 @@ void StageBase::body_started() {
   }
 }
 
-void StageBase::body_left(Step why) {
+void StageBase::body_left(Step why, std::chrono::nanoseconds blocked_inside) {
   std::lock_guard lock(idle_mutex_);
+  blocked_ += blocked_inside / threads_;  // thread-averaged, as busy % is
   if (--running_ == 0) {
     idle_since_ = Clock::now();
     idle_reason_ = why;

@@ -75,6 +75,13 @@ std::optional<Buffer> SlotPool::try_acquire(std::size_t bytes) {
 Buffer SlotPool::acquire(std::size_t bytes) {
   if (bytes > slot_bytes_) (void)try_acquire(bytes);  // throws the size error
   std::unique_lock lock(mutex_);
+  if (auto b = take_free(lock, bytes)) return std::move(*b);
+  // Exhausted: the stage calling waits for its consumer, as with a full output queue.
+  const auto t0 = std::chrono::steady_clock::now();
+  struct Blocked {
+    std::chrono::steady_clock::time_point t0;
+    ~Blocked() { note_blocked(std::chrono::steady_clock::now() - t0); }
+  } blocked{t0};
   for (;;) {
     if (auto b = take_free(lock, bytes)) return std::move(*b);
     if (stop_requested()) throw PipelineStopped();

@@ -2,6 +2,7 @@
 // host-to-device stage. The same code runs on the CUDA backend; see test_augment for kernels.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -294,6 +295,25 @@ TEST_CASE("a pipeline stops while its device pool is exhausted by the consumer" 
   CHECK(stopped.get() < 1s);
   held.clear();
   CHECK(to_device.device_pool()->in_use() == 0);
+}
+
+TEST_CASE("a stage waiting for a device buffer the consumer holds is counted blocked, not busy" *
+          doctest::timeout(60)) {
+  auto device = cpu();
+  stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
+  auto pipe = device_pipeline(to_device, 50 * kBatch);
+  std::vector<stoker::gpu::DeviceBatch> held;
+  held.push_back(*pipe.next());
+  held.push_back(*pipe.next());  // the h2d stage now waits for a device buffer
+  std::this_thread::sleep_for(300ms);
+  held.clear();
+  while (pipe.next()) {
+  }
+  const auto summary = pipe.summary();
+  const auto h2d = std::find_if(summary.stages.begin(), summary.stages.end(), [](auto& s) { return s.name == "h2d"; });
+  REQUIRE(h2d != summary.stages.end());
+  CHECK(h2d->blocked >= 250ms);
+  CHECK(h2d->busy < 100ms);
 }
 
 TEST_CASE("ToDevice rejects a batch that was not collated into its staging buffers") {

@@ -20,7 +20,10 @@ struct StageStats {
   std::uint64_t items_out = 0;
   std::chrono::nanoseconds busy{0};     ///< time its bodies ran (not counting a short linger for input), all threads
   std::chrono::nanoseconds starved{0};  ///< time with no body running because its input was empty
-  std::chrono::nanoseconds blocked{0};  ///< time with no body running because its output was full
+  /// Time with no body running because its output was full, plus the time its function waited
+  /// for something downstream gives back (stoker::note_blocked: a free device buffer),
+  /// averaged over its threads.
+  std::chrono::nanoseconds blocked{0};
 };
 
 /// One queue of a pipeline, with the stages on either side.

@@ -31,7 +31,8 @@
 namespace stoker::gpu {
 
 /// A fixed number of equal buffers of pinned host memory or of device memory, all allocated
-/// when the pool is made and reused. An exhausted pool makes acquire() wait: backpressure, like
+/// when the pool is made and reused. An exhausted pool makes acquire() wait (counted as the
+/// calling stage's blocked time, stoker::note_blocked): backpressure, like
 /// a full queue. Thread-safe. Its buffers may outlive the pool object itself but not `device`.
 class SlotPool final : public BufferPool {
  public:

@@ -28,6 +28,12 @@ struct StageContext {
 /// free buffer of a device pool, polls this and gives up by throwing PipelineStopped.
 bool stop_requested() noexcept;
 
+/// Called from a stage body by a stage function that waited for something outside the graph
+/// (a free buffer of a device pool, which comes back when the consumer is done with one): the
+/// summary counts the wait as the stage's blocked time, as it counts a full output queue,
+/// rather than as busy time. Does nothing outside a stage body.
+void note_blocked(std::chrono::nanoseconds waited) noexcept;
+
 /// Ranges a profiler draws around every stage body, named after the stage: stoker::gpu
 /// installs NVTX ranges when it opens a CUDA device, so that Nsight Systems shows the stages
 /// next to the copies and kernels. Process-wide; null functions turn it off.
@@ -108,7 +114,7 @@ class StageBase {
   void run();  // one body, as a oneTBB task
   bool linger(std::chrono::steady_clock::duration& lingered);
   void body_started();
-  void body_left(Step why);
+  void body_left(Step why, std::chrono::nanoseconds blocked_inside);
 
   PipelineCore& core_;
   const std::string name_;
