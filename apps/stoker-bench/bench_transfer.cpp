@@ -103,17 +103,6 @@ GpuAugmentOptions reference_job(std::size_t batch_images) {
   return o;
 }
 
-// The ids 0 .. n-1, one per call, then the end of the epoch: the source of a resident pipeline.
-auto all_indices(std::uint64_t n) {
-  return [n, next = std::uint64_t{0}]() mutable -> std::optional<std::uint64_t> {
-    if (next == n) {
-      next = 0;
-      return std::nullopt;
-    }
-    return next++;
-  };
-}
-
 // Consumes an epoch of `pipe` as a training step would: the consumer stream waits for each
 // batch and then gives it back. A figure of an epoch that lost crops is no figure.
 template <class T>
@@ -256,7 +245,7 @@ Json run_transfer(const TransferOptions& opt, const CommonOptions& common) {
   const auto crop_pipeline = [&] {
     return PipelineBuilder{}
         .epochs(2)
-        .source("indices", all_indices(n_images))
+        .source("ids", IdSource(IdxReader(images)))
         .batch("batch", opt.batch_images, {.queue = 2})
         .flat_map<DeviceBatch>("gpu_augment", resident, {.queue = 8})
         .build();

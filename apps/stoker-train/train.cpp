@@ -257,17 +257,6 @@ gpu::GpuAugment make_gpu_augment(const TrainOptions& o, std::shared_ptr<const Id
                   : gpu::GpuAugment(shared, std::move(options));
 }
 
-// The ids of a data set, one per call, as a pipeline source: the resident mode's input.
-auto all_indices(std::uint64_t n) {
-  return [n, next = std::uint64_t{0}]() mutable -> std::optional<std::uint64_t> {
-    if (next == n) {
-      next = 0;
-      return std::nullopt;
-    }
-    return next++;
-  };
-}
-
 // Streaming: reader -> shuffle of images -> batch -> collate into pinned memory -> one copy,
 // crops, window, minibatches on the device -> trainer. Resident: the same with indices and
 // no collate or copy.
@@ -278,7 +267,7 @@ void train_pipelined_gpu(const TrainOptions& o, std::shared_ptr<const IdxDataset
   const StageOptions augment_stage{.threads = 1, .queue = o.batch_queue};
   if (augment.is_resident()) {
     auto pipe = pipeline_builder(o, trainer)
-                    .source("indices", all_indices(data->size()), {.queue = o.read_queue})
+                    .source("ids", IdSource(IdxReader(data)), {.queue = o.read_queue})
                     .shuffle("shuffle", shuffle_options(o))
                     .batch("batch", o.image_batch, {.queue = o.batch_queue})
                     .flat_map<gpu::DeviceBatch>("gpu_augment", augment, augment_stage)

@@ -14,10 +14,13 @@
 
 namespace stoker::test {
 
-/// P producers and P consumers move `total` distinct items through `q`; every item must
-/// arrive exactly once and a monitor must never see more than the capacity.
-template <class Queue>
-void check_exactly_once(Queue& q, int producers, int consumers, std::uint32_t total) {
+/// `producers` threads each give `produce(values)` their share of `total` distinct items,
+/// and the queue is closed once they have all returned; `consumers` threads run
+/// `consume(saw)`, which pops until the end and calls `saw(v)` for each item. Every item must
+/// arrive exactly once, and a monitor must never see more than the capacity.
+template <class Queue, class Produce, class Consume>
+void check_exactly_once_with(Queue& q, int producers, int consumers, std::uint32_t total, Produce produce,
+                             Consume consume) {
   std::vector<std::atomic<std::uint8_t>> seen(total);
   std::atomic<bool> done{false};
   std::atomic<std::size_t> max_size{0};
@@ -32,15 +35,16 @@ void check_exactly_once(Queue& q, int producers, int consumers, std::uint32_t to
   });
   run_threads(producers + consumers, [&](int id) {
     if (id < producers) {
+      std::vector<std::uint32_t> mine;
       for (std::uint32_t v = static_cast<std::uint32_t>(id); v < total; v += static_cast<std::uint32_t>(producers))
-        REQUIRE(q.push(v));
+        mine.push_back(v);
+      produce(mine);
       if (producers_left.fetch_sub(1) == 1) q.close();
     } else {
-      std::uint32_t v;
-      while (q.pop(v)) {
+      consume([&](std::uint32_t v) {
         seen[v].fetch_add(1);
         popped.fetch_add(1);
-      }
+      });
     }
   });
   done = true;
@@ -58,60 +62,48 @@ void check_exactly_once(Queue& q, int producers, int consumers, std::uint32_t to
   CHECK(max_size.load() > 0);
 }
 
-/// As check_exactly_once, with every push and pop a burst of up to `burst` items:
-/// `push_some(first, n)` pushes a prefix of n items and says how many, `pop_some(out, max)`
-/// appends up to max and says how many; neither waits. Consumers stop once the queue is drained.
+/// P producers and P consumers move `total` distinct items through `q` with blocking push
+/// and pop.
+template <class Queue>
+void check_exactly_once(Queue& q, int producers, int consumers, std::uint32_t total) {
+  check_exactly_once_with(
+      q, producers, consumers, total,
+      [&](const std::vector<std::uint32_t>& values) {
+        for (std::uint32_t v : values) REQUIRE(q.push(v));
+      },
+      [&](auto saw) {
+        for (std::uint32_t v; q.pop(v);) saw(v);
+      });
+}
+
+/// The same with every push and pop a burst of up to `burst` items: `push_some(first, n)`
+/// pushes a prefix of n items and says how many, `pop_some(out, max)` appends up to max and
+/// says how many; neither waits. Consumers stop once the queue is drained.
 template <class Queue, class PushSome, class PopSome>
 void check_exactly_once_in_bursts(Queue& q, int producers, int consumers, std::uint32_t total, std::size_t burst,
                                   PushSome push_some, PopSome pop_some) {
-  std::vector<std::atomic<std::uint8_t>> seen(total);
-  std::atomic<bool> done{false};
-  std::atomic<std::size_t> max_size{0};
-  std::atomic<int> producers_left{producers};
-
-  std::jthread monitor([&] {
-    while (!done.load()) {
-      const auto s = q.size();
-      if (s > max_size.load()) max_size.store(s);
-    }
-  });
-  run_threads(producers + consumers, [&](int id) {
-    if (id < producers) {
-      std::vector<std::uint32_t> mine;
-      for (std::uint32_t v = static_cast<std::uint32_t>(id); v < total; v += static_cast<std::uint32_t>(producers))
-        mine.push_back(v);
-      for (std::size_t next = 0; next < mine.size();) {
-        const std::size_t n = std::min(burst, mine.size() - next);
-        const std::size_t k = push_some(mine.begin() + static_cast<std::ptrdiff_t>(next), n);
-        REQUIRE(k <= n);
-        next += k;
-        if (k == 0) std::this_thread::yield();  // full
-      }
-      if (producers_left.fetch_sub(1) == 1) q.close();
-    } else {
-      std::vector<std::uint32_t> got;
-      while (!q.drained()) {
-        got.clear();
-        const std::size_t k = pop_some(got, burst);
-        REQUIRE(k == got.size());
-        REQUIRE(k <= burst);
-        for (std::uint32_t v : got) seen[v].fetch_add(1);
-        if (k == 0) std::this_thread::yield();
-      }
-    }
-  });
-  done = true;
-  monitor.join();
-
-  std::uint32_t lost = 0, repeated = 0;
-  for (auto& s : seen) {
-    lost += s.load() == 0;
-    repeated += s.load() > 1;
-  }
-  CHECK(lost == 0);
-  CHECK(repeated == 0);
-  CHECK(max_size.load() <= q.capacity());
-  CHECK(max_size.load() > 0);
+  check_exactly_once_with(
+      q, producers, consumers, total,
+      [&](std::vector<std::uint32_t>& values) {
+        for (std::size_t next = 0; next < values.size();) {
+          const std::size_t n = std::min(burst, values.size() - next);
+          const std::size_t k = push_some(values.begin() + static_cast<std::ptrdiff_t>(next), n);
+          REQUIRE(k <= n);
+          next += k;
+          if (k == 0) std::this_thread::yield();  // full
+        }
+      },
+      [&](auto saw) {
+        std::vector<std::uint32_t> got;
+        while (!q.drained()) {
+          got.clear();
+          const std::size_t k = pop_some(got, burst);
+          REQUIRE(k == got.size());
+          REQUIRE(k <= burst);
+          for (std::uint32_t v : got) saw(v);
+          if (k == 0) std::this_thread::yield();
+        }
+      });
 }
 
 /// Threads blocked in push on a full queue and in pop on an empty one all return

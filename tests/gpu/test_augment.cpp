@@ -421,16 +421,6 @@ std::shared_ptr<const IdxDataset> as_dataset(const Images& data) {
   return d;
 }
 
-auto indices(std::uint64_t n) {
-  return [n, next = std::uint64_t{0}]() mutable -> std::optional<std::uint64_t> {
-    if (next == n) {
-      next = 0;
-      return std::nullopt;
-    }
-    return next++;
-  };
-}
-
 }  // namespace
 
 TEST_CASE("resident: one upload, then no copy per batch, and the same minibatches as streaming" *
@@ -440,7 +430,8 @@ TEST_CASE("resident: one upload, then no copy per batch, and the same minibatche
   auto o = fashion_options();
   o.crops.count_of = varying(5);
   const Images data{.images = 300, .per_batch = 32};
-  auto augment = GpuAugment::resident(device, as_dataset(data), o);
+  const auto dataset = as_dataset(data);
+  auto augment = GpuAugment::resident(device, dataset, o);
   CHECK(augment.is_resident());
   const auto uploaded = device->transfers();
   CHECK(uploaded.h2d_copies == 1);
@@ -450,7 +441,7 @@ TEST_CASE("resident: one upload, then no copy per batch, and the same minibatche
                   .seed(4)
                   .epochs(2)
                   .deterministic()  // indices reach the batcher in order: the exact sequence can be checked
-                  .source("ids", indices(data.images))
+                  .source("ids", IdSource(IdxReader(dataset)))
                   .batch("indices", data.per_batch)
                   .flat_map<DeviceBatch>("gpu_augment", augment, {.queue = 2})
                   .build();

@@ -553,6 +553,13 @@ TEST_SUITE("sharding") {
           SyntheticSource shard({.shape = {1, 1, 1, 1, false}, .count = n}, {.shard_index = s, .num_shards = k});
           const auto ids = all_ids(shard);
           CHECK(ids.size() == shard.size());
+          // IdSource yields the same ids, epoch after epoch.
+          IdSource id_source(shard);
+          for (int epoch = 0; epoch < 2; ++epoch) {
+            std::vector<std::uint64_t> from_source;
+            while (auto id = id_source()) from_source.push_back(*id);
+            CHECK(from_source == ids);
+          }
           CHECK(std::is_sorted(ids.begin(), ids.end()));
           for (auto id : ids) {
             REQUIRE(id < n);

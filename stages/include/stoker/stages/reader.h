@@ -92,4 +92,24 @@ class Reader {
   std::uint64_t next_ = 0;  // position in the shard
 };
 
+/// A pipeline source of the ids of a reader's shard instead of its samples, in the same
+/// order, then the end of each epoch: for a stage that has the samples already, such as
+/// GpuAugment::resident, which holds the whole data set on the device.
+///   .source("ids", stoker::IdSource(reader))
+class IdSource {
+ public:
+  explicit IdSource(const Reader& reader)
+      : size_(reader.size()), first_(reader.options().shard_index), step_(reader.options().num_shards) {}
+  std::optional<std::uint64_t> operator()() {
+    if (next_ == size_) {
+      next_ = 0;
+      return std::nullopt;
+    }
+    return first_ + next_++ * step_;
+  }
+
+ private:
+  std::uint64_t size_, first_, step_, next_ = 0;
+};
+
 }  // namespace stoker
