@@ -26,6 +26,8 @@ verdicts=()
 run() {
   local name="$1" limit="$2"
   shift 2
+  local n=2
+  while [[ -e "$out/$name.log" ]]; do name="${name%-[0-9]*}-$n"; n=$((n + 1)); done  # a step given twice
   local start=$SECONDS status=0
   echo "==== $name: $*"
   timeout --kill-after=10s "$limit" "$@" >"$out/$name.log" 2>&1 || status=$?
