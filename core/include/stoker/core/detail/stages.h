@@ -311,6 +311,7 @@ class TransformStage final : public Transformer<In, Out> {
       this->count_out(outputs.size());
       if (!sequencer_) {
         thread_local std::vector<Envelope<Out>> envelopes;
+        envelopes.clear();  // emit_many empties it, unless it threw (bad_alloc) part-way
         for (auto& o : outputs) envelopes.push_back({std::move(o), 0});
         this->emit_many(envelopes);
       } else {
