@@ -1,9 +1,11 @@
 // The queues between stages, as stages see them. Internal to the pipeline.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -93,24 +95,34 @@ class Edge : public EdgeBase {
   virtual Pop try_pop_many(std::vector<Envelope<T>>& out, std::size_t max) = 0;
   /// True when `try_pop` would not return `empty`.
   virtual bool ready() const = 0;
-  /// True when a blocked producer should resume: the queue is at most half full. Waiting
+  /// True when a blocked producer should resume: the edge is at most half full. Waiting
   /// for half rather than for one free slot makes the producer run in bursts instead of
   /// being woken, and put back to sleep, once per item that the consumer takes.
-  bool has_room() const { return meter().size() <= meter().capacity() / 2; }
+  bool has_room() const { return occupied() <= meter().capacity() / 2; }
+  /// The items that count against the capacity.
+  virtual std::size_t occupied() const { return meter().size(); }
 };
 
 /// A BoundedQueue edge. In deterministic mode it hands items out in `seq` order: pushes
 /// arrive in order, but moodycamel only keeps order per producing thread, so a pop may
-/// see a later item first and must hold it back.
+/// see a later item first and must hold it back. A held-back item still counts against
+/// the capacity until it is handed out: otherwise the room it left in the queue would let
+/// the producer run up to a whole capacity further ahead, again and again.
 template <class T>
 class QueueEdge final : public Edge<T> {
  public:
   QueueEdge(std::string name, std::size_t capacity, bool in_order, std::string producer, std::string consumer)
       : Edge<T>(std::move(producer), std::move(consumer)), queue_(std::move(name), capacity), in_order_(in_order) {}
 
-  bool try_push(Envelope<T>& e) override { return queue_.try_push(std::move(e)); }
+  bool try_push(Envelope<T>& e) override { return room() != 0 && queue_.try_push(std::move(e)); }
   std::size_t try_push_many(std::span<Envelope<T>> items) override {
-    return queue_.try_push_many(items.begin(), items.size());
+    return queue_.try_push_many(items.begin(), std::min(items.size(), room()));
+  }
+  std::size_t occupied() const override {
+    // The queue first: an item moving from it to held_back_ is then counted once or twice,
+    // never missed (but for the moment it spends in the popping thread's hands).
+    const std::size_t queued = queue_.size();
+    return queued + held_.load();
   }
 
   Pop try_pop(Envelope<T>& e) override {
@@ -152,7 +164,7 @@ class QueueEdge final : public Edge<T> {
         ++next_seq_;
         return true;
       }
-      held_back_.emplace(x.seq, std::move(x));
+      hold(std::move(x));
     }
   }
 
@@ -167,17 +179,31 @@ class QueueEdge final : public Edge<T> {
     std::lock_guard lock(order_mutex_);
     next_seq_ = 0;
     held_back_.clear();
+    held_.store(0);
   }
   void close() override { queue_.close(); }
   const QueueMeter& meter() const override { return queue_; }
 
  private:
+  // Free slots, as far as the producer may use them: pushes to an in-order edge are
+  // serialised, so no other push can take them between this and the push.
+  std::size_t room() const {
+    if (!in_order_) return std::numeric_limits<std::size_t>::max();  // the queue's own bound
+    const std::size_t used = occupied();
+    return used < queue_.capacity() ? queue_.capacity() - used : 0;
+  }
+  // Under order_mutex_.
+  void hold(Envelope<T>&& x) {
+    held_back_.emplace(x.seq, std::move(x));
+    held_.store(held_back_.size());
+  }
   // Under order_mutex_: the next item in order, if it was held back.
   bool take_held_back(Envelope<T>& e) {
     const auto it = held_back_.find(next_seq_);
     if (it == held_back_.end()) return false;
     e = std::move(it->second);
     held_back_.erase(it);
+    held_.store(held_back_.size());
     ++next_seq_;
     return true;
   }
@@ -193,7 +219,7 @@ class QueueEdge final : public Edge<T> {
         ++next_seq_;
         return Pop::item;
       }
-      held_back_.emplace(x.seq, std::move(x));
+      hold(std::move(x));
     }
   }
 
@@ -202,6 +228,7 @@ class QueueEdge final : public Edge<T> {
   mutable std::mutex order_mutex_;
   std::uint64_t next_seq_ = 0;
   std::map<std::uint64_t, Envelope<T>> held_back_;
+  std::atomic<std::size_t> held_{0};  // held_back_.size(), for occupied() without the lock
 };
 
 /// A RandomShuffleQueue edge. The end-of-epoch marker closes the queue so that the
