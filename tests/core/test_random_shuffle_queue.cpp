@@ -71,13 +71,13 @@ double chi_square(const std::vector<double>& observed, double expected) {
 }  // namespace
 
 TEST_SUITE("RandomShuffleQueue") {
-  TEST_CASE("4 producers x 4 consumers: 1,000,000 items arrive exactly once, within the bound" *
+  TEST_CASE("shuffle queue, 4 producers x 4 consumers: 1,000,000 items arrive exactly once, within the bound" *
             doctest::timeout(120)) {
     Queue q("q", {.capacity = 1000, .min_after_dequeue = 200, .seed = 1});
     check_exactly_once(q, 4, 4, 1'000'000);
   }
 
-  TEST_CASE("close() wakes blocked producers and consumers within 100 ms" * doctest::timeout(30)) {
+  TEST_CASE("shuffle queue: close() wakes blocked producers and consumers within 100 ms" * doctest::timeout(30)) {
     check_close_wakes_everyone(
         [] { return std::make_unique<Queue>("q", ShuffleOptions{.capacity = 8, .min_after_dequeue = 3}); });
   }
@@ -187,7 +187,7 @@ TEST_SUITE("RandomShuffleQueue") {
     CHECK(many.size() == 70);
   }
 
-  TEST_CASE("bursts of pushes and pops: every item exactly once, within the bound" * doctest::timeout(120)) {
+  TEST_CASE("shuffle queue: bursts of pushes and pops, every item exactly once, within the bound" * doctest::timeout(120)) {
     RandomShuffleQueue<std::uint32_t> q("q", {.capacity = 300, .min_after_dequeue = 100, .seed = 3});
     check_exactly_once_in_bursts(
         q, 3, 3, 200'000, 16, [&](auto first, std::size_t n) { return q.try_push_many(first, first + static_cast<std::ptrdiff_t>(n)); },
