@@ -128,7 +128,7 @@ class QueueEdge final : public Edge<T> {
   Pop try_pop(Envelope<T>& e) override {
     if (!in_order_) return queue_.try_pop(e) ? Pop::item : (queue_.drained() ? Pop::closed : Pop::empty);
     std::lock_guard lock(order_mutex_);
-    return pop_in_order(e, [&](Envelope<T>& x) { return queue_.try_pop(x); });
+    return pop_in_order(e);
   }
   Pop try_pop_many(std::vector<Envelope<T>>& out, std::size_t max) override {
     if (!in_order_) return queue_.try_pop_many(out, max) ? Pop::item : (queue_.drained() ? Pop::closed : Pop::empty);
@@ -136,7 +136,7 @@ class QueueEdge final : public Edge<T> {
     Pop r = Pop::empty;
     for (std::size_t n = 0; n < max; ++n) {
       Envelope<T> e;
-      if ((r = pop_in_order(e, [&](Envelope<T>& x) { return queue_.try_pop(x); })) != Pop::item) break;
+      if ((r = pop_in_order(e)) != Pop::item) break;
       out.push_back(std::move(e));
     }
     return out.empty() ? r : Pop::item;
@@ -159,12 +159,7 @@ class QueueEdge final : public Edge<T> {
       std::lock_guard lock(order_mutex_);
       if (!got) return take_held_back(e);  // closed and drained
       took();
-      if (x.seq == next_seq_) {
-        e = std::move(x);
-        ++next_seq_;
-        return true;
-      }
-      hold(std::move(x));
+      if (deliver_or_hold(x, e)) return true;
     }
   }
 
@@ -208,19 +203,24 @@ class QueueEdge final : public Edge<T> {
     return true;
   }
 
-  template <class PopFn>
-  Pop pop_in_order(Envelope<T>& e, PopFn pop) {
+  // Under order_mutex_: try_pop in order.
+  Pop pop_in_order(Envelope<T>& e) {
     for (;;) {
       if (take_held_back(e)) return Pop::item;
       Envelope<T> x;
-      if (!pop(x)) return queue_.drained() ? Pop::closed : Pop::empty;
-      if (x.seq == next_seq_) {
-        e = std::move(x);
-        ++next_seq_;
-        return Pop::item;
-      }
-      hold(std::move(x));
+      if (!queue_.try_pop(x)) return queue_.drained() ? Pop::closed : Pop::empty;
+      if (deliver_or_hold(x, e)) return Pop::item;
     }
+  }
+  // Under order_mutex_: `x`, just popped, into `e` if it is next in order, else held back.
+  bool deliver_or_hold(Envelope<T>& x, Envelope<T>& e) {
+    if (x.seq != next_seq_) {
+      hold(std::move(x));
+      return false;
+    }
+    e = std::move(x);
+    ++next_seq_;
+    return true;
   }
 
   BoundedQueue<Envelope<T>> queue_;
