@@ -164,12 +164,12 @@ class Trainer {
   Clock::time_point started_;
 };
 
-RandomCropOptions crop_options(const TrainOptions& o, std::shared_ptr<BufferPool> pool) {
-  // uint8 crops, normalized while collating: a quarter of the bytes in the shuffle buffer.
-  return {.size = {o.crop_size, o.crop_size},
-          .count = o.crops,
-          .mirror = MirrorOptions{.axis = Axis::width, .p = o.mirror_p},
-          .pool = std::move(pool)};
+// The crops are drawn by the crop stage and cut by the collate, normalized on the way,
+// straight into the batch: each crop is written once.
+RandomCrops random_crops(const TrainOptions& o) {
+  return RandomCrops({.size = {o.crop_size, o.crop_size},
+                      .count = o.crops,
+                      .mirror = MirrorOptions{.axis = Axis::width, .p = o.mirror_p}});
 }
 
 gpu::ToDeviceOptions to_device_options(const TrainOptions& o) {
@@ -216,7 +216,7 @@ void train_pipelined(const TrainOptions& o, std::shared_ptr<const IdxDataset> da
   auto pipe =
       pipeline_builder(o, trainer)
           .source("read", IdxReader(std::move(data), {.pool = BufferPool::create()}), {.queue = o.read_queue})
-          .flat_map<Sample>("crops", RandomCrops(crop_options(o, BufferPool::create())), {.threads = o.crop_threads})
+          .flat_map<DeferredCrop>("crops", random_crops(o), {.threads = o.crop_threads})
           .shuffle("shuffle", shuffle_options(o))
           .batch("batch", o.batch_size, {.queue = o.batch_queue})
           .map("collate", Collate{.pool = to_device.staging(), .normalize = Normalizer(fashion_normalization())},
@@ -291,11 +291,12 @@ void train_sync(const TrainOptions& o, std::shared_ptr<const IdxDataset> data, T
                 TrainReport& report) {
   const gpu::ToDevice to_device(trainer.device_ptr(), to_device_options(o));
   const IdxReader reader(std::move(data), {.pool = BufferPool::create()});
-  const RandomCrops crops(crop_options(o, BufferPool::create()));
+  const RandomCrops crops = random_crops(o);
   const Collate collate{.pool = to_device.staging(), .normalize = Normalizer(fashion_normalization())};
-  RandomShuffleQueue<Sample> shuffle(
+  RandomShuffleQueue<DeferredCrop> shuffle(
       "shuffle", {.capacity = o.shuffle_capacity, .min_after_dequeue = o.min_after_dequeue, .seed = o.seed});
-  std::vector<Sample> samples;
+  std::vector<DeferredCrop> samples, drawn;
+  Emitter<DeferredCrop> emit(drawn);
 
   for (std::uint32_t epoch = 1; epoch <= o.epochs; ++epoch) {
     trainer.begin_epoch(epoch);
@@ -312,7 +313,9 @@ void train_sync(const TrainOptions& o, std::shared_ptr<const IdxDataset> data, T
     };
     for (std::uint64_t id = 0; id < reader.dataset_size(); ++id) {
       auto t0 = Clock::now();
-      for (Sample& crop : crops.apply(reader.read(id), ctx))
+      drawn.clear();
+      crops(reader.read(id), emit, ctx);
+      for (DeferredCrop& crop : drawn)
         while (!shuffle.try_push(std::move(crop))) {  // full: make room first
           if (!train_one(t0, false))
             throw std::logic_error("sync mode: the shuffle buffer is full yet cannot be popped");

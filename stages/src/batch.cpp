@@ -1,6 +1,8 @@
 #include "stoker/stages/batch.h"
 
+#include <algorithm>
 #include <cstring>
+#include <span>
 #include <utility>
 
 namespace stoker {
@@ -26,30 +28,87 @@ void check_batchable(const std::vector<Sample>& in) {
   }
 }
 
-// Calls fill(i, sample, destination) for every sample and sets labels and ids.
-template <class Fill>
-Batch collate(const std::vector<Sample>& in, DType out_type, BufferPool& pool, Fill&& fill) {
-  Batch b = Batch::allocate(pool, in.front().shape, out_type, in.size());
-  const std::size_t in_bytes = in.front().data.size(), out_bytes = b.sample_bytes();
+// A batch's items: samples, or crops still to be cut from their sources.
+const Sample& source_of(const Sample& s) noexcept { return s; }
+const Sample& source_of(const DeferredCrop& c) noexcept { return *c.source; }
+std::uint64_t id_of(const Sample& s) noexcept { return s.id; }
+std::uint64_t id_of(const DeferredCrop& c) noexcept { return c.crop.id; }
+
+// The bytes fill() reads of an item: all of a sample; of a crop's source, the span from the
+// window's first element to its last in the first channel, at most a few pages.
+std::span<const std::byte> read_span(const Sample& s) noexcept { return {s.data.data(), s.data.size()}; }
+std::span<const std::byte> read_span(const DeferredCrop& c) noexcept {
+  const Shape& s = c.source->shape;
+  const Window& w = c.crop.window;
+  const std::size_t e = dtype_size(c.source->dtype), row = std::size_t{s.width} * e, plane = s.height * row;
+  const std::size_t first = w.z * plane + w.y * row + w.x * e;
+  const std::size_t last = (w.z + w.depth - 1) * plane + (w.y + w.height - 1) * row + (w.x + w.width) * e;
+  constexpr std::size_t kMost = 16 * 1024;
+  const std::size_t size = c.source->data.size();  // a window that does not fit throws later
+  if (first >= size || last <= first) return {};
+  return {c.source->data.data() + first, std::min({last, size, first + kMost}) - first};
+}
+
+// Where a crop's source sample lies is known only once its own struct is read: ask for that a
+// step earlier than for the elements.
+void prefetch_source(const Sample&) noexcept {}
+void prefetch_source(const DeferredCrop& c) noexcept {
+  const auto* p = reinterpret_cast<const char*>(c.source.get());
+  __builtin_prefetch(p, 0, 0);
+  __builtin_prefetch(p + sizeof(Sample) - 1, 0, 0);
+}
+
+// Calls fill(i, destination) for every item i, in order, and sets labels and ids.
+template <class Item, class Fill>
+Batch collate(const std::vector<Item>& in, Shape shape, DType out_type, BufferPool& pool, Fill&& fill) {
+  Batch b = Batch::allocate(pool, shape, out_type, in.size());
+  const std::size_t out_bytes = b.sample_bytes();
   auto labels = b.label_values();
   auto ids = b.id_values();
-  // Samples that come out of a shuffle buffer were written long ago, by another core, and
+  // Items that come out of a shuffle buffer were written long ago, by another core, and
   // lie scattered over more memory than the caches hold: ask for the next one while
-  // filling from this one, or every sample starts with a wait for memory.
+  // filling from this one, or every item starts with a wait for memory.
   constexpr std::size_t kLine = 64;
   auto prefetch = [&](std::size_t i) {
     if (i >= in.size()) return;
-    const std::byte* p = in[i].data.data();
-    for (std::size_t offset = 0; offset < in_bytes; offset += kLine) __builtin_prefetch(p + offset, 0, 0);
+    const std::span<const std::byte> p = read_span(in[i]);
+    for (std::size_t offset = 0; offset < p.size(); offset += kLine) __builtin_prefetch(p.data() + offset, 0, 0);
   };
+  if (in.size() > 1) prefetch_source(in[1]);
   prefetch(0);
   for (std::size_t i = 0; i < in.size(); ++i) {
+    if (i + 2 < in.size()) prefetch_source(in[i + 2]);
     prefetch(i + 1);
-    fill(in[i], b.data() + i * out_bytes);
-    labels[i] = in[i].label;
-    ids[i] = in[i].id;
+    fill(i, b.data() + i * out_bytes);
+    labels[i] = source_of(in[i]).label;
+    ids[i] = id_of(in[i]);
   }
   return b;
+}
+
+Shape crop_shape(const DeferredCrop& c) {
+  const Window& w = c.crop.window;
+  return {c.source->shape.channels, w.depth, w.height, w.width, c.source->shape.volume};
+}
+
+// Throws unless the crops have sources; returns the shape of the first. Each crop's shape is
+// checked against it as the crop is cut (check_like_first), when its source is in cache.
+Shape check_batchable(const std::vector<DeferredCrop>& in) {
+  if (in.empty()) throw std::invalid_argument("make_batch: no crops to batch");
+  for (std::size_t i = 0; i < in.size(); ++i)
+    if (!in[i].source)
+      throw std::invalid_argument("make_batch: crop " + std::to_string(i) + " (id " + std::to_string(in[i].crop.id) +
+                                  ") has no source sample");
+  return crop_shape(in.front());
+}
+
+void check_like_first(const std::vector<DeferredCrop>& in, std::size_t i) {
+  const DeferredCrop &c = in[i], &first = in.front();
+  if (crop_shape(c) != crop_shape(first) || c.source->dtype != first.source->dtype)
+    throw std::invalid_argument("make_batch: crop " + std::to_string(i) + " (id " + std::to_string(c.crop.id) +
+                                ") is " + dtype_name(c.source->dtype) + " " + crop_shape(c).str() + ", but crop 0 (id " +
+                                std::to_string(first.crop.id) + ") is " + dtype_name(first.source->dtype) + " " +
+                                crop_shape(first).str() + "; a batch needs one shape and dtype");
 }
 
 }  // namespace
@@ -75,8 +134,8 @@ Batch make_batch(std::vector<Sample>&& samples, BufferPool& pool) {
   // Consumes the samples whatever happens, as the signature promises.
   const std::vector<Sample> in = std::move(samples);
   check_batchable(in);
-  return collate(in, in.front().dtype, pool, [bytes = in.front().data.size()](const Sample& s, std::byte* out) {
-    if (bytes) std::memcpy(out, s.data.data(), bytes);
+  return collate(in, in.front().shape, in.front().dtype, pool, [&in, bytes = in.front().data.size()](std::size_t i, std::byte* out) {
+    if (bytes) std::memcpy(out, in[i].data.data(), bytes);
   });
 }
 
@@ -86,8 +145,31 @@ Batch make_batch(std::vector<Sample>&& samples, const Normalizer& normalize, Buf
   const Shape& shape = in.front().shape;
   normalize.check(shape, "make_batch");
   const Window whole{0, 0, 0, shape.depth, shape.height, shape.width};
-  return collate(in, DType::f32, pool, [&](const Sample& s, std::byte* out) {
-    crop_mirror_normalize_into(s, whole, {}, normalize, {reinterpret_cast<float*>(out), shape.elements()});
+  return collate(in, shape, DType::f32, pool, [&](std::size_t i, std::byte* out) {
+    crop_mirror_normalize_into(in[i], whole, {}, normalize, {reinterpret_cast<float*>(out), shape.elements()});
+  });
+}
+
+Batch make_batch(std::vector<DeferredCrop>&& crops, BufferPool& pool) {
+  const std::vector<DeferredCrop> in = std::move(crops);
+  const Shape shape = check_batchable(in);
+  const DType dtype = in.front().source->dtype;
+  const std::size_t bytes = shape.elements() * dtype_size(dtype);
+  return collate(in, shape, dtype, pool, [&in, bytes](std::size_t i, std::byte* out) {
+    check_like_first(in, i);
+    crop_mirror_into(*in[i].source, in[i].crop.window, in[i].crop.flips, {out, bytes});
+  });
+}
+
+Batch make_batch(std::vector<DeferredCrop>&& crops, const Normalizer& normalize, BufferPool& pool) {
+  const std::vector<DeferredCrop> in = std::move(crops);
+  const Shape shape = check_batchable(in);
+  normalize.check(shape, "make_batch");
+  return collate(in, shape, DType::f32, pool, [&](std::size_t i, std::byte* out) {
+    check_like_first(in, i);
+    const DeferredCrop& c = in[i];
+    crop_mirror_normalize_into(*c.source, c.crop.window, c.crop.flips, normalize,
+                               {reinterpret_cast<float*>(out), shape.elements()});
   });
 }
 

@@ -294,6 +294,15 @@ void crop_mirror_normalize_into(const Sample& in, const Window& window, Flips fl
   visit_dtype(in.dtype, [&]<class T>(T) { normalize_window<T>(in, window, flips, n, out.data()); });
 }
 
+void crop_mirror_into(const Sample& in, const Window& window, Flips flips, std::span<std::byte> out) {
+  check_window(in, window, "crop_mirror_into");
+  const std::size_t need = window_shape(in.shape, window).elements() * dtype_size(in.dtype);
+  if (out.size() != need)
+    throw std::invalid_argument("crop_mirror_into: output holds " + std::to_string(out.size()) +
+                                " bytes, the crop needs " + std::to_string(need));
+  visit_dtype(in.dtype, [&]<class T>(T) { copy_window<T>(in, window, flips, reinterpret_cast<T*>(out.data())); });
+}
+
 // ---------------------------------------------------------------------------------------------
 
 RandomCrops::RandomCrops(RandomCropOptions options)
@@ -359,6 +368,20 @@ void RandomCrops::run(const Sample& in, const StageContext& ctx, Emit&& emit) co
 
 void RandomCrops::operator()(Sample in, Emitter<Sample>& emit, const StageContext& ctx) const {
   run(in, ctx, [&](Sample&& s) { emit(std::move(s)); });
+}
+
+void RandomCrops::operator()(Sample in, Emitter<DeferredCrop>& emit, const StageContext& ctx) const {
+  if (normalizer_)
+    throw std::invalid_argument(
+        "RandomCrops: option normalize does not apply to deferred crops; give it to Collate (.normalize)");
+  thread_local std::vector<PlannedCrop> crops;
+  crops.clear();
+  plan(in, ctx, crops);
+  if (crops.empty()) return;
+  check_window(in, crops.front().window, "RandomCrops");  // checks the data, which all crops share
+  auto source = std::make_shared<const Sample>(std::move(in));
+  for (std::size_t k = 0; k + 1 < crops.size(); ++k) emit(DeferredCrop{source, crops[k]});
+  emit(DeferredCrop{std::move(source), crops.back()});
 }
 
 std::vector<Sample> RandomCrops::apply(const Sample& in, const StageContext& ctx) const {

@@ -101,8 +101,17 @@ Batch make_batch(std::vector<Sample>&& samples, BufferPool& pool);
 /// and of the memory traffic of float32 crops.
 Batch make_batch(std::vector<Sample>&& samples, const Normalizer& normalize, BufferPool& pool);
 
+/// Cuts `crops` straight into one batch from `pool`, each crop mirrored as planned, in the
+/// dtype of its source or, with `normalize`, in float32 and normalized: every element of the
+/// batch is written once. Equals, bit for bit, make_batch of the same crops cut by RandomCrops.
+/// Releases the crops. Throws std::invalid_argument for no crops, a crop without a source, or
+/// crops of different shapes or dtypes.
+Batch make_batch(std::vector<DeferredCrop>&& crops, BufferPool& pool);
+Batch make_batch(std::vector<DeferredCrop>&& crops, const Normalizer& normalize, BufferPool& pool);
+
 /// make_batch as a pipeline stage function, following `.batch(name, n)`:
 ///   .batch("batch", 255).map("collate", stoker::Collate{})
+/// of Samples or of DeferredCrops.
 /// Thread-safe; copies share the pool.
 struct Collate {
   std::shared_ptr<BufferPool> pool = BufferPool::create();
@@ -110,6 +119,9 @@ struct Collate {
 
   Batch operator()(std::vector<Sample> samples) const {
     return normalize ? make_batch(std::move(samples), *normalize, *pool) : make_batch(std::move(samples), *pool);
+  }
+  Batch operator()(std::vector<DeferredCrop> crops) const {
+    return normalize ? make_batch(std::move(crops), *normalize, *pool) : make_batch(std::move(crops), *pool);
   }
 };
 

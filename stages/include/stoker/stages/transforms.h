@@ -138,6 +138,10 @@ Sample crop_mirror_normalize(const Sample& in, const Window& window, Flips flips
 void crop_mirror_normalize_into(const Sample& in, const Window& window, Flips flips, const Normalizer& n,
                                 std::span<float> out);
 
+/// crop, then mirror along every axis set in `flips`, into `out` (the crop's bytes, same
+/// dtype as `in`), in one pass.
+void crop_mirror_into(const Sample& in, const Window& window, Flips flips, std::span<std::byte> out);
+
 // ---------------------------------------------------------------------------------------------
 // Randomness
 
@@ -184,9 +188,23 @@ struct PlannedCrop {
   bool operator==(const PlannedCrop&) const = default;
 };
 
+/// A crop that RandomCrops has drawn but not cut: the sample it comes from, which every crop
+/// of that sample shares, and where it lies. A shuffle buffer then moves 56 bytes per crop
+/// rather than the crop, and Collate cuts each crop straight into its batch, writing every
+/// output element once. A sample is freed when its last crop is collated, so a queue of
+/// capacity n keeps at most n samples alive.
+struct DeferredCrop {
+  std::shared_ptr<const Sample> source;
+  PlannedCrop crop;
+};
+
 /// 1 -> k random crops of a sample (a flat_map function). With `mirror` or `normalize` set
 /// it is the fused path: each crop is written once, already mirrored and normalized, and
 /// equals bit for bit what RandomCrops, RandomMirror and Normalize give one after the other.
+///
+/// As `flat_map<DeferredCrop>` it draws the same crops without cutting them, and Collate
+/// (with `normalize`, if any) cuts them into the batch: the same batches, bit for bit, with
+/// each crop written once instead of twice. Then `normalize` belongs to Collate, not here.
 class RandomCrops {
  public:
   /// Throws std::invalid_argument for an empty size, a count below 1, p outside [0, 1] or a
@@ -194,6 +212,9 @@ class RandomCrops {
   explicit RandomCrops(RandomCropOptions options);
 
   void operator()(Sample in, Emitter<Sample>& emit, const StageContext& ctx) const;
+  /// The crops of `in`, drawn but not cut. Throws std::invalid_argument if the option
+  /// `normalize` is set: deferred crops are normalized by Collate.
+  void operator()(Sample in, Emitter<DeferredCrop>& emit, const StageContext& ctx) const;
   /// The crops of `in`, without a pipeline.
   std::vector<Sample> apply(const Sample& in, const StageContext& ctx = {}) const;
 
