@@ -99,11 +99,11 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
   app.add_option("--threads", o.threads, "oneTBB threads shared by all pipeline stages (0: one per core)")
       ->check(CLI::Range(0, 1024))
       ->capture_default_str();
-  app.add_option("--crop-threads", o.crop_threads, "Threads of the crop stage (crop + mirror)")
+  app.add_option("--crop-threads", o.crop_threads, "Threads of the crop stage (draws each crop's window and mirror)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   app.add_option("--collate-threads", o.collate_threads,
-                 "Threads of the collate stage (normalize into a pinned batch buffer)")
+                 "Threads of the collate stage (cuts, mirrors and normalizes the crops into a pinned batch)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str();
   app.add_option("--read-queue", o.read_queue, "Capacity of the queue of images between the reader and the crop stage")
