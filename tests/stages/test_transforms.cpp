@@ -87,6 +87,18 @@ Origin origin_of(const Sample& s) {
 
 const Normalization kFashion{255.0f, {0.2860f}, {0.3530f}};
 
+// A source of `images` 28x28 uint8 noise images with ids 0, 1, ..., again every epoch.
+auto cycling_images(std::shared_ptr<BufferPool> pool, int images) {
+  return [pool = std::move(pool), images, next = 0]() mutable -> std::optional<Sample> {
+    if (next == images) {
+      next = 0;
+      return std::nullopt;
+    }
+    const auto id = static_cast<std::uint64_t>(next++);
+    return noise(*pool, {1, 1, 28, 28}, DType::u8, id, static_cast<std::int32_t>(id % 10));
+  };
+}
+
 std::vector<Sample> run_crops_pipeline(int threads, int budget, const RandomCropOptions& options, int images) {
   auto pool = BufferPool::create();
   int next = 0;
@@ -639,21 +651,11 @@ TEST_SUITE("batch") {
     auto crops_pool = BufferPool::create();
     const Collate collate{};
     constexpr int kImages = 2000;
-    int next = 0;
     auto pipe =
         PipelineBuilder{}
             .seed(5)
             .epochs(4)
-            .source("read",
-                    [&]() -> std::optional<Sample> {
-                      if (next == kImages) {
-                        next = 0;
-                        return std::nullopt;
-                      }
-                      const auto id = static_cast<std::uint64_t>(next++);
-                      return noise(*images, {1, 1, 28, 28}, DType::u8, id, static_cast<std::int32_t>(id % 10));
-                    },
-                    {.queue = 16})
+            .source("read", cycling_images(images, kImages), {.queue = 16})
             .flat_map<Sample>("crops",
                               RandomCrops({.size = {24, 24}, .count = 5, .mirror = MirrorOptions{},
                                            .normalize = kFashion, .pool = crops_pool}),
@@ -681,26 +683,14 @@ TEST_SUITE("batch") {
     CHECK(crops_pool->reuses() >= 4 * kImages * 5 - allocations.back());
     CHECK(collate.pool->allocations() < 3 * 20);
   }
-}
 
-TEST_SUITE("batch") {
   TEST_CASE("in a pipeline, deferred crops keep a bounded number of images alive" * doctest::timeout(120)) {
     auto images = BufferPool::create();
     constexpr int kImages = 2000;
-    int next = 0;
     auto pipe = PipelineBuilder{}
                     .seed(5)
                     .epochs(4)
-                    .source("read",
-                            [&]() -> std::optional<Sample> {
-                              if (next == kImages) {
-                                next = 0;
-                                return std::nullopt;
-                              }
-                              const auto id = static_cast<std::uint64_t>(next++);
-                              return noise(*images, {1, 1, 28, 28}, DType::u8, id, static_cast<std::int32_t>(id % 10));
-                            },
-                            {.queue = 16})
+                    .source("read", cycling_images(images, kImages), {.queue = 16})
                     .flat_map<DeferredCrop>("crops", RandomCrops({.size = {24, 24}, .count = 5, .mirror = MirrorOptions{}}),
                                             {.threads = 2, .queue = 64})
                     .shuffle("shuffle", {.capacity = 1000, .min_after_dequeue = 200, .seed = 3})
