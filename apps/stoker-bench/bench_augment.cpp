@@ -408,7 +408,8 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
                                          "crop+mirror+normalize float32 crops, which Collate copies into the batch";
   config["pipeline_normalize_at_collate"] = "the same with RandomCrops cutting crop+mirror in uint8 and Collate "
                                             "normalizing into the float32 batch";
-  config["same_output"] = "every pipeline makes the same crops as the plain loop, bit for bit (checked in an untimed first round)";
+  config["same_output"] =
+      "every pipeline makes the same crops as the plain loop, bit for bit (checked in an untimed first round)";
   config["plain_loop"] = "tbb::parallel_for: draw windows and mirrors as RandomCrops does, one Fisher-Yates "
                          "permutation of all crops, then fill each batch in place with crop_mirror_normalize_into";
   Json out;

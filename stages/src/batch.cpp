@@ -106,9 +106,10 @@ void check_like_first(const std::vector<DeferredCrop>& in, std::size_t i) {
   const DeferredCrop &c = in[i], &first = in.front();
   if (crop_shape(c) != crop_shape(first) || c.source->dtype != first.source->dtype)
     throw std::invalid_argument("make_batch: crop " + std::to_string(i) + " (id " + std::to_string(c.crop.id) +
-                                ") is " + dtype_name(c.source->dtype) + " " + crop_shape(c).str() + ", but crop 0 (id " +
-                                std::to_string(first.crop.id) + ") is " + dtype_name(first.source->dtype) + " " +
-                                crop_shape(first).str() + "; a batch needs one shape and dtype");
+                                ") is " + dtype_name(c.source->dtype) + " " + crop_shape(c).str() +
+                                ", but crop 0 (id " + std::to_string(first.crop.id) + ") is " +
+                                dtype_name(first.source->dtype) + " " + crop_shape(first).str() +
+                                "; a batch needs one shape and dtype");
 }
 
 }  // namespace
@@ -134,7 +135,8 @@ Batch make_batch(std::vector<Sample>&& samples, BufferPool& pool) {
   // Consumes the samples whatever happens, as the signature promises.
   const std::vector<Sample> in = std::move(samples);
   check_batchable(in);
-  return collate(in, in.front().shape, in.front().dtype, pool, [&in, bytes = in.front().data.size()](std::size_t i, std::byte* out) {
+  const std::size_t bytes = in.front().data.size();
+  return collate(in, in.front().shape, in.front().dtype, pool, [&in, bytes](std::size_t i, std::byte* out) {
     if (bytes) std::memcpy(out, in[i].data.data(), bytes);
   });
 }

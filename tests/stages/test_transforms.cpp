@@ -504,7 +504,8 @@ TEST_SUITE("batch") {
     types.push_back(noise(*pool, {1, 1, 24, 24}, DType::u8, 2));
     CHECK_THROWS_WITH_AS(make_batch(std::move(types), *pool), doctest::Contains("is uint8 1x24x24"),
                          std::invalid_argument);
-    CHECK_THROWS_WITH_AS(make_batch(std::vector<Sample>{}, *pool), "make_batch: no samples to batch", std::invalid_argument);
+    CHECK_THROWS_WITH_AS(make_batch(std::vector<Sample>{}, *pool), "make_batch: no samples to batch",
+                         std::invalid_argument);
   }
 
   // Runs RandomCrops(options) as flat_map<Item> -> shuffle -> batch 16 -> collate, deterministic.
@@ -552,7 +553,8 @@ TEST_SUITE("batch") {
     };
     for (const Case& c : cases) {
       CAPTURE(c.name);
-      const RandomCropOptions cut{.size = c.size, .count = 3, .mirror = MirrorOptions{.axis = c.axis}, .normalize = c.normalize};
+      const RandomCropOptions cut{
+          .size = c.size, .count = 3, .mirror = MirrorOptions{.axis = c.axis}, .normalize = c.normalize};
       RandomCropOptions drawn = cut;
       drawn.normalize.reset();
       Collate normalizing{};
@@ -691,7 +693,8 @@ TEST_SUITE("batch") {
                     .seed(5)
                     .epochs(4)
                     .source("read", cycling_images(images, kImages), {.queue = 16})
-                    .flat_map<DeferredCrop>("crops", RandomCrops({.size = {24, 24}, .count = 5, .mirror = MirrorOptions{}}),
+                    .flat_map<DeferredCrop>("crops",
+                                            RandomCrops({.size = {24, 24}, .count = 5, .mirror = MirrorOptions{}}),
                                             {.threads = 2, .queue = 64})
                     .shuffle("shuffle", {.capacity = 1000, .min_after_dequeue = 200, .seed = 3})
                     .batch("batch", 100, {.queue = 4})
