@@ -575,7 +575,7 @@ TEST_SUITE("batch") {
     }
   }
 
-  TEST_CASE("deferred crops: errors name what is wrong, and crops release their source") {
+  TEST_CASE("deferred crops: errors name what is wrong, and crops release their source" * doctest::timeout(60)) {
     auto pool = BufferPool::create();
     const RandomCrops normalizing({.size = {24, 24}, .normalize = kFashion});
     int left = 1;
