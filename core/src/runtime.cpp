@@ -12,6 +12,7 @@
 #include <oneapi/tbb/task_arena.h>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 
 #include "stoker/core/stage_error.h"
 
@@ -37,7 +38,16 @@ thread_local const detail::PipelineCore* running_for = nullptr;
 thread_local std::chrono::nanoseconds blocked_in_body{0};
 }  // namespace
 
-bool stop_requested() noexcept { return running_for && running_for->stopping(); }
+namespace {
+thread_local detail::HeldOutputs* held_outputs = nullptr;
+}  // namespace
+
+detail::HeldOutputs* detail::hold_outputs(HeldOutputs* held) noexcept { return std::exchange(held_outputs, held); }
+
+bool stop_requested() {
+  if (held_outputs) held_outputs->push_held();
+  return running_for && running_for->stopping();
+}
 
 void note_blocked(std::chrono::nanoseconds waited) noexcept {
   if (running_for) blocked_in_body += waited;

@@ -9,6 +9,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -282,19 +283,19 @@ class Pipeline {
       bool got = try_pop();
       if (!got) {
         const auto t0 = std::chrono::steady_clock::now();
-        // Poll a few microseconds before sleeping when the last wait was short: when items
-        // come that fast, a futex wake-up per item would cost more than the items. When they
-        // come slower, polling would only take a core from the stages that make them.
-        if (poll_)
-          for (auto until = t0 + kPoll; !got && std::chrono::steady_clock::now() < until;)
-            for (int i = 0; i < 16 && !(got = try_pop()); ++i) detail::cpu_relax();
+        // Poll a while before sleeping: when items come fast, going to sleep and being woken
+        // (a futex call on each side and two context switches) would cost more than they do.
+        // Each poll yields the core first, so that a stage thread waiting for one runs:
+        // the consumer is a thread beside the stages' budget, and often one too many.
+        for (auto until = t0 + kPoll; !got && std::chrono::steady_clock::now() < until;) {
+          std::this_thread::yield();
+          got = try_pop();
+        }
         if (!got) {
           got = final_->pop_wait(e, [&] { last_->wake_if_blocked(); });
           last_->wake_if_blocked();
         }
-        const auto waited = std::chrono::steady_clock::now() - t0;
-        poll_ = waited < kPoll / 2;
-        core_->add_consumer_wait(waited);
+        core_->add_consumer_wait(std::chrono::steady_clock::now() - t0);
       }
       if (!got) {  // stopped
         core_->rethrow_if_failed();
@@ -364,8 +365,7 @@ class Pipeline {
   std::uint32_t epochs_;
   std::uint32_t epoch_ = 0;
   bool finished_ = false;
-  static constexpr std::chrono::microseconds kPoll{20};
-  bool poll_ = true;  // the last wait for an item was short
+  static constexpr std::chrono::microseconds kPoll{50};
   detail::ArrivalCount arrivals_;
 };
 

@@ -44,6 +44,9 @@ class ArrivalCount {
     return *this;
   }
   void item() { arrived_.fetch_add(1); }
+  void items(std::uint64_t n) {
+    if (n != 0) arrived_.fetch_add(n);
+  }
   void marker(std::uint64_t sent) { expected_.store(sent); }
   bool complete() const { return arrived_.load() == expected_.load(); }
   void reset() {
@@ -93,6 +96,15 @@ class Edge : public EdgeBase {
   /// Appends up to `max` envelopes to `out`, as that many try_pop calls would; reports
   /// `item` when it appended any.
   virtual Pop try_pop_many(std::vector<Envelope<T>>& out, std::size_t max) = 0;
+  /// Claims up to `max` slots for items that push_reserved will push, so that a producer
+  /// making several items counts them against the capacity before it makes them. Returns
+  /// how many, 0 when full or when this edge takes no reservations (push one at a time).
+  virtual std::size_t try_reserve(std::size_t /*max*/) { return 0; }
+  /// Pushes `items`, all of them items, into as many slots claimed by try_reserve, moving
+  /// from them. Never waits; drops them if the edge was closed meanwhile (stopping).
+  virtual void push_reserved(std::span<Envelope<T>> /*items*/) {}
+  /// Hands back `n` claimed slots that no item will fill.
+  virtual void cancel_reserved(std::size_t /*n*/) {}
   /// True when `try_pop` would not return `empty`.
   virtual bool ready() const = 0;
   /// True when a blocked producer should resume: the edge is at most half full. Waiting
@@ -118,6 +130,10 @@ class QueueEdge final : public Edge<T> {
   std::size_t try_push_many(std::span<Envelope<T>> items) override {
     return queue_.try_push_many(items.begin(), std::min(items.size(), room()));
   }
+  // Only in free order: in order, room() is the bound, and reservations would escape it.
+  std::size_t try_reserve(std::size_t max) override { return in_order_ ? 0 : queue_.try_reserve(max); }
+  void push_reserved(std::span<Envelope<T>> items) override { queue_.push_reserved(items.begin(), items.size()); }
+  void cancel_reserved(std::size_t n) override { queue_.cancel_reserved(n); }
   std::size_t occupied() const override {
     // The queue first: an item moving from it to held_back_ is then counted once or twice,
     // never missed (but for the moment it spends in the popping thread's hands).
@@ -338,6 +354,10 @@ class Output {
     }
     items.clear();
   }
+  /// Edge::try_reserve, while nothing is parked (parked envelopes leave first).
+  std::size_t try_reserve(std::size_t max) { return parked_.load() == 0 ? edge_->try_reserve(max) : 0; }
+  void push_reserved(std::span<Envelope<T>> items) { edge_->push_reserved(items); }
+  void cancel_reserved(std::size_t n) { edge_->cancel_reserved(n); }
   /// Pushes what is parked, as far as the edge has room. True when nothing is left.
   bool flush() {
     if (parked_.load() == 0) return true;

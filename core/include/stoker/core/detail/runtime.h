@@ -26,7 +26,12 @@ struct StageContext {
 /// True when called from a stage body of a pipeline that is stopping (stop(), an error, or
 /// its destruction). A stage function that waits for something outside the graph, such as a
 /// free buffer of a device pool, polls this and gives up by throwing PipelineStopped.
-bool stop_requested() noexcept;
+///
+/// Calling it also pushes on the outputs that the calling body has made so far and holds
+/// back (a map body handles a burst of inputs at once, and pushes their outputs together):
+/// a function that waits for something given back downstream, polling this as it must,
+/// never waits for what its own body holds. May throw std::bad_alloc from that push.
+bool stop_requested();
 
 /// Called from a stage body by a stage function that waited for something outside the graph
 /// (a free buffer of a device pool, which comes back when the consumer is done with one): the
@@ -53,6 +58,18 @@ namespace detail {
 
 class PipelineCore;
 class EdgeBase;
+
+/// Outputs that a stage body has made and not yet pushed; see stop_requested().
+class HeldOutputs {
+ public:
+  virtual void push_held() = 0;
+
+ protected:
+  ~HeldOutputs() = default;
+};
+/// Makes `held` what stop_requested() pushes on, on this thread; returns the one before,
+/// for the caller to put back when it is done.
+HeldOutputs* hold_outputs(HeldOutputs* held) noexcept;
 
 /// Tells the CPU that this is a spin-wait loop.
 inline void cpu_relax() noexcept {

@@ -1,10 +1,14 @@
 // The typed stages: a source, 1 -> k transforms, and a batcher. Internal.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -65,6 +69,69 @@ class Producer : public StageBase {
     if (downstream_) downstream_->wake();
   }
   void end_epoch() { emit({std::nullopt, 0}); }
+
+  // Bursts. A source, and a map in free order, make several items per step: as many as the
+  // output has room for, up to about kBurstTime of the function's work. The queue operations
+  // and wake-ups, which are most of what an item of a cheap stage costs and a good part of a
+  // slow one's, are then paid once per burst. The items go into slots claimed before they
+  // are made, so what a body holds meanwhile counts against the output's capacity. They
+  // leave together at the end of the burst, or when the function polls stop_requested()
+  // (see there), so that a function waiting for something downstream gives back never
+  // waits for what its own body holds.
+  static constexpr std::chrono::nanoseconds kBurstTime = std::chrono::microseconds(100);
+  static constexpr std::size_t kMaxBurst = 32;
+
+  /// Items made in one burst, into `reserved` slots claimed with out_.try_reserve; the slots
+  /// they do not fill are handed back at the end.
+  class Burst final : public HeldOutputs {
+   public:
+    Burst(Producer& producer, std::size_t reserved)
+        : producer_(producer), reserved_(reserved), previous_(hold_outputs(this)), started_(Clock::now()) {
+      items_.reserve(reserved);
+    }
+    ~Burst() {
+      hold_outputs(previous_);
+      producer_.out_.cancel_reserved(reserved_ - sent_);  // none after finish()
+    }
+    Burst(const Burst&) = delete;
+    Burst& operator=(const Burst&) = delete;
+
+    std::size_t room() const { return reserved_ - items_.size(); }
+    void add(T&& value) { items_.push_back({std::move(value), 0}); }
+    /// Pushes what is left, hands back the slots no item came for, and times the burst.
+    void finish() {
+      push_held();
+      producer_.out_.cancel_reserved(room());
+      reserved_ = items_.size();
+      if (items_.empty()) return;
+      const auto n = static_cast<std::int64_t>(items_.size());
+      const auto per_item = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started_).count() / n;
+      auto& avg = producer_.item_ns_;
+      avg.store((3 * avg.load(std::memory_order_relaxed) + per_item) / 4, std::memory_order_relaxed);
+    }
+    void push_held() override {
+      const auto held = std::span(items_).subspan(sent_);
+      if (held.empty()) return;
+      producer_.sent_.fetch_add(held.size());
+      producer_.out_.push_reserved(held);
+      sent_ = items_.size();
+      if (producer_.downstream_) producer_.downstream_->wake();
+    }
+
+   private:
+    using Clock = std::chrono::steady_clock;
+    Producer& producer_;
+    std::size_t reserved_, sent_ = 0;
+    HeldOutputs* const previous_;
+    const Clock::time_point started_;
+    std::vector<Envelope<T>> items_;
+  };
+
+  /// Items for the next burst, from the function's recent time per item.
+  std::size_t burst_size() const {
+    const auto per_item = std::max<std::int64_t>(item_ns_.load(std::memory_order_relaxed), 1);
+    return std::clamp<std::size_t>(static_cast<std::size_t>(kBurstTime.count() / per_item), 1, kMaxBurst);
+  }
   /// Pushes what the output holds back. True when nothing is left.
   bool flush() {
     if (!out_.blocked()) return true;
@@ -82,6 +149,9 @@ class Producer : public StageBase {
  private:
   StageBase* downstream_ = nullptr;  // none for the last stage: the consumer pops
   std::atomic<std::uint64_t> sent_{0};
+  // The function's time per item, averaged over recent bursts. Starts at kBurstTime, so
+  // that the first burst is of one item.
+  std::atomic<std::int64_t> item_ns_{kBurstTime.count()};
 };
 
 /// Calls the user's source until it returns nullopt, which ends the epoch.
@@ -102,6 +172,7 @@ class SourceStage final : public Producer<T> {
   Step step() override {
     if (!this->flush()) return Step::blocked;
     if (exhausted_.load()) return Step::done;
+    if (const std::size_t room = this->out_.try_reserve(this->burst_size())) return read_burst(room);
     const auto ctx = this->context();
     std::optional<T> v = call_with_context(fn_, ctx);
     if (!v) {
@@ -116,6 +187,27 @@ class SourceStage final : public Producer<T> {
   bool has_work() const override { return this->out_.blocked() ? this->out_.can_move() : !exhausted_.load(); }
 
  private:
+  // A burst (see Producer): as many items as there is room for, or up to the epoch's end.
+  Step read_burst(std::size_t reserved) {
+    {
+      typename Producer<T>::Burst burst(*this, reserved);
+      const auto ctx = this->context();
+      while (burst.room() != 0) {
+        std::optional<T> v = call_with_context(fn_, ctx);
+        if (!v) {
+          exhausted_.store(true);
+          break;
+        }
+        burst.add(std::move(*v));
+        this->count_out();
+      }
+      burst.finish();
+    }
+    if (!exhausted_.load()) return Step::progressed;
+    this->end_epoch();
+    return Step::done;
+  }
+
   F fn_;
   std::atomic<bool> exhausted_{false};
   std::uint64_t seq_ = 0;  // touched by one body at a time: the source is serial
@@ -209,24 +301,22 @@ class Transformer : public Producer<Out> {
   /// Appends up to `max` items to `out`, or reports `empty` (including after the marker) or
   /// `closed` when it appends none.
   Pop pop_many(std::vector<Envelope<In>>& out, std::size_t max) {
+    const auto had = static_cast<std::ptrdiff_t>(out.size());
     for (;;) {
-      popped_.clear();
-      const auto r = in_->try_pop_many(popped_, max);
+      const auto r = in_->try_pop_many(out, max);
       if (upstream_) upstream_->wake_if_blocked();  // as in pop()
       if (r != Pop::item) return r;
-      bool any = false;
-      for (auto& e : popped_) {
-        if (e.value) {
-          arrivals_.item();
-          out.push_back(std::move(e));
-          any = true;
-        } else {
-          arrivals_.marker(e.seq);
-        }
-      }
-      if (any) return Pop::item;
+      const auto markers = std::remove_if(out.begin() + had, out.end(), [&](const Envelope<In>& e) {
+        if (!e.value) arrivals_.marker(e.seq);
+        return !e.value;
+      });
+      out.erase(markers, out.end());
+      arrivals_.items(out.size() - static_cast<std::size_t>(had));
+      if (out.size() != static_cast<std::size_t>(had)) return Pop::item;
     }
   }
+  /// How many items the input holds now, roughly.
+  std::size_t input_size() const { return in_->meter().size(); }
   /// True once every item of the epoch has been popped.
   bool input_ended() const { return arrivals_.complete(); }
   bool input_ready() const { return in_->ready(); }
@@ -235,7 +325,6 @@ class Transformer : public Producer<Out> {
   Edge<In>* in_ = nullptr;
   StageBase* upstream_ = nullptr;
   ArrivalCount arrivals_;
-  std::vector<Envelope<In>> popped_;  // pop_many's, reused: only serial stages call it
 };
 
 /// A flat_map function that holds outputs back until its input ends (a shuffle window):
@@ -267,6 +356,11 @@ class TransformStage final : public Transformer<In, Out> {
  protected:
   Step step() override {
     if (!this->flush()) return Step::blocked;
+    if constexpr (!Flat) {
+      if (!sequencer_)
+        if (const std::size_t room = this->out_.try_reserve(std::min(this->burst_size(), this->input_size())))
+          return map_burst(room);
+    }
     if (sequencer_ && !sequencer_->try_claim()) return Step::blocked;
     // Counted before the pop, so that whoever sees the last item arrive cannot also see
     // "nothing in process" while this one is on its way.
@@ -293,6 +387,30 @@ class TransformStage final : public Transformer<In, Out> {
   }
 
  private:
+  // A burst (see Producer) of the inputs there are, as far as there is room for them.
+  Step map_burst(std::size_t reserved) {
+    in_process_.fetch_add(1);  // before the pop: see step()
+    typename Producer<Out>::Burst burst(*this, reserved);
+    std::vector<Envelope<In>> inputs;
+    inputs.reserve(reserved);
+    const auto r = this->pop_many(inputs, reserved);
+    if (r != Pop::item) {
+      burst.finish();
+      in_process_.fetch_sub(1);
+      maybe_finish();
+      return r == Pop::empty ? Step::starved : Step::done;
+    }
+    if (this->threads() > 1) this->wake();  // a sibling may take the next inputs
+    this->count_in(inputs.size());
+    const auto ctx = this->context();
+    for (auto& e : inputs) burst.add(call_with_context(fn_, ctx, std::move(*e.value)));
+    this->count_out(inputs.size());
+    burst.finish();
+    in_process_.fetch_sub(1);
+    maybe_finish();
+    return Step::progressed;
+  }
+
   void process(Envelope<In>&& e) {
     const auto ctx = this->context();
     if constexpr (!Flat) {
