@@ -131,14 +131,27 @@ class QueueEdge final : public Edge<T> {
     return queue_.try_push_many(items.begin(), std::min(items.size(), room()));
   }
   // Only in free order: in order, room() is the bound, and reservations would escape it.
-  std::size_t try_reserve(std::size_t max) override { return in_order_ ? 0 : queue_.try_reserve(max); }
-  void push_reserved(std::span<Envelope<T>> items) override { queue_.push_reserved(items.begin(), items.size()); }
-  void cancel_reserved(std::size_t n) override { queue_.cancel_reserved(n); }
+  std::size_t try_reserve(std::size_t max) override {
+    if (in_order_) return 0;
+    const std::size_t k = queue_.try_reserve(max);
+    reserved_.fetch_add(k);
+    return k;
+  }
+  // Reserved slots are counted until they are filled or handed back, never less.
+  void push_reserved(std::span<Envelope<T>> items) override {
+    queue_.push_reserved(items.begin(), items.size());
+    reserved_.fetch_sub(items.size());
+  }
+  void cancel_reserved(std::size_t n) override {
+    queue_.cancel_reserved(n);
+    reserved_.fetch_sub(n);
+  }
+  // Reserved slots are occupied: a producer that waits for room must not see it in them.
   std::size_t occupied() const override {
     // The queue first: an item moving from it to held_back_ is then counted once or twice,
     // never missed (but for the moment it spends in the popping thread's hands).
     const std::size_t queued = queue_.size();
-    return queued + held_.load();
+    return queued + held_.load() + reserved_.load();
   }
 
   Pop try_pop(Envelope<T>& e) override {
@@ -150,12 +163,13 @@ class QueueEdge final : public Edge<T> {
     if (!in_order_) return queue_.try_pop_many(out, max) ? Pop::item : (queue_.drained() ? Pop::closed : Pop::empty);
     std::lock_guard lock(order_mutex_);
     Pop r = Pop::empty;
-    for (std::size_t n = 0; n < max; ++n) {
+    std::size_t n = 0;
+    for (; n < max; ++n) {
       Envelope<T> e;
       if ((r = pop_in_order(e)) != Pop::item) break;
       out.push_back(std::move(e));
     }
-    return out.empty() ? r : Pop::item;
+    return n == 0 ? r : Pop::item;
   }
 
   /// Blocking pop for the consumer's thread (the only one popping this edge). In order, it
@@ -245,6 +259,7 @@ class QueueEdge final : public Edge<T> {
   std::uint64_t next_seq_ = 0;
   std::map<std::uint64_t, Envelope<T>> held_back_;
   std::atomic<std::size_t> held_{0};  // held_back_.size(), for occupied() without the lock
+  std::atomic<std::size_t> reserved_{0};  // claimed by try_reserve, not yet filled or handed back
 };
 
 /// A RandomShuffleQueue edge. The end-of-epoch marker closes the queue so that the

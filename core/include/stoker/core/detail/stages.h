@@ -73,7 +73,8 @@ class Producer : public StageBase {
   // Bursts. A source, and a map in free order, make several items per step: as many as the
   // output has room for, up to about kBurstTime of the function's work. The queue operations
   // and wake-ups, which are most of what an item of a cheap stage costs and a good part of a
-  // slow one's, are then paid once per burst. The items go into slots claimed before they
+  // slow one's, are then paid once per burst. A burst that runs past twice that time (the
+  // function got slower) hands on what it has made at once. The items go into slots claimed before they
   // are made, so what a body holds meanwhile counts against the output's capacity. They
   // leave together at the end of the burst, or when the function polls stop_requested()
   // (see there), so that a function waiting for something downstream gives back never
@@ -85,9 +86,14 @@ class Producer : public StageBase {
   /// they do not fill are handed back at the end.
   class Burst final : public HeldOutputs {
    public:
-    Burst(Producer& producer, std::size_t reserved)
-        : producer_(producer), reserved_(reserved), previous_(hold_outputs(this)), started_(Clock::now()) {
-      items_.reserve(reserved);
+    Burst(Producer& producer, std::size_t reserved) : producer_(producer), reserved_(reserved) {
+      try {
+        items_.reserve(reserved);
+      } catch (...) {
+        producer_.out_.cancel_reserved(reserved);
+        throw;
+      }
+      previous_ = hold_outputs(this);  // last: the destructor, which restores it, now runs
     }
     ~Burst() {
       hold_outputs(previous_);
@@ -97,7 +103,14 @@ class Producer : public StageBase {
     Burst& operator=(const Burst&) = delete;
 
     std::size_t room() const { return reserved_ - items_.size(); }
-    void add(T&& value) { items_.push_back({std::move(value), 0}); }
+    /// Adds an item. Past twice kBurstTime (the function got slower than its average), hands
+    /// the items on at once rather than keep them from the stages downstream; false then.
+    bool add(T&& value) {
+      items_.push_back({std::move(value), 0});
+      if (Clock::now() - started_ < 2 * kBurstTime) return true;
+      push_held();
+      return false;
+    }
     /// Pushes what is left, hands back the slots no item came for, and times the burst.
     void finish() {
       push_held();
@@ -113,8 +126,8 @@ class Producer : public StageBase {
       const auto held = std::span(items_).subspan(sent_);
       if (held.empty()) return;
       producer_.sent_.fetch_add(held.size());
+      sent_ = items_.size();  // before the push: a push that throws has handed its slots back
       producer_.out_.push_reserved(held);
-      sent_ = items_.size();
       if (producer_.downstream_) producer_.downstream_->wake();
     }
 
@@ -122,8 +135,8 @@ class Producer : public StageBase {
     using Clock = std::chrono::steady_clock;
     Producer& producer_;
     std::size_t reserved_, sent_ = 0;
-    HeldOutputs* const previous_;
-    const Clock::time_point started_;
+    HeldOutputs* previous_ = nullptr;
+    const Clock::time_point started_ = Clock::now();
     std::vector<Envelope<T>> items_;
   };
 
@@ -187,7 +200,8 @@ class SourceStage final : public Producer<T> {
   bool has_work() const override { return this->out_.blocked() ? this->out_.can_move() : !exhausted_.load(); }
 
  private:
-  // A burst (see Producer): as many items as there is room for, or up to the epoch's end.
+  // A burst (see Producer): as many items as there is room for, up to the epoch's end or
+  // past the burst's time.
   Step read_burst(std::size_t reserved) {
     {
       typename Producer<T>::Burst burst(*this, reserved);
@@ -198,8 +212,8 @@ class SourceStage final : public Producer<T> {
           exhausted_.store(true);
           break;
         }
-        burst.add(std::move(*v));
         this->count_out();
+        if (!burst.add(std::move(*v))) break;
       }
       burst.finish();
     }
@@ -403,7 +417,7 @@ class TransformStage final : public Transformer<In, Out> {
     if (this->threads() > 1) this->wake();  // a sibling may take the next inputs
     this->count_in(inputs.size());
     const auto ctx = this->context();
-    for (auto& e : inputs) burst.add(call_with_context(fn_, ctx, std::move(*e.value)));
+    for (auto& e : inputs) burst.add(call_with_context(fn_, ctx, std::move(*e.value)));  // popped: all are made
     this->count_out(inputs.size());
     burst.finish();
     in_process_.fetch_sub(1);
