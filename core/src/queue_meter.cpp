@@ -22,8 +22,7 @@ void QueueMeter::integrate_locked() const noexcept {
   const auto now = Clock::now();
   in_state_[state_] += now - since_;
   since_ = now;
-  const auto s = size_.load();
-  state_ = s <= 0 ? kEmpty : (s >= static_cast<std::ptrdiff_t>(capacity_) ? kFull : kPartial);
+  state_ = state_of(size_.load());
 }
 
 void QueueMeter::account() const noexcept {

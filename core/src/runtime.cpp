@@ -3,55 +3,22 @@
 #include <spdlog/async.h>
 #include <spdlog/async_logger.h>
 #include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/spdlog.h>
 
+#include <bit>
 #include <condition_variable>
 #include <nlohmann/json.hpp>
 #include <oneapi/tbb/flow_graph.h>
-#include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/info.h>
 #include <oneapi/tbb/task_arena.h>
+#include <oneapi/tbb/task_group.h>
 #include <stdexcept>
 #include <thread>
 #include <utility>
 
 #include "stoker/core/stage_error.h"
 
-// libtbb is not built with ThreadSanitizer, so the ordering it provides (a task runs after
-// the try_put that made it; wait_for_all returns after every task) is invisible to TSan.
-// These annotations state those edges; they compile to nothing in other builds.
-#if defined(__SANITIZE_THREAD__)
-extern "C" void __tsan_acquire(void* addr);
-extern "C" void __tsan_release(void* addr);
-#define STOKER_TSAN_ACQUIRE(p) __tsan_acquire(static_cast<void*>(p))
-#define STOKER_TSAN_RELEASE(p) __tsan_release(static_cast<void*>(p))
-#else
-#define STOKER_TSAN_ACQUIRE(p) ((void)0)
-#define STOKER_TSAN_RELEASE(p) ((void)0)
-#endif
-
 namespace stoker {
-
-namespace {
-// The pipeline whose stage body this thread is running, if any.
-thread_local const detail::PipelineCore* running_for = nullptr;
-// What the stage functions of the body this thread runs reported as blocked (note_blocked).
-thread_local std::chrono::nanoseconds blocked_in_body{0};
-}  // namespace
-
-namespace {
-thread_local detail::HeldOutputs* held_outputs = nullptr;
-}  // namespace
-
-detail::HeldOutputs* detail::hold_outputs(HeldOutputs* held) noexcept { return std::exchange(held_outputs, held); }
-
-bool stop_requested() {
-  if (held_outputs) held_outputs->push_held();
-  return running_for && running_for->stopping();
-}
-
-void note_blocked(std::chrono::nanoseconds waited) noexcept {
-  if (running_for) blocked_in_body += waited;
-}
 
 namespace {
 std::atomic<void (*)(const char*)> trace_begin{nullptr};
@@ -70,128 +37,137 @@ namespace stoker::detail {
 using Clock = std::chrono::steady_clock;
 
 // ---------------------------------------------------------------------------------------
-// Engine: the arena every stage body runs in, and the flow graph that schedules them.
+// Engine: the pipeline's threads, the arena they run the stage bodies in, and the flow graph
+// whose tasks are the bodies.
 
 struct PipelineCore::Engine {
-  explicit Engine(int threads)
-      // The consumer is the user's own thread and never joins the arena, so no slot is
-      // reserved for it, and oneTBB must be allowed one worker per requested thread.
-      : control(tbb::global_control::max_allowed_parallelism,
-                static_cast<std::size_t>(std::max(threads + 1, tbb::info::default_concurrency()))),
-        arena(threads, /*reserved_for_masters=*/0) {
-    arena.execute([&] { graph.emplace(); });
+  // Every slot of the arena is reserved for the pipeline's own threads: no oneTBB worker joins,
+  // so the pipeline has its threads whatever the process allows oneTBB (tbb::global_control)
+  // and whatever else keeps oneTBB's workers busy.
+  Engine(int threads, std::vector<std::unique_ptr<StageBase>>& stages)
+      : arena(threads, /*reserved_for_masters=*/static_cast<unsigned>(threads)) {
+    arena.initialize();
+    arena.execute([&] {
+      gate.emplace(group.defer([] {}));  // keeps group.wait() from returning until ~Engine
+      graph.emplace();
+      for (auto& s : stages)
+        nodes.emplace_back(*graph, tbb::flow::unlimited, [&stage = *s](Wake) {
+          stage.run_task();
+          return tbb::flow::continue_msg{};
+        });
+    });
+    // A thread that waits in the arena runs its tasks, and sleeps when there are none.
+    for (int i = 0; i < threads; ++i) pool.emplace_back([this] { arena.execute([this] { group.wait(); }); });
   }
-  tbb::global_control control;
+  ~Engine() {
+    graph->wait_for_all();  // oneTBB is done with every task of the nodes
+    arena.execute([&] { group.run(std::move(*gate)); });
+    for (auto& t : pool) t.join();
+  }
+
+  struct Wake {};
   tbb::task_arena arena;
-  std::optional<tbb::flow::graph> graph;  // built inside `arena`, so it spawns there
-};
-
-struct Wake {};
-
-struct StageBase::Node {
-  // Unlimited concurrency: StageBase::active_ is what limits a stage to its threads,
-  // so a wake-up is never queued behind a busy body.
-  Node(tbb::flow::graph& g, StageBase& s)
-      : node(g, tbb::flow::unlimited, [&s](Wake) { s.run(); return tbb::flow::continue_msg{}; }) {}
-  tbb::flow::function_node<Wake, tbb::flow::continue_msg> node;
+  tbb::task_group group;
+  std::optional<tbb::task_handle> gate;
+  std::optional<tbb::flow::graph> graph;
+  // Unlimited: a stage's slots are what limit its bodies, since a thread that helps
+  // (PipelineCore::wait_for) runs bodies outside the graph.
+  std::deque<tbb::flow::function_node<Wake, tbb::flow::continue_msg>> nodes;
+  std::vector<std::thread> pool;
 };
 
 // ---------------------------------------------------------------------------------------
 // StageBase
 
-StageBase::StageBase(PipelineCore& core, std::string name, int threads)
-    : core_(core), name_(std::move(name)), threads_(threads) {
-  if (threads < 1) throw std::invalid_argument("stage '" + name_ + "': threads must be at least 1");
+StageBase::StageBase(std::string name, int threads, OnError on_error)
+    : name_(std::move(name)), threads_(threads), on_error_(on_error) {
+  if (threads < 1 || threads > kMaxThreads)
+    throw std::invalid_argument("stage '" + name_ + "': threads must be between 1 and " +
+                                std::to_string(kMaxThreads) + ", not " + std::to_string(threads));
 }
 
 StageBase::~StageBase() = default;
 
-void StageBase::begin_epoch(std::uint32_t epoch) {
-  context_.seed = core_.options().seed;  // set by build(), after the stage was made
-  context_.epoch = epoch;
+bool StageBase::stopping() const { return core_->stopping(); }
+
+void StageBase::start(PipelineCore& core, std::size_t position) {
+  core_ = &core;
+  position_ = position;
+  context_.seed = core.options().seed;
+  context_.stop = core.stop_token();
+}
+
+void StageBase::begin_epoch(std::uint32_t epoch) { context_.epoch = epoch; }
+
+int StageBase::claim() noexcept {
+  auto s = slots_.load();
+  for (;;) {
+    if (std::popcount(s) >= threads_) return -1;
+    const int i = std::countr_one(s);  // the lowest free slot: below threads_, as no higher one is taken
+    if (slots_.compare_exchange_weak(s, s | (std::uint64_t{1} << i))) return i;
+  }
 }
 
 void StageBase::wake() {
-  if (!node_ || core_.stopping()) return;
-  int a = active_.load();
-  while (a < threads_) {
-    if (!has_work()) return;
-    if (active_.compare_exchange_weak(a, a + 1)) {
-      STOKER_TSAN_RELEASE(this);
-      node_->node.try_put(Wake{});
-      return;
-    }
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // see the class comment
+  int queued = queued_.load(std::memory_order_relaxed);
+  do {
+    if (std::popcount(slots_.load(std::memory_order_relaxed)) + queued >= threads_) return;
+    if (core_->stopping() || !has_work()) return;
+  } while (!queued_.compare_exchange_weak(queued, queued + 1));
+  core_->spawn(*this);
+}
+
+void StageBase::run_task() {
+  queued_.fetch_sub(1);
+  run();
+  core_->tasks_.fetch_sub(1);  // last: see PipelineCore::spawn()
+}
+
+bool StageBase::run() {
+  int slot = claim();
+  if (slot < 0) return false;
+  for (;;) {
+    run_body(slot);
+    slots_.fetch_and(~(std::uint64_t{1} << slot));
+    std::atomic_thread_fence(std::memory_order_seq_cst);  // see the class comment
+    if (core_->stopping() || !has_work() || (slot = claim()) < 0) return true;
   }
 }
 
-// A body loops while it makes progress, then leaves. Leaving is the delicate part: a
-// producer may push just after we found our input empty. Both sides use sequentially
-// consistent operations: the body drops `active_` and then looks for work; the other
-// side changes a queue and then reads `active_` in wake(). One of the two must see the
-// other, so either the body stays or the other side starts a new one.
-void StageBase::run() {
-  STOKER_TSAN_ACQUIRE(this);
+void StageBase::run_body(int slot) {
+  Body body;
+  body.ctx = context_;
+  body.ctx.body = slot;
+  body.ctx.blocked = &body.blocked;
   body_started();
-  // Busy time is taken per body, not per item: two clock reads per item per stage would
-  // cost more than a cheap stage's work.
   const auto started = Clock::now();
-  Clock::duration lingered{};
-  Step step_result = Step::done;
-  running_for = &core_;
-  blocked_in_body = {};
-  // Busy time excludes lingering and what the stage function reported as blocked.
-  const auto account = [&](Step why) {
-    const auto busy = Clock::now() - started - lingered - blocked_in_body;
-    busy_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(busy).count(), std::memory_order_relaxed);
-    body_left(why, blocked_in_body);
-  };
+  Step last = Step::done;
   auto* const traced = trace_begin.load(std::memory_order_relaxed);
   if (traced) traced(name_.c_str());
-  struct Unmark {
-    bool traced;
-    ~Unmark() {
-      running_for = nullptr;
-      if (auto* end = trace_end.load(std::memory_order_relaxed); traced && end) end();
-    }
-  } unmark{traced != nullptr};
-  for (;;) {
-    try {
-      do step_result = step();
-      while (step_result == Step::progressed && !core_.stopping());
-    } catch (...) {
-      active_.fetch_sub(1);
-      account(Step::done);
-      core_.fail(name_, std::current_exception());
-      STOKER_TSAN_RELEASE(&core_);
-      return;
-    }
-    if (step_result == Step::starved && linger(lingered)) continue;
-    active_.fetch_sub(1);
-    if (core_.stopping() || !has_work()) break;
-    int a = active_.load();
-    bool rejoined = false;
-    while (a < threads_ && !(rejoined = active_.compare_exchange_weak(a, a + 1))) {
-    }
-    if (!rejoined) break;
+  try {
+    // Isolated: a stage function that waits for oneTBB work of its own (parallel_for, a
+    // task_group) runs only that work meanwhile, never another body on the same thread.
+    tbb::this_task_arena::isolate([&] {
+      do last = step(body);
+      while (last == Step::progressed && !core_->stopping());
+    });
+  } catch (...) {
+    last = Step::done;
+    core_->fail(name_, std::current_exception());
   }
-  account(step_result);
-  STOKER_TSAN_RELEASE(&core_);
+  if (auto* end = trace_end.load(std::memory_order_relaxed); traced && end) end();
+  const auto busy = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started) - body.blocked;
+  busy_ns_.fetch_add(busy.count(), std::memory_order_relaxed);
+  body_left(last, body.blocked);
 }
 
-// A starved body waits a moment for its next input before leaving: when items arrive
-// microseconds apart, that saves a task spawn and often a worker wake-up per item. The
-// wait is short enough that a stage sharing the thread budget is barely delayed.
-bool StageBase::linger(Clock::duration& lingered) {
-  constexpr auto kLinger = std::chrono::microseconds(4);
-  const auto start = Clock::now();
-  auto now = start;
-  bool found = false;
-  do {
-    for (int i = 0; i < 32 && !(found = has_work()); ++i) cpu_relax();
-    now = Clock::now();
-  } while (!found && !core_.stopping() && now - start < kLinger);
-  lingered += now - start;
-  return found;
+void StageBase::skipped(std::uint64_t index, const char* what) {
+  constexpr std::uint64_t kLogged = 5;
+  const auto n = skipped_.fetch_add(1) + 1;
+  if (n <= kLogged)
+    spdlog::warn("stage '{}': skipped item {} of epoch {}: {}{}", name_, index, context_.epoch, what,
+                 n == kLogged ? " (further skips are only counted)" : "");
 }
 
 void StageBase::body_started() {
@@ -219,6 +195,7 @@ StageStats StageBase::stats() const {
   s.threads = threads_;
   s.items_in = items_in_.load();
   s.items_out = items_out_.load();
+  s.skipped = skipped_.load();
   s.busy = std::chrono::nanoseconds(busy_ns_.load());
   std::lock_guard lock(idle_mutex_);
   s.starved = starved_;
@@ -252,8 +229,9 @@ class PipelineCore::Monitor {
   }
   ~Monitor() { finish(); }
 
-  // Takes a last sample, writes the per-stage counters, and flushes the file.
-  void finish() {
+  // Takes a last sample, writes the per-stage counters, and flushes the file. Called from a
+  // destructor: what fails is logged, not thrown.
+  void finish() noexcept {
     {
       std::lock_guard lock(mutex_);
       if (done_) return;
@@ -261,26 +239,33 @@ class PipelineCore::Monitor {
     }
     wake_.notify_all();
     thread_.join();
-    sample();
-    const auto summary = core_.summary();
-    for (const auto& s : summary.stages) {
-      nlohmann::json j{{"type", "stage"},
-                       {"t", seconds()},
-                       {"stage", s.name},
-                       {"threads", s.threads},
-                       {"items_in", s.items_in},
-                       {"items_out", s.items_out},
-                       {"busy_s", to_s(s.busy)},
-                       {"starved_s", to_s(s.starved)},
-                       {"blocked_s", to_s(s.blocked)}};
-      logger_->info(j.dump());
+    try {
+      sample();
+      const auto summary = core_.summary();
+      for (const auto& s : summary.stages) {
+        nlohmann::json j{{"type", "stage"},
+                         {"t", seconds()},
+                         {"stage", s.name},
+                         {"threads", s.threads},
+                         {"items_in", s.items_in},
+                         {"items_out", s.items_out},
+                         {"skipped", s.skipped},
+                         {"busy_s", to_s(s.busy)},
+                         {"starved_s", to_s(s.starved)},
+                         {"blocked_s", to_s(s.blocked)}};
+        logger_->info(j.dump());
+      }
+      if (!summary.counters.empty()) {
+        nlohmann::json j{{"type", "counters"}, {"t", seconds()}};
+        for (const auto& c : summary.counters) j["counters"][c.name] = c.value;
+        logger_->info(j.dump());
+      }
+      logger_->flush();
+    } catch (const std::exception& e) {
+      spdlog::error("occupancy log: the final records could not be written: {}", e.what());
+    } catch (...) {
+      spdlog::error("occupancy log: the final records could not be written");
     }
-    if (!summary.counters.empty()) {
-      nlohmann::json j{{"type", "counters"}, {"t", seconds()}};
-      for (const auto& c : summary.counters) j["counters"][c.name] = c.value;
-      logger_->info(j.dump());
-    }
-    logger_->flush();
     logger_.reset();
     pool_.reset();  // joins the logging thread after it has written everything
   }
@@ -294,7 +279,11 @@ class PipelineCore::Monitor {
     auto next = Clock::now();
     while (!done_) {
       lock.unlock();
-      sample();
+      try {
+        sample();
+      } catch (const std::exception& e) {
+        spdlog::error("occupancy log: a sample could not be written: {}", e.what());
+      }
       lock.lock();
       next += interval_;
       wake_.wait_until(lock, next, [&] { return done_; });
@@ -304,10 +293,9 @@ class PipelineCore::Monitor {
   void sample() {
     const double t = seconds();
     for (const auto& e : core_.edges_) {
-      const auto& m = e->meter();
-      nlohmann::json j{{"type", "sample"},      {"t", t},
-                       {"queue", m.name()},     {"size", m.size()},
-                       {"capacity", m.capacity()}, {"producer", e->producer()},
+      nlohmann::json j{{"type", "sample"},        {"t", t},
+                       {"queue", e->name()},      {"size", e->size()},
+                       {"capacity", e->capacity()}, {"producer", e->producer()},
                        {"consumer", e->consumer()}};
       logger_->info(j.dump());
     }
@@ -327,7 +315,7 @@ class PipelineCore::Monitor {
 // ---------------------------------------------------------------------------------------
 // PipelineCore
 
-PipelineCore::PipelineCore(CoreOptions options) : options_(std::move(options)) {}
+PipelineCore::PipelineCore() = default;
 
 PipelineCore::~PipelineCore() { stop(); }
 
@@ -339,23 +327,46 @@ StageBase& PipelineCore::add_stage(std::unique_ptr<StageBase> stage) {
   return *stages_.back();
 }
 
-void PipelineCore::start() {
+void PipelineCore::start(CoreOptions options) {
+  options_ = std::move(options);
   if (options_.threads < 0) throw std::invalid_argument("pipeline threads must be at least 1 (or 0 for one per core)");
   if (options_.sample_interval.count() <= 0)
     throw std::invalid_argument("occupancy sample interval must be positive");
-  const int threads = options_.threads == 0 ? tbb::info::default_concurrency() : options_.threads;
+  for (std::size_t i = 0; i < stages_.size(); ++i) stages_[i]->start(*this, i);
+  for (auto& e : edges_) e->start(options_.deterministic, options_.seed);
   if (!options_.occupancy_log.empty())
     monitor_ = std::make_unique<Monitor>(*this, options_.occupancy_log, options_.sample_interval);
-  engine_ = std::make_unique<Engine>(threads);
-  engine_->arena.execute([&] {
-    for (auto& s : stages_) s->node_ = std::make_unique<StageBase::Node>(*engine_->graph, *s);
-  });
+  threads_ = options_.threads == 0 ? tbb::info::default_concurrency() : options_.threads;
+  engine_ = std::make_unique<Engine>(threads_, stages_);
   started_ = Clock::now();
 }
 
-void PipelineCore::wait_idle() {
-  for (const auto& s : stages_)
-    while (!s->idle()) std::this_thread::yield();
+void PipelineCore::spawn(StageBase& stage) {
+  // Counted until the task's very last action (run_task()): wait_idle() means every body has
+  // returned.
+  tasks_.fetch_add(1);
+  engine_->nodes[stage.position()].try_put(Engine::Wake{});  // the graph spawns into its arena
+}
+
+void PipelineCore::wait_idle() const {
+  while (tasks_.load() != 0) std::this_thread::yield();
+}
+
+void PipelineCore::wait_for(const StageBase& from, const std::function<bool()>& done) const {
+  for (int idle = 0; !done();) {
+    if (stopping()) throw PipelineStopped();
+    bool helped = false;
+    for (std::size_t i = stages_.size(); i-- > from.position() + 1 && !helped;)
+      helped = stages_[i]->has_work() && stages_[i]->run();
+    if (helped) {
+      idle = 0;
+    } else if (idle < 64) {
+      ++idle;
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
 }
 
 void PipelineCore::begin_epoch(std::uint32_t epoch) {
@@ -377,7 +388,7 @@ void PipelineCore::fail(const std::string& stage, std::exception_ptr error) {
       error_stage_ = stage;
     }
   }
-  stopping_.store(true);
+  stop_.request_stop();
   for (auto& e : edges_) e->close();  // wakes the consumer
 }
 
@@ -394,12 +405,12 @@ void PipelineCore::rethrow_if_failed() const {
   throw StageError(error_stage_, message, error_);
 }
 
-void PipelineCore::stop() {
+void PipelineCore::stop() noexcept {
   if (stopped_.exchange(true)) return;
-  stopping_.store(true);
+  stop_.request_stop();
   for (auto& e : edges_) e->close();
-  if (engine_) engine_->graph->wait_for_all();  // every body has returned
-  STOKER_TSAN_ACQUIRE(this);
+  wait_idle();
+  engine_.reset();
   if (monitor_) monitor_->finish();
 }
 
@@ -408,10 +419,11 @@ PipelineSummary PipelineCore::summary() const {
   out.wall = started_ == Clock::time_point{} ? std::chrono::nanoseconds{0} : Clock::now() - started_;
   out.consumer_wait = consumer_wait_;
   out.consumed = consumed_;
+  out.threads = threads_;
   for (const auto& s : stages_) out.stages.push_back(s->stats());
   if (options_.counters) out.counters = options_.counters();
   for (const auto& e : edges_) {
-    const auto st = e->meter().stats();
+    const auto st = e->stats();
     out.queues.push_back({std::string(st.name), e->producer(), e->consumer(), st.capacity, st.size, st.time_empty,
                           st.time_full, st.lifetime});
   }

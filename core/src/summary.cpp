@@ -14,14 +14,15 @@ double pct(std::chrono::nanoseconds part, std::chrono::nanoseconds whole) {
 void print_summary(std::ostream& out, const PipelineSummary& s) {
   char line[256];
   const double wall = std::chrono::duration<double>(s.wall).count();
-  std::snprintf(line, sizeof line, "%-20s %7s %12s %12s %8s %9s %9s\n", "stage", "threads", "items in", "items out",
-                "busy %", "starved %", "blocked %");
+  std::snprintf(line, sizeof line, "%-20s %7s %12s %12s %8s %8s %9s %9s\n", "stage", "threads", "items in",
+                "items out", "skipped", "busy %", "starved %", "blocked %");
   out << line;
   for (const auto& st : s.stages) {
     // Busy is summed over threads: divide by them so 100% means every thread busy.
-    std::snprintf(line, sizeof line, "%-20s %7d %12llu %12llu %8.1f %9.1f %9.1f\n", st.name.c_str(), st.threads,
+    std::snprintf(line, sizeof line, "%-20s %7d %12llu %12llu %8llu %8.1f %9.1f %9.1f\n", st.name.c_str(), st.threads,
                   static_cast<unsigned long long>(st.items_in), static_cast<unsigned long long>(st.items_out),
-                  pct(st.busy, s.wall) / st.threads, pct(st.starved, s.wall), pct(st.blocked, s.wall));
+                  static_cast<unsigned long long>(st.skipped), pct(st.busy, s.wall) / st.threads,
+                  pct(st.starved, s.wall), pct(st.blocked, s.wall));
     out << line;
   }
   std::snprintf(line, sizeof line, "%-28s %8s %8s %8s %8s\n", "queue", "capacity", "size", "empty %", "full %");
@@ -35,8 +36,8 @@ void print_summary(std::ostream& out, const PipelineSummary& s) {
     std::snprintf(line, sizeof line, "%-28s %12llu\n", c.name.c_str(), static_cast<unsigned long long>(c.value));
     out << line;
   }
-  std::snprintf(line, sizeof line, "consumer: %llu items in %.3f s, waited %.1f%% of the time\n",
-                static_cast<unsigned long long>(s.consumed), wall, pct(s.consumer_wait, s.wall));
+  std::snprintf(line, sizeof line, "consumer: %llu items in %.3f s, waited %.1f%% of the time; stages on %d threads\n",
+                static_cast<unsigned long long>(s.consumed), wall, pct(s.consumer_wait, s.wall), s.threads);
   out << line;
 }
 

@@ -150,12 +150,14 @@ struct GpuAugment::State {
 
   // ---- the window's books
 
-  void begin_epoch(std::uint32_t epoch) {
-    if (window && window_epoch == epoch) return;
+  // A window without a seed of its own takes one from the pipeline's, as a pipeline's shuffle.
+  void begin_epoch(const StageContext& ctx) {
+    if (window && window_epoch == ctx.epoch) return;
     drop_window();
+    const auto seed = options.shuffle.seed.value_or(derive_seed(ctx.seed, hash_name("gpu_augment window")));
     window.emplace("gpu_augment window", ShuffleOptions{options.shuffle.capacity, options.shuffle.min_after_dequeue,
-                                                        derive_seed(options.shuffle.seed, epoch)});
-    window_epoch = epoch;
+                                                        derive_seed(seed, ctx.epoch)});
+    window_epoch = ctx.epoch;
   }
 
   // Every slot free, nothing held. Safe whatever the device is still doing with the slots:
@@ -208,10 +210,10 @@ struct GpuAugment::State {
 
   // ---- issuing work
 
-  std::vector<Buffer> acquire_outputs() {
+  std::vector<Buffer> acquire_outputs(const StageContext& ctx) {
     std::vector<Buffer> buffers;
     for (const auto& m : minibatches)
-      buffers.push_back(outputs->acquire(Batch::storage_bytes(kernels->crop(), DType::f32, m.count)));
+      buffers.push_back(outputs->acquire(Batch::storage_bytes(kernels->crop(), DType::f32, m.count), ctx));
     return buffers;
   }
 
@@ -232,7 +234,7 @@ struct GpuAugment::State {
   // Streaming: one copy of [collated images | jobs | gather slots | table, the first time],
   // then the kernels in the order the books were kept, so that a slot is refilled only after
   // the gather that emptied it.
-  void crop_images(Batch& images, Emitter<DeviceBatch>& emit) {
+  void crop_images(Batch& images, Emitter<DeviceBatch>& emit, const StageContext& ctx) {
     const std::size_t jobs_at = align_up(images.storage.size());
     const std::size_t picks_at = align_up(jobs_at + jobs.size() * sizeof(CropJob));
     const std::size_t picks_end = picks_at + picked.size() * sizeof(std::uint32_t);
@@ -240,7 +242,7 @@ struct GpuAugment::State {
     const bool with_table = !table_shipped;
     const std::size_t bytes = with_table ? table_at + kernels->table_bytes() : picks_end;
 
-    std::vector<Buffer> out = acquire_outputs();
+    std::vector<Buffer> out = acquire_outputs(ctx);
     // The staging slot is larger than the batch collated into it: the rest is ours.
     std::byte* host = images.data();
     std::memcpy(host + jobs_at, jobs.data(), jobs.size() * sizeof(CropJob));
@@ -248,7 +250,7 @@ struct GpuAugment::State {
     for (std::size_t k = 0; k < picked.size(); ++k) picks[k] = picked[k].dst;
     if (with_table) kernels->write_table(host + table_at);
 
-    Buffer dev = device_staging->acquire(bytes);
+    Buffer dev = device_staging->acquire(bytes, ctx);
     Event& copied = device_staging->event(dev);
     copy->copy_to_device(dev.data(), host, bytes);
     copy->record(copied);
@@ -279,15 +281,15 @@ struct GpuAugment::State {
   // What crosses PCIe without images (the resident mode's jobs, the drain's gather slots) is
   // a few bytes per crop: the kernels read it straight from pinned memory, and no copy is
   // issued. CUDA maps every pinned allocation into the device's address space (UVA).
-  void crop_picked_from_pinned(Emitter<DeviceBatch>& emit) {
+  void crop_picked_from_pinned(Emitter<DeviceBatch>& emit, const StageContext& ctx) {
     if (minibatches.empty()) return;
-    std::vector<Buffer> out = acquire_outputs();
+    std::vector<Buffer> out = acquire_outputs(ctx);
     Buffer host;
     if (resident()) {
-      host = lists->acquire(picked.size() * sizeof(CropJob));
+      host = lists->acquire(picked.size() * sizeof(CropJob), ctx);
       std::memcpy(host.data(), picked.data(), picked.size() * sizeof(CropJob));
     } else {
-      host = lists->acquire(picked.size() * sizeof(std::uint32_t));
+      host = lists->acquire(picked.size() * sizeof(std::uint32_t), ctx);
       auto* picks = reinterpret_cast<std::uint32_t*>(host.data());
       for (std::size_t k = 0; k < picked.size(); ++k) picks[k] = picked[k].dst;
     }
@@ -323,7 +325,7 @@ struct GpuAugment::State {
                                   " images, but option image is " + kernels->image().str() + " " +
                                   dtype_name(kernels->dtype()));
     if (images.count == 0) return;
-    begin_epoch(ctx.epoch);
+    begin_epoch(ctx);
     jobs.clear();
     const auto labels = images.label_values();
     const auto ids = images.id_values();
@@ -335,7 +337,7 @@ struct GpuAugment::State {
       for (const auto& p : plans) jobs.push_back(detail::make_job(static_cast<std::uint32_t>(i), p, labels[i]));
     }
     book_jobs();
-    if (!jobs.empty()) crop_images(images, emit);
+    if (!jobs.empty()) crop_images(images, emit, ctx);
   }
 
   void resident_call(const std::vector<std::uint64_t>& indices, Emitter<DeviceBatch>& emit, const StageContext& ctx) {
@@ -345,7 +347,7 @@ struct GpuAugment::State {
       throw std::invalid_argument("GpuAugment: a batch of " + std::to_string(indices.size()) +
                                   " indices, but max_images is " + std::to_string(options.max_images));
     if (indices.empty()) return;
-    begin_epoch(ctx.epoch);
+    begin_epoch(ctx);
     jobs.clear();
     const std::size_t image_bytes = kernels->image_bytes();
     for (std::uint64_t i : indices) {
@@ -362,7 +364,7 @@ struct GpuAugment::State {
       for (const auto& p : plans) jobs.push_back(detail::make_job(static_cast<std::uint32_t>(i), p, label));
     }
     book_jobs();
-    crop_picked_from_pinned(emit);
+    crop_picked_from_pinned(emit, ctx);
   }
 
   void drain(Emitter<DeviceBatch>& emit, const StageContext& ctx) {
@@ -377,7 +379,7 @@ struct GpuAugment::State {
       minibatches.pop_back();
     }
     drop_window();
-    crop_picked_from_pinned(emit);
+    crop_picked_from_pinned(emit, ctx);
   }
 
   std::shared_ptr<Device> device;
@@ -435,7 +437,7 @@ void GpuAugment::operator()(std::vector<Sample> images, Emitter<DeviceBatch>& em
   if (images.empty()) return;
   if (!state_->host_staging)
     throw std::invalid_argument("GpuAugment: this one is resident over a data set; give it batches of indices");
-  (*this)(make_batch(std::move(images), *state_->host_staging), emit, ctx);
+  (*this)(make_batch(std::move(images), *state_->host_staging, ctx), emit, ctx);
 }
 
 std::shared_ptr<SlotPool> GpuAugment::staging() const noexcept { return state_->host_staging; }

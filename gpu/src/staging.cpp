@@ -72,19 +72,15 @@ std::optional<Buffer> SlotPool::try_acquire(std::size_t bytes) {
   return take_free(lock, bytes);
 }
 
-Buffer SlotPool::acquire(std::size_t bytes) {
+Buffer SlotPool::acquire(std::size_t bytes, const StageContext& ctx) {
   if (bytes > slot_bytes_) (void)try_acquire(bytes);  // throws the size error
   std::unique_lock lock(mutex_);
   if (auto b = take_free(lock, bytes)) return std::move(*b);
   // Exhausted: the stage calling waits for its consumer, as with a full output queue.
-  const auto t0 = std::chrono::steady_clock::now();
-  struct Blocked {
-    std::chrono::steady_clock::time_point t0;
-    ~Blocked() { note_blocked(std::chrono::steady_clock::now() - t0); }
-  } blocked{t0};
+  const BlockedTime blocked(ctx);
   for (;;) {
     if (auto b = take_free(lock, bytes)) return std::move(*b);
-    if (stop_requested()) throw PipelineStopped();
+    if (ctx.stop.stop_requested()) throw PipelineStopped();
     // A slot comes back either through a Buffer's destructor, which notifies, or when the
     // device passes an event, which nobody announces: poll those briefly.
     const auto wait = pending_.empty() ? std::chrono::microseconds(2000) : std::chrono::microseconds(20);
@@ -150,12 +146,12 @@ ToDevice::State::~State() {
   if (copy_stream) copy_stream->synchronize();
 }
 
-DeviceBatch ToDevice::operator()(Batch batch) const {
+DeviceBatch ToDevice::operator()(Batch batch, const StageContext& ctx) const {
   auto& s = *state_;
   if (batch.storage.pool() != s.staging.get())
     throw std::invalid_argument(
         "to_device: the batch was not collated into the staging pool (use Collate{.pool = to_device.staging()})");
-  Buffer target = s.device_pool->acquire(batch.storage.size());
+  Buffer target = s.device_pool->acquire(batch.storage.size(), ctx);
   const detail::TraceRange range("h2d copy");
   const std::size_t bytes = batch.payload_bytes();
   s.copy_stream->copy_to_device(target.data(), batch.data(), bytes);

@@ -60,8 +60,9 @@ void prefetch_source(const DeferredCrop& c) noexcept {
 
 // Calls fill(i, destination) for every item i, in order, and sets labels and ids.
 template <class Item, class Fill>
-Batch collate(const std::vector<Item>& in, Shape shape, DType out_type, BufferPool& pool, Fill&& fill) {
-  Batch b = Batch::allocate(pool, shape, out_type, in.size());
+Batch collate(const std::vector<Item>& in, Shape shape, DType out_type, BufferPool& pool, const StageContext& ctx,
+              Fill&& fill) {
+  Batch b = Batch::allocate(pool, shape, out_type, in.size(), ctx);
   const std::size_t out_bytes = b.sample_bytes();
   auto labels = b.label_values();
   auto ids = b.id_values();
@@ -114,12 +115,12 @@ void check_like_first(const std::vector<DeferredCrop>& in, std::size_t i) {
 
 }  // namespace
 
-Batch Batch::allocate(BufferPool& pool, Shape shape, DType dtype, std::size_t count) {
+Batch Batch::allocate(BufferPool& pool, Shape shape, DType dtype, std::size_t count, const StageContext& ctx) {
   Batch b;
   b.shape = shape;
   b.dtype = dtype;
   b.count = count;
-  b.storage = pool.acquire(storage_bytes(shape, dtype, count));
+  b.storage = pool.acquire(storage_bytes(shape, dtype, count), ctx);
   return b;
 }
 
@@ -131,43 +132,45 @@ std::vector<std::size_t> Batch::dims() const {
   return d;
 }
 
-Batch make_batch(std::vector<Sample>&& samples, BufferPool& pool) {
+Batch make_batch(std::vector<Sample>&& samples, BufferPool& pool, const StageContext& ctx) {
   // Consumes the samples whatever happens, as the signature promises.
   const std::vector<Sample> in = std::move(samples);
   check_batchable(in);
   const std::size_t bytes = in.front().data.size();
-  return collate(in, in.front().shape, in.front().dtype, pool, [&in, bytes](std::size_t i, std::byte* out) {
+  return collate(in, in.front().shape, in.front().dtype, pool, ctx, [&in, bytes](std::size_t i, std::byte* out) {
     if (bytes) std::memcpy(out, in[i].data.data(), bytes);
   });
 }
 
-Batch make_batch(std::vector<Sample>&& samples, const Normalizer& normalize, BufferPool& pool) {
+Batch make_batch(std::vector<Sample>&& samples, const Normalizer& normalize, BufferPool& pool,
+                 const StageContext& ctx) {
   const std::vector<Sample> in = std::move(samples);
   check_batchable(in);
   const Shape& shape = in.front().shape;
   normalize.check(shape, "make_batch");
   const Window whole{0, 0, 0, shape.depth, shape.height, shape.width};
-  return collate(in, shape, DType::f32, pool, [&](std::size_t i, std::byte* out) {
+  return collate(in, shape, DType::f32, pool, ctx, [&](std::size_t i, std::byte* out) {
     crop_mirror_normalize_into(in[i], whole, {}, normalize, {reinterpret_cast<float*>(out), shape.elements()});
   });
 }
 
-Batch make_batch(std::vector<DeferredCrop>&& crops, BufferPool& pool) {
+Batch make_batch(std::vector<DeferredCrop>&& crops, BufferPool& pool, const StageContext& ctx) {
   const std::vector<DeferredCrop> in = std::move(crops);
   const Shape shape = check_batchable(in);
   const DType dtype = in.front().source->dtype;
   const std::size_t bytes = shape.elements() * dtype_size(dtype);
-  return collate(in, shape, dtype, pool, [&in, bytes](std::size_t i, std::byte* out) {
+  return collate(in, shape, dtype, pool, ctx, [&in, bytes](std::size_t i, std::byte* out) {
     check_like_first(in, i);
     crop_mirror_into(*in[i].source, in[i].crop.window, in[i].crop.flips, {out, bytes});
   });
 }
 
-Batch make_batch(std::vector<DeferredCrop>&& crops, const Normalizer& normalize, BufferPool& pool) {
+Batch make_batch(std::vector<DeferredCrop>&& crops, const Normalizer& normalize, BufferPool& pool,
+                 const StageContext& ctx) {
   const std::vector<DeferredCrop> in = std::move(crops);
   const Shape shape = check_batchable(in);
   normalize.check(shape, "make_batch");
-  return collate(in, shape, DType::f32, pool, [&](std::size_t i, std::byte* out) {
+  return collate(in, shape, DType::f32, pool, ctx, [&](std::size_t i, std::byte* out) {
     check_like_first(in, i);
     const DeferredCrop& c = in[i];
     crop_mirror_normalize_into(*c.source, c.crop.window, c.crop.flips, normalize,

@@ -36,7 +36,7 @@ BufferPool::~BufferPool() {
     for (auto* p : list) free_bytes(p);
 }
 
-Buffer BufferPool::acquire(std::size_t bytes) {
+Buffer BufferPool::acquire(std::size_t bytes, const StageContext&) {
   if (bytes == 0) return {};
   {
     std::lock_guard lock(mutex_);

@@ -53,50 +53,6 @@ TEST_SUITE("BoundedQueue") {
     CHECK(q.drained());
   }
 
-  TEST_CASE("reserved slots count against the capacity until they are filled or handed back" *
-            doctest::timeout(30)) {
-    BoundedQueue<std::unique_ptr<int>> q("q", 4);
-    std::vector<std::unique_ptr<int>> items;
-    for (int i = 0; i < 4; ++i) items.push_back(std::make_unique<int>(i));
-    CHECK(q.try_reserve(3) == 3);
-    CHECK(q.try_reserve(3) == 1);  // what is left
-    CHECK(q.try_reserve(1) == 0);
-    CHECK_FALSE(q.try_push(std::make_unique<int>(9)));  // reserved is taken
-    CHECK(q.size() == 0);
-    CHECK(q.push_reserved(items.begin(), 2));
-    CHECK(q.size() == 2);
-    CHECK(items[0] == nullptr);
-    q.cancel_reserved(2);  // of the 4 claimed, 2 were filled
-    CHECK(q.try_reserve(5) == 2);
-    q.cancel_reserved(2);
-
-    std::vector<std::unique_ptr<int>> out;
-    CHECK(q.try_pop_many(out, 4) == 2);
-    REQUIRE(out.size() == 2);
-    CHECK(*out[1] == 1);
-
-    CHECK(q.try_reserve(2) == 2);
-    q.close();
-    CHECK_FALSE(q.push_reserved(items.begin() + 2, 2));  // closed meanwhile: nothing taken
-    REQUIRE(items[2] != nullptr);
-    CHECK(q.try_reserve(1) == 0);
-    CHECK(q.drained());
-  }
-
-  TEST_CASE("reserve, then push into the reserved slots in two parts: every item exactly once, within the bound" *
-            doctest::timeout(120)) {
-    BoundedQueue<std::uint32_t> q("q", 7);
-    check_exactly_once_in_bursts(
-        q, 3, 3, 300'000, 16,
-        [&](auto first, std::size_t n) {
-          const std::size_t k = q.try_reserve(n), half = k / 2;
-          REQUIRE(q.push_reserved(first, half));
-          REQUIRE(q.push_reserved(first + static_cast<std::ptrdiff_t>(half), k - half));
-          return k;
-        },
-        [&](std::vector<std::uint32_t>& out, std::size_t max) { return q.try_pop_many(out, max); });
-  }
-
   TEST_CASE("a tiny capacity is still exact and bounded" * doctest::timeout(60)) {
     BoundedQueue<std::uint32_t> q("q", 1);
     check_exactly_once(q, 3, 2, 100'000);

@@ -1,7 +1,9 @@
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <random>
 #include <set>
 #include <string>
 
@@ -10,6 +12,7 @@
 
 using stoker::RandomShuffleQueue;
 using stoker::ShuffleOptions;
+using stoker::ShuffleRule;
 using namespace stoker::test;
 
 namespace {
@@ -18,8 +21,9 @@ using Queue = RandomShuffleQueue<std::uint32_t>;
 
 // Pushes 0..n-1 and pops everything, one thread, the consumer keeping up: each pop
 // happens as soon as it is allowed. Returns the output order.
-std::vector<std::uint32_t> shuffle_sequentially(ShuffleOptions o, std::uint32_t n) {
-  Queue q("q", o);
+std::vector<std::uint32_t> shuffle_sequentially(ShuffleOptions o, std::uint32_t n,
+                                                ShuffleRule rule = ShuffleRule::all_held) {
+  Queue q("q", o, rule);
   std::vector<std::uint32_t> out;
   std::uint32_t v;
   for (std::uint32_t i = 0; i < n; ++i) {
@@ -32,8 +36,9 @@ std::vector<std::uint32_t> shuffle_sequentially(ShuffleOptions o, std::uint32_t 
 }
 
 // Same, with a producer and a consumer thread that run at varying speeds.
-std::vector<std::uint32_t> shuffle_threaded(ShuffleOptions o, std::uint32_t n, std::uint64_t jitter_seed) {
-  Queue q("q", o);
+std::vector<std::uint32_t> shuffle_threaded(ShuffleOptions o, std::uint32_t n, std::uint64_t jitter_seed,
+                                            ShuffleRule rule = ShuffleRule::all_held) {
+  Queue q("q", o, rule);
   std::vector<std::uint32_t> out;
   run_threads(2, [&](int id) {
     stoker::Rng jitter(jitter_seed + static_cast<std::uint64_t>(id));
@@ -82,13 +87,13 @@ TEST_SUITE("RandomShuffleQueue") {
         [] { return std::make_unique<Queue>("q", ShuffleOptions{.capacity = 8, .min_after_dequeue = 3}); });
   }
 
-  TEST_CASE("each dequeue is uniform over the oldest min_after_dequeue + 1 held elements") {
+  TEST_CASE("oldest_window: each dequeue is uniform over the oldest min_after_dequeue + 1 held elements") {
     // Model the queue's contents alongside it and record, for every dequeue, the age rank
     // of the element taken among those held. FIFO always gives rank 0, a queue that
     // favours recent elements gives high ranks; a fair one gives every rank equally often.
     constexpr std::size_t kMad = 19;
     constexpr std::uint32_t kItems = 200'000;
-    Queue q("q", {.capacity = 256, .min_after_dequeue = kMad, .seed = 42});
+    Queue q("q", {.capacity = 256, .min_after_dequeue = kMad, .seed = 42}, ShuffleRule::oldest_window);
     std::set<std::uint32_t> held;
     std::vector<double> rank_count(kMad + 1, 0.0);
     std::uint32_t v;
@@ -129,12 +134,13 @@ TEST_SUITE("RandomShuffleQueue") {
     CHECK(chi_square(first, kTrials / double(kMad + 1)) < 27.9);
   }
 
-  TEST_CASE("elements travel about as far as a window of min_after_dequeue + 1 predicts") {
+  TEST_CASE("oldest_window: elements travel about as far as a window of min_after_dequeue + 1 predicts") {
     // Each element stays in the window a geometric number of dequeues with mean m + 1, so
     // its mean distance from its input position is close to 2m/e (about 0.74 m).
     constexpr std::size_t kMad = 500;
     constexpr std::uint32_t kItems = 100'000;
-    const auto out = shuffle_sequentially({.capacity = 1000, .min_after_dequeue = kMad, .seed = 3}, kItems);
+    const auto out = shuffle_sequentially({.capacity = 1000, .min_after_dequeue = kMad, .seed = 3}, kItems,
+                                          ShuffleRule::oldest_window);
     REQUIRE(is_permutation_of_iota(out, kItems));
     double total = 0;
     for (std::uint32_t pos = 0; pos < kItems; ++pos) total += std::abs(double(out[pos]) - double(pos));
@@ -143,17 +149,114 @@ TEST_SUITE("RandomShuffleQueue") {
     CHECK(mean < 0.9 * kMad);
   }
 
-  TEST_CASE("one producer, one consumer: the order is a function of the seed alone" * doctest::timeout(60)) {
+  TEST_CASE("oldest_window, one producer, one consumer: the order is a function of the seed alone" *
+            doctest::timeout(60)) {
+    constexpr auto kRule = ShuffleRule::oldest_window;
     const ShuffleOptions o{.capacity = 300, .min_after_dequeue = 100, .seed = 11};
-    const auto a = shuffle_threaded(o, 20'000, 1);
-    const auto b = shuffle_threaded(o, 20'000, 2);
-    const auto c = shuffle_sequentially(o, 20'000);
+    const auto a = shuffle_threaded(o, 20'000, 1, kRule);
+    const auto b = shuffle_threaded(o, 20'000, 2, kRule);
+    const auto c = shuffle_sequentially(o, 20'000, kRule);
     REQUIRE(is_permutation_of_iota(a, 20'000));
     CHECK(a == b);
     CHECK(a == c);
     auto other = o;
     other.seed = 12;
-    CHECK(shuffle_threaded(other, 20'000, 1) != a);
+    CHECK(shuffle_threaded(other, 20'000, 1, kRule) != a);
+  }
+
+  TEST_CASE("all_held: each dequeue is uniform over everything held, whatever its age") {
+    // As the oldest_window case, with the producer running far ahead: the rank (by age) of the
+    // element taken among all held is uniform. The oldest-window rule never takes a rank past
+    // min_after_dequeue, and fails this.
+    constexpr std::size_t kMad = 4, kCapacity = 40;
+    constexpr std::uint32_t kItems = 400'000;
+    Queue q("q", {.capacity = kCapacity, .min_after_dequeue = kMad, .seed = 42});
+    std::set<std::uint32_t> held;
+    std::vector<double> rank_count(kCapacity, 0.0);
+    std::uint32_t v;
+    std::size_t pops = 0;
+    for (std::uint32_t i = 0; i < kItems; ++i) {
+      REQUIRE(q.try_push(i));
+      held.insert(i);
+      if (held.size() == kCapacity) {  // full: take one, whose rank among all 40 is uniform
+        REQUIRE(q.try_pop(v));
+        auto it = held.find(v);
+        REQUIRE(it != held.end());
+        rank_count[static_cast<std::size_t>(std::distance(held.begin(), it))] += 1;
+        held.erase(it);
+        ++pops;
+      }
+    }
+    // 39 degrees of freedom: P(chi2 > 72.1) = 0.001.
+    CHECK(chi_square(rank_count, static_cast<double>(pops) / kCapacity) < 72.1);
+  }
+
+  TEST_CASE("all_held: with a slow consumer, elements travel as TensorFlow's rule makes them, not as a window's") {
+    // The producer keeps the queue full (capacity = 5 * min_after_dequeue) and each pop is
+    // followed by one push. A reference model of TensorFlow's rule (uniform over everything
+    // held) and one of the window rule (uniform over the oldest min_after_dequeue + 1), each
+    // with a generator of its own, give the distribution of how far an element moves (output
+    // position minus arrival position). The queue's distribution, binned at the deciles of
+    // the TensorFlow model's, must fit it and not the window model's.
+    constexpr std::size_t kMad = 200, kCapacity = 5 * kMad;
+    constexpr std::uint32_t kItems = 200'000;
+    const auto displacements = [&](auto&& take_from_held) {
+      std::vector<std::int64_t> moved;
+      std::vector<std::uint32_t> held;
+      std::uint32_t next = 0;
+      std::int64_t out_pos = 0;
+      while (held.size() < kCapacity) held.push_back(next++);
+      while (!held.empty()) {
+        const std::uint32_t v = take_from_held(held);
+        moved.push_back(out_pos++ - static_cast<std::int64_t>(v));
+        if (next < kItems) held.push_back(next++);
+      }
+      return moved;
+    };
+    std::mt19937_64 model_rng(1);
+    auto uniform_below = [&](std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(model_rng); };
+    const auto tf_model = displacements([&](std::vector<std::uint32_t>& held) {
+      const std::size_t i = uniform_below(held.size());
+      const std::uint32_t v = held[i];
+      held.erase(held.begin() + static_cast<std::ptrdiff_t>(i));
+      return v;
+    });
+    const auto window_model = displacements([&](std::vector<std::uint32_t>& held) {
+      const std::size_t i = uniform_below(std::min(held.size(), kMad + 1));  // held is in arrival order
+      const std::uint32_t v = held[i];
+      held.erase(held.begin() + static_cast<std::ptrdiff_t>(i));
+      return v;
+    });
+    Queue q("q", {.capacity = kCapacity, .min_after_dequeue = kMad, .seed = 5});
+    std::size_t pushed = 0;
+    const auto queue = displacements([&](std::vector<std::uint32_t>& held) {
+      // The queue holds what the model holds: push what it lacks, then pop one.
+      while (pushed < held.back() + 1u) REQUIRE(q.try_push(static_cast<std::uint32_t>(pushed++)));
+      if (held.size() <= kMad) q.close();  // the end: the remainder drains
+      std::uint32_t v = 0;
+      REQUIRE(q.try_pop(v));
+      held.erase(std::find(held.begin(), held.end(), v));
+      return v;
+    });
+    REQUIRE(queue.size() == kItems);
+    auto sorted_model = tf_model;
+    std::sort(sorted_model.begin(), sorted_model.end());
+    std::vector<std::int64_t> deciles;
+    for (int d = 1; d < 10; ++d) deciles.push_back(sorted_model[sorted_model.size() * static_cast<std::size_t>(d) / 10]);
+    const auto chi = [&](const std::vector<std::int64_t>& sample) {
+      std::vector<double> bins(10, 0.0);
+      for (auto m : sample) bins[static_cast<std::size_t>(std::upper_bound(deciles.begin(), deciles.end(), m) - deciles.begin())] += 1;
+      std::vector<double> expected(10, 0.0);
+      for (auto m : tf_model) expected[static_cast<std::size_t>(std::upper_bound(deciles.begin(), deciles.end(), m) - deciles.begin())] += 1;
+      double x = 0;
+      for (std::size_t b = 0; b < 10; ++b) x += (bins[b] - expected[b]) * (bins[b] - expected[b]) / expected[b];
+      return x;
+    };
+    MESSAGE("chi-square against the TensorFlow model: queue " << chi(queue) << ", window model " << chi(window_model));
+    // 9 degrees of freedom; successive displacements are correlated, so the threshold is
+    // generous: P(chi2 > 60) is negligible for independent draws. The window model is far off.
+    CHECK(chi(queue) < 60.0);
+    CHECK(chi(window_model) > 1000.0);
   }
 
   TEST_CASE("fewer elements than min_after_dequeue still drain, in random order, after close") {

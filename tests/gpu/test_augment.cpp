@@ -134,7 +134,9 @@ class ReadBack {
 Minibatches expected(const Images& data, const GpuAugmentOptions& o, StageContext ctx) {
   const RandomCrops crops(o.crops);
   RandomShuffleQueue<std::string> window(
-      "expected", {o.shuffle.capacity, o.shuffle.min_after_dequeue, derive_seed(o.shuffle.seed, ctx.epoch)});
+      "expected", {o.shuffle.capacity, o.shuffle.min_after_dequeue,
+                   derive_seed(o.shuffle.seed.value_or(derive_seed(ctx.seed, hash_name("gpu_augment window"))),
+                               ctx.epoch)});
   Minibatches out;
   for (std::size_t k = 0; k < data.batches(); ++k)
     for (const Sample& image : data.batch(k))

@@ -52,31 +52,13 @@ class BoundedQueue : public QueueMeter {
     return insert(std::forward<U>(value));
   }
   /// Pushes the first k of the `n` values from `first` (moving from them), k being as many as
-  /// there are free slots now; returns k, 0 when the queue is full or closed. One slot
-  /// claim and one wake-up for all k: what makes a burst cheaper than k pushes.
+  /// there are free slots now; returns k, 0 when the queue is full or closed. One slot claim
+  /// and one wake-up for all k: what makes a chunk cheaper than k pushes.
   template <class It>
   std::size_t try_push_many(It first, std::size_t n) {
-    const std::size_t k = try_reserve(n);
-    return k != 0 && push_reserved(first, k) ? k : 0;
-  }
-  /// Claims up to `max` free slots without waiting and returns how many (0 when full or
-  /// closed): a producer that will make that many items reserves room for them first, so
-  /// that what it holds meanwhile is already counted against the capacity. Each claimed
-  /// slot is then filled by push_reserved or handed back by cancel_reserved.
-  std::size_t try_reserve(std::size_t max) {
-    if (max == 0 || closed()) return 0;
-    return static_cast<std::size_t>(free_slots_.tryWaitMany(static_cast<Semaphore::ssize_t>(max)));
-  }
-  /// Pushes `n` values from `first` (moving from them) into `n` slots claimed by
-  /// try_reserve; never waits. Returns false, the slots handed back and the values
-  /// untouched, if the queue was closed meanwhile.
-  template <class It>
-  bool push_reserved(It first, std::size_t n) {
-    return n == 0 || insert_many(first, n);
-  }
-  /// Hands back `n` slots claimed by try_reserve and not filled.
-  void cancel_reserved(std::size_t n) {
-    if (n != 0) free_slots_.signal(static_cast<Semaphore::ssize_t>(n));
+    if (n == 0 || closed()) return 0;
+    const auto k = static_cast<std::size_t>(free_slots_.tryWaitMany(static_cast<Semaphore::ssize_t>(n)));
+    return k != 0 && insert_many(first, k) ? k : 0;
   }
   /// Waits at most `timeout` for a free slot.
   template <class U = T, class Rep, class Period>

@@ -3,19 +3,19 @@
 
 #include <chrono>
 #include <cstdint>
-#include <iosfwd>
 #include <iterator>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "stoker/core/detail/stages.h"
 #include "stoker/core/random_shuffle_queue.h"
+#include "stoker/core/stage.h"
 #include "stoker/core/stage_error.h"
 #include "stoker/core/stage_stats.h"
 
@@ -23,13 +23,25 @@ namespace stoker {
 
 /// Options of a `map` or `flat_map` stage.
 struct StageOptions {
-  int threads = 1;         ///< bodies of this stage that may run at once
-  std::size_t queue = 64;  ///< capacity of the queue this stage's outputs go into
+  int threads = 1;         ///< bodies of this stage that may run at once, 1 to 64
+  std::size_t queue = 64;  ///< capacity, in items, of the queue this stage's outputs go into
+  /// Most inputs a body takes at once. 0: as many as make about 100 us of the function's work
+  /// (measured as it runs), within what the queue takes. 1: one at a time, for a function that
+  /// waits for buffers its outputs hold (a pool): its body then holds none of its outputs while
+  /// it calls it. A function with a member `max_chunk()` sets this itself.
+  std::size_t max_chunk = 0;
+  OnError on_error = OnError::fail;  ///< what an exception from the function does
+  /// Each body calls a copy of its own, made at build(). Otherwise all bodies call the one
+  /// function object, at the same time when threads > 1: it must then be safe to call
+  /// concurrently.
+  bool copy_per_body = false;
 };
 
 /// Options of the source stage.
 struct SourceOptions {
-  std::size_t queue = 64;  ///< capacity of the queue after the source
+  std::size_t queue = 64;            ///< capacity of the queue after the source
+  std::size_t max_chunk = 0;         ///< as for StageOptions
+  OnError on_error = OnError::fail;  ///< skip: a call that throws is counted and the next one made
 };
 
 /// Options of a `batch` stage.
@@ -38,11 +50,13 @@ struct BatchOptions {
   std::size_t queue = 8;        ///< capacity, in batches, of the queue after the batcher
 };
 
-/// Options of the whole pipeline.
+/// Options of the whole pipeline, read when build() is called, whenever they were set.
 struct PipelineOptions {
-  int threads = 0;                ///< oneTBB threads shared by all stages; 0 = one per core
+  /// Threads of the pipeline's own for all stages; 0 = one per core. They run its flow graph
+  /// in a oneTBB arena of their own, whatever tbb::global_control the host holds.
+  int threads = 0;
   std::uint64_t seed = 0;         ///< given to every stage function through StageContext
-  bool deterministic = false;     ///< same output order on every run, whatever the threads
+  bool deterministic = false;     ///< same output, in the same order, whatever the threads
   std::uint32_t epochs = 0;       ///< epochs to run; 0 = until stopped
   std::string occupancy_log;      ///< JSON Lines file of queue samples; empty = none
   std::chrono::milliseconds sample_interval{50};
@@ -61,9 +75,9 @@ namespace detail {
 /// What the builder has assembled so far, handed from one typed builder to the next.
 struct Assembly {
   PipelineOptions options;
-  std::unique_ptr<PipelineCore> core = std::make_unique<PipelineCore>(CoreOptions{});
-  StageBase* last = nullptr;        // the stage whose output is not yet connected
-  std::size_t last_queue = 64;      // capacity asked for that output
+  std::unique_ptr<PipelineCore> core = std::make_unique<PipelineCore>();
+  StageBase* last = nullptr;    // the stage whose output is not yet connected
+  std::size_t last_queue = 64;  // capacity asked for that output
   std::optional<std::pair<std::string, ShuffleOptions>> shuffle;  // asked for that output
 };
 
@@ -116,6 +130,7 @@ class BuilderOptions {
 inline void check_capacity(const std::string& stage, const char* option, std::size_t n) {
   if (n == 0) throw std::invalid_argument("stage '" + stage + "': " + option + " must be at least 1");
 }
+inline std::size_t max_chunk_or_any(std::size_t n) { return n == 0 ? std::numeric_limits<std::size_t>::max() : n; }
 
 template <class F, class... Args>
 using result_with_context_t =
@@ -129,8 +144,8 @@ using result_with_context_t =
 ///   auto pipe = stoker::PipelineBuilder{}
 ///       .source("read", reader)
 ///       .map("decode", decode, {.threads = 2})
-///       .flat_map("crops", five_crops, {.threads = 2})
-///       .shuffle("shuffle", {.capacity = 10000, .min_after_dequeue = 2000, .seed = 7})
+///       .flat_map<Crop>("crops", five_crops, {.threads = 2})
+///       .shuffle("shuffle", {.capacity = 10000, .min_after_dequeue = 2000})
 ///       .batch("batch", 255)
 ///       .build();
 ///   for (auto& batch : pipe.epoch()) train(batch);
@@ -147,8 +162,8 @@ class PipelineBuilder : public detail::BuilderOptions<PipelineBuilder> {
     using T = std::remove_cvref_t<decltype(*std::declval<R>())>;
     detail::check_capacity(name, "queue", options.queue);
     auto a = take();
-    auto& stage = a->core->add_stage(
-        std::make_unique<detail::SourceStage<T, F>>(*a->core, std::move(name), std::move(fn)));
+    auto& stage = a->core->add_stage(std::make_unique<detail::SourceStage<T, F>>(
+        std::move(name), std::move(fn), detail::max_chunk_or_any(options.max_chunk), options.on_error));
     a->last = &stage;
     a->last_queue = options.queue;
     return Builder<T>(std::move(a));
@@ -171,17 +186,23 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
   /// 1 -> k: `fn(T, Emitter<U>& emit)` (or with a StageContext last) calls `emit(u)` any
   /// number of times, zero included. Name U explicitly: `flat_map<U>(...)`.
   /// If `fn` has a member `end_epoch(Emitter<U>&)` (or with a StageContext last), it is
-  /// called once per epoch after the last call for that epoch, on one thread, and what it
-  /// emits comes before the end of the epoch: for a function that holds outputs back.
+  /// called once per epoch (on every copy, with copy_per_body) after the last call for that
+  /// epoch, and what it emits comes before the end of the epoch: for a function that holds
+  /// outputs back.
   template <class U, class F>
   auto flat_map(std::string name, F fn, StageOptions options = {}) {
     return transform<U, F, true>(std::move(name), std::move(fn), options);
   }
 
-  /// Makes the queue after the last stage a RandomShuffleQueue, reseeded every epoch.
+  /// Makes the queue after the last stage a random-shuffle buffer (RandomShuffleQueue's
+  /// semantics), reseeded every epoch from its seed, or without one from the pipeline's seed.
+  /// A dequeue draws uniformly from everything held, as TensorFlow's does; in deterministic
+  /// mode from the oldest min_after_dequeue + 1, which does not depend on how far the
+  /// producers ran ahead (ShuffleRule::oldest_window).
   Builder& shuffle(std::string name, ShuffleOptions options) & {
     auto& a = this->assembly();
     if (a.shuffle) throw std::invalid_argument("shuffle '" + name + "' directly follows shuffle '" + a.shuffle->first + "'");
+    if (options.capacity == 0) throw std::invalid_argument("shuffle '" + name + "': capacity must be at least 1");
     if (options.min_after_dequeue >= options.capacity)
       throw std::invalid_argument("shuffle '" + name + "': min_after_dequeue (" +
                                   std::to_string(options.min_after_dequeue) + ") must be less than capacity (" +
@@ -195,12 +216,8 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
   auto batch(std::string name, std::size_t size, BatchOptions options = {}) {
     detail::check_capacity(name, "batch size", size);
     detail::check_capacity(name, "queue", options.queue);
-    if (auto& a = this->assembly(); a.shuffle && size > a.shuffle->second.capacity - a.shuffle->second.min_after_dequeue)
-      throw std::invalid_argument("batch '" + name + "' of " + std::to_string(size) +
-                                  " cannot be filled from shuffle '" + a.shuffle->first +
-                                  "': it holds at most capacity - min_after_dequeue poppable items");
     auto a = this->take();
-    auto stage = std::make_unique<detail::BatchStage<T>>(*a->core, name, size, options.drop_remainder);
+    auto stage = std::make_unique<detail::BatchStage<T>>(name, size, options.drop_remainder);
     connect(*a, *stage);
     a->last = &a->core->add_stage(std::move(stage));
     a->last_queue = options.queue;
@@ -210,12 +227,12 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
   /// Starts the pipeline: stages begin filling their queues at once.
   Pipeline<T> build() {
     auto a = this->take();
-    auto& o = a->options;
-    a->core->options() = {o.threads, o.seed, o.occupancy_log, o.sample_interval, o.counters};
     if (a->shuffle)
       throw std::invalid_argument("shuffle '" + a->shuffle->first + "' must be followed by a stage, such as batch");
-    auto& final_edge = static_cast<detail::QueueEdge<T>&>(make_edge(*a, "consumer"));
+    auto& final_edge = make_edge(*a, "consumer");
     static_cast<detail::Producer<T>*>(a->last)->connect_output(&final_edge, nullptr);
+    const auto& o = a->options;
+    a->core->start({o.threads, o.seed, o.deterministic, o.occupancy_log, o.sample_interval, o.counters});
     return Pipeline<T>(std::move(a->core), final_edge, *a->last, o.epochs);
   }
 
@@ -224,8 +241,11 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
   auto transform(std::string name, F fn, StageOptions options) {
     detail::check_capacity(name, "queue", options.queue);
     auto a = this->take();
-    auto stage = std::make_unique<detail::TransformStage<T, U, F, Flat>>(*a->core, name, options.threads, std::move(fn),
-                                                                         a->options.deterministic);
+    using Stage = detail::TransformStage<T, U, F, Flat>;
+    auto stage = std::make_unique<Stage>(
+        name, std::move(fn),
+        typename Stage::Options{options.threads, detail::max_chunk_or_any(options.max_chunk), options.on_error,
+                                options.copy_per_body});
     connect(*a, *stage);
     a->last = &a->core->add_stage(std::move(stage));
     a->last_queue = options.queue;
@@ -245,14 +265,17 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
     if (a.shuffle) {
       auto [name, options] = std::move(*a.shuffle);
       a.shuffle.reset();
-      return a.core->add_edge(std::make_unique<detail::ShuffleEdge<T>>(name, options, producer, consumer));
+      return a.core->add_edge(std::make_unique<detail::Edge<T>>(name, options, producer, consumer));
     }
-    return a.core->add_edge(std::make_unique<detail::QueueEdge<T>>(producer + "->" + consumer, a.last_queue,
-                                                                   a.options.deterministic, producer, consumer));
+    return a.core->add_edge(
+        std::make_unique<detail::Edge<T>>(producer + "->" + consumer, a.last_queue, producer, consumer));
   }
 };
 
 /// A running pipeline. The thread that iterates it is its consumer; one thread only.
+///
+///   for (auto epoch : pipe.epochs())      // until the run is over
+///     for (auto& batch : epoch) train(batch);
 template <class T>
 class Pipeline {
  public:
@@ -263,51 +286,33 @@ class Pipeline {
   }
 
   /// The next item of the current epoch, waiting for it if need be; nullopt at the end of
-  /// the epoch (the next call starts on the next one) and once the run is over.
+  /// the epoch (the next call starts on the next one) and once the run is over (finished()).
   /// Rethrows, as a StageError, an exception thrown by any stage.
   std::optional<T> next() {
     core_->rethrow_if_failed();
     while (!finished_) {
-      if (arrivals_.complete()) {
-        end_epoch();
-        return std::nullopt;
+      if (taken_ < chunk_.size()) {
+        core_->count_consumed();
+        return std::move(chunk_[taken_++]);
       }
-      detail::Envelope<T> e;
-      // Whatever a pop takes out of the queue (in deterministic mode, perhaps only to hold it
-      // back), the last stage may have been waiting for that room.
-      const auto try_pop = [&] {
-        const bool got = final_->try_pop(e) == detail::Pop::item;
-        last_->wake_if_blocked();
-        return got;
-      };
-      bool got = try_pop();
-      if (!got) {
+      chunk_.clear();
+      taken_ = 0;
+      std::uint64_t first = 0;
+      detail::Pop r = final_->pop(chunk_, final_->max_chunk(), first);
+      if (r == detail::Pop::empty) {
         const auto t0 = std::chrono::steady_clock::now();
-        // Poll a while before sleeping: when items come fast, going to sleep and being woken
-        // (a futex call on each side and two context switches) would cost more than they do.
-        // Each poll yields the core first, so that a stage thread waiting for one runs:
-        // the consumer is a thread beside the stages' budget, and often one too many.
-        for (auto until = t0 + kPoll; !got && std::chrono::steady_clock::now() < until;) {
-          std::this_thread::yield();
-          got = try_pop();
-        }
-        if (!got) {
-          got = final_->pop_wait(e, [&] { last_->wake_if_blocked(); });
-          last_->wake_if_blocked();
-        }
+        r = final_->pop_wait(chunk_, final_->max_chunk(), first);
         core_->add_consumer_wait(std::chrono::steady_clock::now() - t0);
       }
-      if (!got) {  // stopped
+      if (r == detail::Pop::items) {
+        last_->wake();  // it may wait for the room just made
+      } else if (r == detail::Pop::ended) {
+        end_epoch();
+        return std::nullopt;
+      } else {  // closed: stopped or failed
         core_->rethrow_if_failed();
         finished_ = true;
-        break;
       }
-      if (e.value) {
-        arrivals_.item();
-        core_->count_consumed();
-        return std::move(e.value);
-      }
-      arrivals_.marker(e.seq);
     }
     return std::nullopt;
   }
@@ -315,6 +320,9 @@ class Pipeline {
   /// The rest of the current epoch as an input range: `for (auto& x : pipe.epoch())`.
   class EpochRange;
   EpochRange epoch() { return EpochRange(*this); }
+  /// The epochs until the run is over, each the rest of the current epoch (epoch()).
+  class Epochs;
+  Epochs epochs() { return Epochs(*this); }
 
   /// The epoch that next() is in.
   std::uint32_t current_epoch() const { return epoch_; }
@@ -333,15 +341,13 @@ class Pipeline {
 
  private:
   friend class Builder<T>;
-  Pipeline(std::unique_ptr<detail::PipelineCore> core, detail::QueueEdge<T>& final_edge, detail::StageBase& last,
+  Pipeline(std::unique_ptr<detail::PipelineCore> core, detail::Edge<T>& final_edge, detail::StageBase& last,
            std::uint32_t epochs)
       : core_(std::move(core)), final_(&final_edge), last_(&last), epochs_(epochs) {
-    core_->start();
     start_epoch();
   }
 
   void start_epoch() {
-    arrivals_.reset();
     core_->begin_epoch(epoch_);
     core_->stages().front()->wake();
   }
@@ -360,13 +366,13 @@ class Pipeline {
   }
 
   std::unique_ptr<detail::PipelineCore> core_;
-  detail::QueueEdge<T>* final_;
+  detail::Edge<T>* final_;
   detail::StageBase* last_;
   std::uint32_t epochs_;
   std::uint32_t epoch_ = 0;
   bool finished_ = false;
-  static constexpr std::chrono::microseconds kPoll{50};
-  detail::ArrivalCount arrivals_;
+  std::vector<T> chunk_;  // taken from the last queue at once, handed out one by one
+  std::size_t taken_ = 0;
 };
 
 template <class T>
@@ -381,6 +387,7 @@ class Pipeline<T>::EpochRange {
     T& operator*() const { return *current_; }
     T* operator->() const { return &*current_; }
     iterator& operator++() {
+      current_.reset();  // the item goes before the next is asked for
       current_ = p_->next();
       return *this;
     }
@@ -392,6 +399,31 @@ class Pipeline<T>::EpochRange {
     mutable std::optional<T> current_;
   };
   explicit EpochRange(Pipeline& p) : p_(&p) {}
+  iterator begin() { return iterator(p_); }
+  std::default_sentinel_t end() { return {}; }
+
+ private:
+  Pipeline* p_;
+};
+
+template <class T>
+class Pipeline<T>::Epochs {
+ public:
+  class iterator {
+   public:
+    using value_type = EpochRange;
+    using difference_type = std::ptrdiff_t;
+    iterator() = default;
+    explicit iterator(Pipeline* p) : p_(p) {}
+    EpochRange operator*() const { return EpochRange(*p_); }
+    iterator& operator++() { return *this; }  // the epoch moves on as its range is read
+    void operator++(int) {}
+    friend bool operator==(const iterator& it, std::default_sentinel_t) { return it.p_->finished(); }
+
+   private:
+    Pipeline* p_ = nullptr;
+  };
+  explicit Epochs(Pipeline& p) : p_(&p) {}
   iterator begin() { return iterator(p_); }
   std::default_sentinel_t end() { return {}; }
 

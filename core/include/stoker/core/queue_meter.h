@@ -1,6 +1,7 @@
 // Occupancy accounting shared by every stoker queue.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -24,7 +25,10 @@ struct QueueStats {
 /// The size is kept in one atomic counter that a queue bumps after each insertion and
 /// drops after each removal. Time accounting runs only when the size crosses a boundary
 /// (0 or capacity), so a queue that stays between the two pays one atomic add per
-/// operation and nothing more. Every public method is safe from any thread.
+/// operation and nothing more. A pipeline's queue also counts the items its producer holds
+/// at the entrance waiting for room, so that a queue whose producer waits reads full; the
+/// counted size may then pass the capacity, and size() reports at most the capacity.
+/// Every public method is safe from any thread.
 class QueueMeter {
  public:
   QueueMeter(std::string name, std::size_t capacity);
@@ -33,10 +37,11 @@ class QueueMeter {
 
   const std::string& name() const noexcept { return name_; }
   std::size_t capacity() const noexcept { return capacity_; }
-  /// Items held now. Exact when the queue is quiescent, otherwise a recent value.
+  /// Items held now, at most the capacity. Exact when the queue is quiescent, otherwise a
+  /// recent value.
   std::size_t size() const noexcept {
-    auto s = size_.load(std::memory_order_relaxed);
-    return s < 0 ? 0 : static_cast<std::size_t>(s);
+    const auto s = size_.load(std::memory_order_relaxed);
+    return s <= 0 ? 0 : std::min(static_cast<std::size_t>(s), capacity_);
   }
   QueueStats stats() const;
 
@@ -52,10 +57,11 @@ class QueueMeter {
   enum State { kEmpty, kPartial, kFull };
   using Clock = std::chrono::steady_clock;
 
+  State state_of(std::ptrdiff_t size) const noexcept {
+    return size <= 0 ? kEmpty : size >= static_cast<std::ptrdiff_t>(capacity_) ? kFull : kPartial;
+  }
   void crossed(std::ptrdiff_t before, std::ptrdiff_t delta) noexcept {
-    const auto after = before + delta;
-    const auto cap = static_cast<std::ptrdiff_t>(capacity_);
-    if (before == 0 || after == 0 || before == cap || after == cap) account();
+    if (state_of(before) != state_of(before + delta)) account();
   }
   void account() const noexcept;
   void integrate_locked() const noexcept;

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string_view>
 
 namespace stoker {
 
@@ -17,6 +18,13 @@ constexpr std::uint64_t mix64(std::uint64_t x) noexcept {
 /// the same triple gives the same stream on every thread and every run.
 constexpr std::uint64_t derive_seed(std::uint64_t seed, std::uint64_t a, std::uint64_t b = 0) noexcept {
   return mix64(mix64(mix64(seed) ^ a) ^ b);
+}
+
+/// FNV-1a of `text`: a number for a name that is the same with every compiler and library.
+constexpr std::uint64_t hash_name(std::string_view text) noexcept {
+  std::uint64_t h = 0xcbf29ce484222325ULL;
+  for (const char c : text) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
+  return h;
 }
 
 /// xoshiro256** by Blackman and Vigna. Unlike the standard library's distributions, its

@@ -21,33 +21,80 @@ namespace stoker {
 struct ShuffleOptions {
   std::size_t capacity = 10000;          ///< most elements held at once
   std::size_t min_after_dequeue = 2000;  ///< a dequeue leaves at least this many behind
-  std::uint64_t seed = 0;
+  /// The stream of random draws. In a pipeline, a shuffle without a seed of its own takes one
+  /// derived from the pipeline's seed; a RandomShuffleQueue without one uses 0.
+  std::optional<std::uint64_t> seed;
 };
 
-/// Bounded MPMC queue whose dequeue returns a uniformly random element.
+/// Which of the held elements a dequeue draws from.
+enum class ShuffleRule : std::uint8_t {
+  /// Any of them, uniformly (TensorFlow's rule): a larger capacity mixes more.
+  all_held,
+  /// The oldest min_after_dequeue + 1, uniformly; the rest wait in arrival order. The output is
+  /// then a function of the seed and the arrival order alone, however far the producers ran
+  /// ahead (what a pipeline's deterministic mode uses). When the consumer keeps up, exactly
+  /// min_after_dequeue + 1 are held at each dequeue and the two rules agree.
+  oldest_window,
+};
+
+/// The elements of a shuffle and the rule that draws them, without any locking: the state of a
+/// RandomShuffleQueue, and of a pipeline's shuffle. A take is O(1).
+template <class T>
+class ShuffleBuffer {
+ public:
+  /// A take draws from the oldest `window` elements held.
+  ShuffleBuffer(std::size_t window, std::uint64_t seed) : window_size_(window), rng_(seed) {}
+
+  std::size_t size() const noexcept { return window_.size() + backlog_.size(); }
+  template <class U>
+  void push(U&& value) {
+    if (window_.size() < window_size_)
+      window_.emplace_back(std::forward<U>(value));
+    else
+      backlog_.emplace_back(std::forward<U>(value));
+  }
+  /// One element drawn uniformly from the window; the oldest of the backlog takes its place.
+  /// Removal is always swap-with-last, and the backlog's oldest element then arrives at the end,
+  /// exactly where a push made after this take would have put it: the window's order does not
+  /// depend on how pushes and takes interleave. Not on an empty buffer.
+  T take() {
+    const auto i = static_cast<std::size_t>(rng_.below(window_.size()));
+    T value = std::move(window_[i]);
+    if (i + 1 != window_.size()) window_[i] = std::move(window_.back());
+    window_.pop_back();
+    if (!backlog_.empty()) {
+      window_.push_back(std::move(backlog_.front()));
+      backlog_.pop_front();
+    }
+    return value;
+  }
+  void reseed(std::uint64_t seed) noexcept { rng_ = Rng(seed); }
+
+ private:
+  std::size_t window_size_;
+  std::vector<T> window_;  // candidates for the next take, oldest elements first in
+  std::deque<T> backlog_;  // the rest, in arrival order
+  Rng rng_;
+};
+
+/// Bounded MPMC queue whose dequeue returns a random element.
 ///
 /// A dequeue waits until more than `min_after_dequeue` elements are held (or the queue is
-/// closed) and takes one of the oldest `min_after_dequeue + 1` held elements, chosen
-/// uniformly at random. When the consumer keeps up with the producers, which is the case
-/// that matters, exactly `min_after_dequeue + 1` are held at each dequeue and this is
-/// TensorFlow's rule. Drawing from the oldest ones rather than from all held elements
-/// makes the output a pure function of the seed and the arrival order, however far the
-/// producers run ahead: with one producer and one consumer, of the seed alone. Elements
-/// past that window wait in arrival order, up to `capacity` in all. After `close()` the
-/// remainder drains in random order. Nothing is lost or repeated.
+/// closed) and takes one of them chosen by `rule`: by default uniformly among all held, as
+/// TensorFlow's RandomShuffleQueue does. After `close()` the remainder drains in random order.
+/// Nothing is lost or repeated.
 ///
 /// Every member function is thread-safe except construction and destruction.
 template <class T>
 class RandomShuffleQueue : public QueueMeter {
  public:
-  RandomShuffleQueue(std::string name, ShuffleOptions options)
+  RandomShuffleQueue(std::string name, ShuffleOptions options, ShuffleRule rule = ShuffleRule::all_held)
       : QueueMeter(std::move(name), checked(options)),
-        window_size_(options.min_after_dequeue + 1),
-        rng_(options.seed) {
-    window_.reserve(window_size_);
-  }
+        min_after_dequeue_(options.min_after_dequeue),
+        buffer_(rule == ShuffleRule::all_held ? options.capacity : options.min_after_dequeue + 1,
+                options.seed.value_or(0)) {}
 
-  std::size_t min_after_dequeue() const noexcept { return window_size_ - 1; }
+  std::size_t min_after_dequeue() const noexcept { return min_after_dequeue_; }
 
   /// Waits while full. Returns false, leaving `value` untouched, if the queue is closed.
   template <class U = T>
@@ -68,7 +115,7 @@ class RandomShuffleQueue : public QueueMeter {
     std::unique_lock lock(mutex_);
     if (closed_) return 0;
     std::size_t n = 0;
-    for (; first != last && held() < capacity(); ++first, ++n) place(*first);
+    for (; first != last && held() < capacity(); ++first, ++n) buffer_.push(std::move(*first));
     if (n == 0) return 0;
     count_in(n);
     const bool wake = can_pop(1);
@@ -98,7 +145,7 @@ class RandomShuffleQueue : public QueueMeter {
   std::optional<T> try_pop() {
     std::unique_lock lock(mutex_);
     if (!can_pop(1) || held() == 0) return std::nullopt;
-    std::optional<T> out(take_one());
+    std::optional<T> out(buffer_.take());
     count_out();
     lock.unlock();
     not_full_.notify_one();
@@ -165,7 +212,7 @@ class RandomShuffleQueue : public QueueMeter {
     if (!closed_ || held() != 0)
       throw std::logic_error("shuffle queue '" + name() + "' can only be reopened when closed and drained");
     closed_ = false;
-    rng_ = Rng(seed);
+    buffer_.reseed(seed);
   }
  private:
   static std::size_t checked(const ShuffleOptions& o) {
@@ -182,21 +229,14 @@ class RandomShuffleQueue : public QueueMeter {
                                   std::to_string(capacity() - min_after_dequeue()));
   }
 
-  std::size_t held() const { return window_.size() + backlog_.size(); }
+  std::size_t held() const { return buffer_.size(); }
   // n pops in a row are possible when each leaves min_after_dequeue behind.
   bool can_pop(std::size_t n) const { return closed_ || held() >= min_after_dequeue() + n; }
 
   template <class U>
-  void place(U&& value) {
-    if (window_.size() < window_size_)
-      window_.emplace_back(std::forward<U>(value));
-    else
-      backlog_.emplace_back(std::forward<U>(value));
-  }
-  template <class U>
   bool insert(std::unique_lock<std::mutex>& lock, U&& value) {
     if (closed_) return false;
-    place(std::forward<U>(value));
+    buffer_.push(std::forward<U>(value));
     count_in();
     const bool wake = can_pop(1);
     lock.unlock();
@@ -205,24 +245,9 @@ class RandomShuffleQueue : public QueueMeter {
     return true;
   }
 
-  // The window's order must not depend on timing: removal is always swap-with-last, and
-  // the backlog's oldest element then arrives at the end, exactly where a push made after
-  // this dequeue would have put it.
-  T take_one() {
-    const auto i = static_cast<std::size_t>(rng_.below(window_.size()));
-    T value = std::move(window_[i]);
-    if (i + 1 != window_.size()) window_[i] = std::move(window_.back());
-    window_.pop_back();
-    if (!backlog_.empty()) {
-      window_.push_back(std::move(backlog_.front()));
-      backlog_.pop_front();
-    }
-    return value;
-  }
-
   bool take(std::unique_lock<std::mutex>& lock, T& out) {
     if (held() == 0) return false;  // closed and drained
-    out = take_one();
+    out = buffer_.take();
     count_out();
     lock.unlock();
     not_full_.notify_one();
@@ -236,20 +261,18 @@ class RandomShuffleQueue : public QueueMeter {
       n = held();
     }
     out.reserve(out.size() + n);
-    for (std::size_t k = 0; k < n; ++k) out.push_back(take_one());
+    for (std::size_t k = 0; k < n; ++k) out.push_back(buffer_.take());
     count_out(n);
     lock.unlock();
     not_full_.notify_all();
     return n;
   }
 
-  const std::size_t window_size_;
+  const std::size_t min_after_dequeue_;
   mutable std::mutex mutex_;
   std::condition_variable not_full_;
   std::condition_variable ready_;
-  std::vector<T> window_;  // candidates for the next dequeue, oldest elements first in
-  std::deque<T> backlog_;  // the rest, in arrival order
-  Rng rng_;
+  ShuffleBuffer<T> buffer_;
   bool closed_ = false;
 };
 

@@ -18,11 +18,13 @@ struct StageStats {
   int threads = 1;
   std::uint64_t items_in = 0;
   std::uint64_t items_out = 0;
-  std::chrono::nanoseconds busy{0};     ///< time its bodies ran (not counting a short linger for input), all threads
+  std::uint64_t skipped = 0;  ///< items dropped by OnError::skip
+  /// Time its bodies ran, summed over its threads, less what BlockedTime counted.
+  std::chrono::nanoseconds busy{0};
   std::chrono::nanoseconds starved{0};  ///< time with no body running because its input was empty
   /// Time with no body running because its output was full, plus the time its function waited
-  /// for something downstream gives back (stoker::note_blocked: a free device buffer),
-  /// averaged over its threads.
+  /// for something downstream gives back (BlockedTime: a free buffer of a pool), averaged over
+  /// its threads.
   std::chrono::nanoseconds blocked{0};
 };
 
@@ -45,6 +47,7 @@ struct PipelineSummary {
   std::chrono::nanoseconds wall{0};
   std::chrono::nanoseconds consumer_wait{0};  ///< time the consumer spent waiting for input
   std::uint64_t consumed = 0;                 ///< items handed to the consumer
+  int threads = 0;  ///< threads the stages run on (PipelineOptions::threads, 0 resolved)
   std::vector<StageStats> stages;
   std::vector<QueueReport> queues;
   std::vector<Counter> counters;  ///< from PipelineOptions::counters

@@ -106,6 +106,8 @@ class GpuAugment {
   /// its input has ended; without a pipeline, call it after the epoch's last batch. An epoch
   /// that was never ended (a stopped pipeline) is dropped when the next one starts.
   void end_epoch(Emitter<DeviceBatch>& emit, const StageContext& ctx);
+  /// One input at a time: a call waits for output buffers that earlier outputs would hold.
+  static constexpr std::size_t max_chunk() { return 1; }
 
   /// Pinned buffers to collate input batches into; null when resident.
   std::shared_ptr<SlotPool> staging() const noexcept;

@@ -32,8 +32,8 @@ namespace stoker::gpu {
 
 /// A fixed number of equal buffers of pinned host memory or of device memory, all allocated
 /// when the pool is made and reused. An exhausted pool makes acquire() wait (counted as the
-/// calling stage's blocked time, stoker::note_blocked): backpressure, like
-/// a full queue. Thread-safe. Its buffers may outlive the pool object itself but not `device`.
+/// calling stage's blocked time, stoker::BlockedTime): backpressure, like a full queue.
+/// Thread-safe. Its buffers may outlive the pool object itself but not `device`.
 class SlotPool final : public BufferPool {
  public:
   enum class Kind : std::uint8_t { pinned, device };
@@ -43,10 +43,12 @@ class SlotPool final : public BufferPool {
                                           std::size_t slot_bytes);
   ~SlotPool() override;
 
-  /// A free buffer of `bytes` (at most slot_bytes()). Waits while every slot is in use; called
-  /// from a stage of a pipeline that is stopping, gives up by throwing PipelineStopped.
+  using BufferPool::acquire;
+  /// A free buffer of `bytes` (at most slot_bytes()). Waits while every slot is in use; gives
+  /// up by throwing PipelineStopped once `ctx.stop` is requested (its pipeline stops).
   /// Throws std::invalid_argument when `bytes` exceeds slot_bytes().
-  Buffer acquire(std::size_t bytes) override;
+  Buffer acquire(std::size_t bytes, const StageContext& ctx) override;
+  bool waits() const noexcept override { return true; }
   /// The same without waiting: nullopt when every slot is in use.
   std::optional<Buffer> try_acquire(std::size_t bytes);
 
@@ -141,7 +143,9 @@ class ToDevice {
   ToDevice(std::shared_ptr<Device> device, ToDeviceOptions options);
 
   /// Throws std::invalid_argument if the batch's storage is not from staging().
-  DeviceBatch operator()(Batch batch) const;
+  DeviceBatch operator()(Batch batch, const StageContext& ctx = {}) const;
+  /// One batch at a time: the stage waits for device buffers its outputs would hold.
+  static constexpr std::size_t max_chunk() { return 1; }
 
   /// Where a batch must be collated: Collate{.pool = to_device.staging()}.
   std::shared_ptr<SlotPool> staging() const noexcept { return state_->staging; }

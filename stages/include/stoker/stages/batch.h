@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -12,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "stoker/core/stage.h"
 #include "stoker/stages/buffer_pool.h"
 #include "stoker/stages/sample.h"
 #include "stoker/stages/transforms.h"
@@ -29,7 +31,7 @@ struct Batch {
   std::size_t count = 0;
 
   /// An uninitialised batch of `count` samples, for code that fills it in place.
-  static Batch allocate(BufferPool& pool, Shape shape, DType dtype, std::size_t count);
+  static Batch allocate(BufferPool& pool, Shape shape, DType dtype, std::size_t count, const StageContext& ctx = {});
   /// Bytes a batch of this geometry takes in its pool.
   static std::size_t storage_bytes(Shape shape, DType dtype, std::size_t count) noexcept {
     return ids_offset(shape, dtype, count) + count * sizeof(std::uint64_t);
@@ -93,21 +95,23 @@ struct Batch {
 
 /// Copies `samples` into one batch from `pool` and releases them. Throws std::invalid_argument
 /// for no samples, or a sample whose shape or dtype differs from the first one's.
-Batch make_batch(std::vector<Sample>&& samples, BufferPool& pool);
+Batch make_batch(std::vector<Sample>&& samples, BufferPool& pool, const StageContext& ctx = {});
 
 /// The same, cast to float32 and normalized on the way: each element of the batch is written
 /// once, and equals, bit for bit, what normalize() gives. Normalizing here rather than per
 /// crop keeps uint8 crops uint8 while they wait in a shuffle buffer: a quarter of the memory
 /// and of the memory traffic of float32 crops.
-Batch make_batch(std::vector<Sample>&& samples, const Normalizer& normalize, BufferPool& pool);
+Batch make_batch(std::vector<Sample>&& samples, const Normalizer& normalize, BufferPool& pool,
+                 const StageContext& ctx = {});
 
 /// Cuts `crops` straight into one batch from `pool`, each crop mirrored as planned, in the
 /// dtype of its source or, with `normalize`, in float32 and normalized: every element of the
 /// batch is written once. Equals, bit for bit, make_batch of the same crops cut by RandomCrops.
 /// Releases the crops. Throws std::invalid_argument for no crops, a crop without a source, or
 /// crops of different shapes or dtypes.
-Batch make_batch(std::vector<DeferredCrop>&& crops, BufferPool& pool);
-Batch make_batch(std::vector<DeferredCrop>&& crops, const Normalizer& normalize, BufferPool& pool);
+Batch make_batch(std::vector<DeferredCrop>&& crops, BufferPool& pool, const StageContext& ctx = {});
+Batch make_batch(std::vector<DeferredCrop>&& crops, const Normalizer& normalize, BufferPool& pool,
+                 const StageContext& ctx = {});
 
 /// make_batch as a pipeline stage function, following `.batch(name, n)`:
 ///   .batch("batch", 255).map("collate", stoker::Collate{})
@@ -117,12 +121,15 @@ struct Collate {
   std::shared_ptr<BufferPool> pool = BufferPool::create();
   std::optional<Normalizer> normalize{};  ///< cast to float32 and normalize while collating
 
-  Batch operator()(std::vector<Sample> samples) const {
-    return normalize ? make_batch(std::move(samples), *normalize, *pool) : make_batch(std::move(samples), *pool);
+  Batch operator()(std::vector<Sample> samples, const StageContext& ctx = {}) const {
+    return normalize ? make_batch(std::move(samples), *normalize, *pool, ctx) : make_batch(std::move(samples), *pool, ctx);
   }
-  Batch operator()(std::vector<DeferredCrop> crops) const {
-    return normalize ? make_batch(std::move(crops), *normalize, *pool) : make_batch(std::move(crops), *pool);
+  Batch operator()(std::vector<DeferredCrop> crops, const StageContext& ctx = {}) const {
+    return normalize ? make_batch(std::move(crops), *normalize, *pool, ctx) : make_batch(std::move(crops), *pool, ctx);
   }
+  /// One batch at a time from a pool that waits for free buffers (a pinned staging pool): a
+  /// body then holds none of its own batches while it waits (StageOptions::max_chunk).
+  std::size_t max_chunk() const { return pool->waits() ? 1 : std::numeric_limits<std::size_t>::max(); }
 };
 
 }  // namespace stoker

@@ -9,6 +9,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "stoker/core/stage.h"
+
 namespace stoker {
 
 class BufferPool;
@@ -49,7 +51,13 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   virtual ~BufferPool();
 
   /// A buffer of `bytes` bytes, reused when one of that size is idle. Contents undefined.
-  virtual Buffer acquire(std::size_t bytes);
+  Buffer acquire(std::size_t bytes) { return acquire(bytes, StageContext{}); }
+  /// The same from a stage function: a pool that waits for a free buffer (waits()) counts the
+  /// wait as the stage's blocked time and gives up, throwing PipelineStopped, when `ctx.stop`
+  /// is requested.
+  virtual Buffer acquire(std::size_t bytes, const StageContext& ctx);
+  /// True for a pool whose acquire() waits for a buffer to come back (a fixed number of them).
+  virtual bool waits() const noexcept { return false; }
 
   std::uint64_t allocations() const noexcept { return allocations_.load(); }  ///< fresh allocations
   std::uint64_t reuses() const noexcept { return reuses_.load(); }            ///< buffers handed out again

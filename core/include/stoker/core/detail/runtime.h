@@ -1,43 +1,30 @@
 // The parts of a pipeline that do not depend on item types. Internal.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <stdexcept>
+#include <stop_token>
 #include <string>
 #include <vector>
 
 #include "stoker/core/detail/edges.h"
+#include "stoker/core/stage.h"
 #include "stoker/core/stage_stats.h"
 
 namespace stoker {
 
-/// What a stage's function may ask about the call it is in.
-struct StageContext {
-  std::uint64_t seed = 0;   ///< the pipeline's seed
-  std::uint32_t epoch = 0;  ///< the epoch the item belongs to
+/// What a stage does with an item whose function throws.
+enum class OnError : std::uint8_t {
+  fail,  ///< stop the pipeline; the consumer gets a StageError naming the stage
+  skip,  ///< drop the item, count it in the stage's `skipped`, log the first few, go on
 };
-
-/// True when called from a stage body of a pipeline that is stopping (stop(), an error, or
-/// its destruction). A stage function that waits for something outside the graph, such as a
-/// free buffer of a device pool, polls this and gives up by throwing PipelineStopped.
-///
-/// Calling it also pushes on the outputs that the calling body has made so far and holds
-/// back (a map body handles a burst of inputs at once, and pushes their outputs together):
-/// a function that waits for something given back downstream, polling this as it must,
-/// never waits for what its own body holds. May throw std::bad_alloc from that push.
-bool stop_requested();
-
-/// Called from a stage body by a stage function that waited for something outside the graph
-/// (a free buffer of a device pool, which comes back when the consumer is done with one): the
-/// summary counts the wait as the stage's blocked time, as it counts a full output queue,
-/// rather than as busy time. Does nothing outside a stage body.
-void note_blocked(std::chrono::nanoseconds waited) noexcept;
 
 /// Ranges a profiler draws around every stage body, named after the stage: stoker::gpu
 /// installs NVTX ranges when it opens a CUDA device, so that Nsight Systems shows the stages
@@ -48,28 +35,9 @@ struct BodyTracer {
 };
 void set_body_tracer(BodyTracer tracer) noexcept;
 
-/// Thrown by a stage function that gave up waiting because its pipeline is stopping; the
-/// pipeline does not report it as an error.
-struct PipelineStopped : std::runtime_error {
-  PipelineStopped() : std::runtime_error("the pipeline is stopping") {}
-};
-
 namespace detail {
 
 class PipelineCore;
-class EdgeBase;
-
-/// Outputs that a stage body has made and not yet pushed; see stop_requested().
-class HeldOutputs {
- public:
-  virtual void push_held() = 0;
-
- protected:
-  ~HeldOutputs() = default;
-};
-/// Makes `held` what stop_requested() pushes on, on this thread; returns the one before,
-/// for the caller to put back when it is done.
-HeldOutputs* hold_outputs(HeldOutputs* held) noexcept;
 
 /// Tells the CPU that this is a spin-wait loop.
 inline void cpu_relax() noexcept {
@@ -80,94 +48,156 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
-/// One stage: up to `threads` bodies run at once as oneTBB tasks. A body never waits:
-/// it returns when its input is empty or its output full, and whoever changes that
-/// (the stage upstream after a push, downstream after a pop) wakes the stage again.
+/// One stage: up to `threads` bodies run at once, each on a oneTBB task of the pipeline's flow
+/// graph, each under a slot of its own (StageContext::body). A body moves chunks of items from
+/// its input to its output and returns as soon as it cannot go on without waiting: input
+/// empty, or output full (its finished chunk then waits in the stage's output, see Output).
+///
+/// No lost wake-up. Work for a stage appears only through a change to one of its queues or to
+/// its output; whoever makes the change then calls wake(), which issues a sequentially
+/// consistent fence and then reads the stage's slots. A body that stops looking for work frees
+/// its slot, issues the same fence, and then looks once more (has_work()). By the fence rule one
+/// of the two sees the other's write: either the waker sees a free slot and starts a body, or
+/// the leaving body sees the work and stays. has_work() reads only atomics that the changes
+/// write (EdgeBase's held_, ended_, closed_; the output's need).
 class StageBase {
  public:
-  StageBase(PipelineCore& core, std::string name, int threads);
+  /// At most kMaxThreads bodies per stage.
+  static constexpr int kMaxThreads = 64;
+
+  StageBase(std::string name, int threads, OnError on_error);
   virtual ~StageBase();
   StageBase(const StageBase&) = delete;
   StageBase& operator=(const StageBase&) = delete;
 
   const std::string& name() const { return name_; }
   int threads() const { return threads_; }
+  std::size_t position() const { return position_; }  ///< in the pipeline, from the source
 
-  /// Makes sure a body will look for work, if the stage has any and a thread to spare.
-  /// Safe from any thread.
+  /// Makes sure a body will look for work, if the stage has some and a free slot. Any thread.
   void wake();
-  /// For the stage downstream after it popped: wakes this stage if its output was full
-  /// and now has room for a burst.
-  void wake_if_blocked() {
-    if (output_blocked()) wake();
-  }
-  bool idle() const { return active_.load() == 0; }
+  /// Takes a free slot and runs bodies while there is work. False when every slot was taken.
+  /// For the flow graph's tasks, and for a thread that waits and helps (PipelineCore::wait_for).
+  bool run();
+  /// The flow graph's task.
+  void run_task();
 
   StageStats stats() const;
 
-  /// Called by the pipeline, with every stage idle, before epoch `epoch` starts.
+  /// Called by build(), in pipeline order.
+  virtual void start(PipelineCore& core, std::size_t position);
+  /// Called before epoch `epoch`, while no body runs.
   virtual void begin_epoch(std::uint32_t epoch);
+  virtual bool has_work() const = 0;
 
  protected:
   enum class Step {
     progressed,  ///< did something; call again
     starved,     ///< input empty
     blocked,     ///< output full
-    done,        ///< nothing more this epoch
+    done,        ///< nothing more this epoch, or stopping
   };
-  /// One unit of work. Must not wait.
-  virtual Step step() = 0;
-  /// True when `step` could make progress now. Read after a body has left, so that a
-  /// change made while it was leaving is not missed (see run()).
-  virtual bool has_work() const = 0;
-  virtual bool output_blocked() const = 0;
+  /// What one run of a body carries from step to step.
+  struct Body {
+    StageContext ctx;
+    std::chrono::nanoseconds blocked{0};  ///< BlockedTime, through ctx.blocked
+  };
+  /// Moves one chunk. Never waits for a queue, except inside a flat_map call (Emitter).
+  virtual Step step(Body& body) = 0;
 
-  StageContext context() const { return context_; }
-  PipelineCore& core() { return core_; }
-  void count_in(std::uint64_t n = 1) { items_in_.fetch_add(n, std::memory_order_relaxed); }
-  void count_out(std::uint64_t n = 1) { items_out_.fetch_add(n, std::memory_order_relaxed); }
+  PipelineCore& core() const { return *core_; }
+  bool stopping() const;
+  void count_in(std::uint64_t n) { items_in_.fetch_add(n, std::memory_order_relaxed); }
+  void count_out(std::uint64_t n) { items_out_.fetch_add(n, std::memory_order_relaxed); }
+
+  /// Calls `f()` for the item at `index` under the stage's error policy: with OnError::skip, an
+  /// exception (other than PipelineStopped) is counted, logged the first few times, and false
+  /// returned; with OnError::fail it propagates and stops the pipeline.
+  template <class F>
+  bool guarded(std::uint64_t index, F&& f) {
+    if (on_error_ == OnError::fail) {
+      f();
+      return true;
+    }
+    try {
+      f();
+      return true;
+    } catch (const PipelineStopped&) {
+      throw;
+    } catch (const std::exception& e) {
+      skipped(index, e.what());
+    } catch (...) {
+      skipped(index, "unknown exception");
+    }
+    return false;
+  }
+
+  /// Chunks are sized so that each is about kChunkTime of the stage's work: hand-offs then cost
+  /// little against the work, and a chunk is still small enough to keep the stages downstream
+  /// fed. A chunk that takes longer than this (the function got slower) hands on what it made.
+  static constexpr std::chrono::nanoseconds kChunkTime = std::chrono::microseconds(100);
+  /// Inputs for the next chunk: kChunkTime of work at the measured cost per input, 1 to `cap`.
+  std::size_t chunk_size(std::size_t cap) const {
+    const auto per_item = std::max<std::int64_t>(item_ns_.load(std::memory_order_relaxed), 1);
+    return std::clamp<std::size_t>(static_cast<std::size_t>(kChunkTime.count() / per_item), 1, std::max<std::size_t>(cap, 1));
+  }
+  /// Records that `items` inputs took `work` (waits excluded).
+  void measured(std::size_t items, std::chrono::nanoseconds work) {
+    if (items == 0) return;
+    const auto per_item = work.count() / static_cast<std::int64_t>(items);
+    item_ns_.store((item_ns_.load(std::memory_order_relaxed) + per_item) / 2, std::memory_order_relaxed);
+  }
+
  private:
-  friend class PipelineCore;
-  void run();  // one body, as a oneTBB task
-  bool linger(std::chrono::steady_clock::duration& lingered);
+  int claim() noexcept;
+  void run_body(int slot);
+  void skipped(std::uint64_t index, const char* what);
   void body_started();
   void body_left(Step why, std::chrono::nanoseconds blocked_inside);
 
-  PipelineCore& core_;
+  PipelineCore* core_ = nullptr;
+  std::size_t position_ = 0;
   const std::string name_;
   const int threads_;
-  StageContext context_;
-  std::atomic<int> active_{0};  // bodies scheduled or running, at most threads_
+  const OnError on_error_;
+  StageContext context_;  // seed, epoch and stop token; set while no body runs
 
-  std::atomic<std::uint64_t> items_in_{0}, items_out_{0};
+  std::atomic<std::uint64_t> slots_{0};  // bit i set: body slot i is taken
+  std::atomic<int> queued_{0};           // tasks spawned that have not started
+  // The function's cost per input, averaged over recent chunks. Starts at kChunkTime, so
+  // that the first chunk is of one input.
+  std::atomic<std::int64_t> item_ns_{kChunkTime.count()};
+
+  std::atomic<std::uint64_t> items_in_{0}, items_out_{0}, skipped_{0};
   std::atomic<std::int64_t> busy_ns_{0};
   mutable std::mutex idle_mutex_;  // taken once per body start and end, not per item
   int running_ = 0;
   std::optional<Step> idle_reason_;
   std::chrono::steady_clock::time_point idle_since_;
   std::chrono::nanoseconds starved_{0}, blocked_{0};
-
-  struct Node;
-  std::unique_ptr<Node> node_;  // the oneTBB flow-graph node that runs bodies
 };
 
 struct CoreOptions {
-  int threads = 0;  ///< oneTBB threads for all stages; 0 = one per core
+  int threads = 0;  ///< threads for all stages; 0 = one per core
   std::uint64_t seed = 0;
+  bool deterministic = false;
   std::string occupancy_log;
   std::chrono::milliseconds sample_interval{50};
   CounterSource counters;
 };
 
-/// Owns the oneTBB arena and flow graph, the stages, the monitor, and the first error.
+/// Owns the threads, the flow graph, the stages and queues, the monitor, and the first error.
+///
+/// Threads. The stages run on `threads` threads of the pipeline's own, which wait in a oneTBB
+/// arena whose every slot is reserved for them, and there run the flow graph's tasks. The
+/// pipeline neither changes oneTBB's process-wide settings nor depends on them: a host's
+/// tbb::global_control limits oneTBB's workers, none of which the pipeline uses.
 class PipelineCore {
  public:
-  explicit PipelineCore(CoreOptions options);
+  PipelineCore();
   ~PipelineCore();
 
-  CoreOptions& options() { return options_; }
   StageBase& add_stage(std::unique_ptr<StageBase> stage);
-  /// Takes ownership of an edge; the monitor samples it, stop() closes it.
   template <class E>
   E& add_edge(std::unique_ptr<E> edge) {
     auto& e = *edge;
@@ -175,24 +205,34 @@ class PipelineCore {
     return e;
   }
   const std::vector<std::unique_ptr<StageBase>>& stages() const { return stages_; }
+  const CoreOptions& options() const { return options_; }
 
-  /// Creates the arena, the graph and its nodes, and starts the monitor.
-  void start();
-  /// Resets every stage for epoch `epoch`; every stage must be idle.
+  /// Validates `options`, starts the threads, the flow graph and the monitor.
+  void start(CoreOptions options);
+  /// Prepares every queue and stage for epoch `epoch`; no body may run.
   void begin_epoch(std::uint32_t epoch);
-  /// Waits (briefly: bodies are leaving) until no stage body is scheduled or running.
-  void wait_idle();
+  /// Waits until every body has returned and no task is pending. Bodies only ever wait for a
+  /// chunk's work, so this is brief.
+  void wait_idle() const;
+
+  /// Starts a body of `stage` on the flow graph.
+  void spawn(StageBase& stage);
+  /// Until `done()`: runs bodies of the stages after `from` that have work (they are what
+  /// makes room for it), and otherwise backs off. Throws PipelineStopped when stopping.
+  void wait_for(const StageBase& from, const std::function<bool()>& done) const;
 
   /// Records the first error and stops everything. Safe from any thread.
   void fail(const std::string& stage, std::exception_ptr error);
   /// Throws the first error, if any, as a StageError naming its stage.
   void rethrow_if_failed() const;
-  bool stopping() const { return stopping_.load(std::memory_order_relaxed); }
-  /// Idempotent: closes every queue, waits for every body to finish, stops the monitor.
-  void stop();
+  bool stopping() const noexcept { return stop_.stop_requested(); }
+  std::stop_token stop_token() const noexcept { return stop_.get_token(); }
+  /// Idempotent: stops every stage, waits until every body has returned, stops the monitor.
+  /// Errors of the monitor's last writes are logged, not thrown.
+  void stop() noexcept;
 
   void add_consumer_wait(std::chrono::nanoseconds d) { consumer_wait_ += d; }
-  void count_consumed() { ++consumed_; }
+  void count_consumed(std::uint64_t n = 1) { consumed_ += n; }
   PipelineSummary summary() const;
 
  private:
@@ -200,15 +240,16 @@ class PipelineCore {
   struct Engine;
   class Monitor;
 
-  // Destroyed bottom-up: the monitor reads edges and stages; the stages' flow-graph nodes
-  // belong to the engine's graph and use the edges.
+  // Destroyed bottom-up: the monitor reads edges and stages; the engine's tasks run stages.
   CoreOptions options_;
-  std::unique_ptr<Engine> engine_;
   std::vector<std::unique_ptr<EdgeBase>> edges_;
   std::vector<std::unique_ptr<StageBase>> stages_;
+  std::unique_ptr<Engine> engine_;
   std::unique_ptr<Monitor> monitor_;
-  std::atomic<bool> stopping_{false};
+  std::stop_source stop_;
   std::atomic<bool> stopped_{false};
+  std::atomic<int> tasks_{0};  // spawned and not yet returned; see wait_idle()
+  int threads_ = 0;
   mutable std::mutex error_mutex_;
   std::exception_ptr error_;
   std::string error_stage_;

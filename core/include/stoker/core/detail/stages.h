@@ -1,35 +1,27 @@
-// The typed stages: a source, 1 -> k transforms, and a batcher. Internal.
+// The typed stages: a source, 1 -> 1 and 1 -> k transforms, and a batcher. Internal.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <concepts>
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
-#include <span>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "stoker/core/detail/edges.h"
 #include "stoker/core/detail/runtime.h"
+#include "stoker/core/stage.h"
 
-namespace stoker {
+namespace stoker::detail {
 
-/// What a flat_map function emits its outputs through.
-template <class T>
-class Emitter {
- public:
-  explicit Emitter(std::vector<T>& out) : out_(out) {}
-  void operator()(T value) { out_.push_back(std::move(value)); }
-
- private:
-  std::vector<T>& out_;
-};
-
-namespace detail {
+using Clock = std::chrono::steady_clock;
 
 /// Calls `f(args..., context)` if `f` takes a StageContext last, else `f(args...)`.
 template <class F, class... Args>
@@ -40,305 +32,263 @@ decltype(auto) call_with_context(F& f, const StageContext& ctx, Args&&... args) 
     return f(std::forward<Args>(args)...);
 }
 
-/// A stage that emits T into an edge and wakes the stage that pops it.
+/// A stage function may cap its stage's chunks with a member `max_chunk()`: 1 for a function
+/// that waits for buffers its own outputs would hold (a pool), so that its body holds none.
+template <class F>
+std::size_t function_max_chunk(const F& f) {
+  if constexpr (requires { { f.max_chunk() } -> std::convertible_to<std::size_t>; })
+    return std::max<std::size_t>(f.max_chunk(), 1);
+  else
+    return std::numeric_limits<std::size_t>::max();
+}
+
+/// A stage's output: its queue, and the chunks that cannot go into it yet.
+///
+/// Every chunk has a key: the position of the first input it was made from, and a piece number
+/// for a chunk sent in several pieces. Chunks wait here, in key order, until the queue has room
+/// for all of the first; in deterministic mode the first must also be the next in input order,
+/// so items leave in the order their inputs came. A stage claims a place before it takes a
+/// chunk of inputs and gives it back when the last piece made from them has gone: at most
+/// `window` chunks (its threads) are taken and not gone, which bounds what a stage holds to one
+/// chunk per body.
+template <class T>
+class Output {
+ public:
+  struct Key {
+    std::uint64_t first = 0;
+    std::uint32_t piece = 0;
+    auto operator<=>(const Key&) const = default;
+  };
+  static constexpr std::uint32_t kEndPiece = std::numeric_limits<std::uint32_t>::max();
+
+  void connect(Edge<T>* edge, StageBase* downstream) {
+    edge_ = edge;
+    downstream_ = downstream;
+  }
+  void start(bool in_order, int window) {
+    in_order_ = in_order;
+    window_ = window;
+  }
+  /// Called while no body runs.
+  void begin_epoch() {
+    next_ = 0;
+    claimed_.store(0);
+  }
+
+  /// The largest chunk the queue takes (EdgeBase::max_chunk).
+  std::size_t cap() const { return edge_->max_chunk(); }
+
+  bool try_claim() {
+    int c = claimed_.load();
+    while (c < window_)
+      if (claimed_.compare_exchange_weak(c, c + 1)) return true;
+    return false;
+  }
+  void unclaim() { claimed_.fetch_sub(1); }
+  bool claimable() const { return claimed_.load() < window_; }
+
+  /// Adds the items made from the inputs [key.first, key.first + span): a piece with `span` 0
+  /// when more made from the same inputs follow (the last piece carries the span, and its claim
+  /// goes back once it is sent). Then sends what may go. True when `items` has been sent.
+  bool put(Key key, std::vector<T>&& items, std::uint64_t span) {
+    bool sent = false;
+    {
+      std::lock_guard lock(mutex_);
+      waiting_.insert_or_assign(key, Entry{std::move(items), span, false});
+      send_locked();
+      sent = !waiting_.contains(key);
+    }
+    after_send();
+    return sent;
+  }
+  /// Ends the epoch once everything before it has gone; `inputs` is the number of inputs taken
+  /// this epoch (the sum of all spans).
+  void put_end(std::uint64_t inputs) {
+    {
+      std::lock_guard lock(mutex_);
+      waiting_.insert_or_assign(Key{inputs, kEndPiece}, Entry{{}, 0, true});
+      send_locked();
+    }
+    after_send();
+  }
+  /// Sends what may go. True when nothing waits any more.
+  bool flush() {
+    if (count_.load() == 0) return true;
+    bool empty = false;
+    {
+      std::lock_guard lock(mutex_);
+      send_locked();
+      empty = waiting_.empty();
+    }
+    after_send();
+    return empty;
+  }
+  /// flush(), then whether the chunk of `key` has gone.
+  bool sent(Key key) {
+    flush();
+    std::lock_guard lock(mutex_);
+    return !waiting_.contains(key);
+  }
+  /// True when the chunk that goes next waits for room and the queue has it now.
+  bool can_move() const {
+    const std::size_t need = need_.load();
+    return need != 0 && edge_->room() >= need;
+  }
+
+ private:
+  struct Entry {
+    std::vector<T> items;
+    std::uint64_t span = 0;
+    bool end = false;
+  };
+
+  void send_locked() {
+    std::size_t need = 0;
+    while (!waiting_.empty()) {
+      auto it = waiting_.begin();
+      if (in_order_ && it->first.first != next_) break;  // an earlier chunk is not done yet
+      Entry& e = it->second;
+      if (e.end) {
+        edge_->end_epoch();
+      } else if (!e.items.empty() && !edge_->try_push(e.items)) {
+        need = e.items.size();
+        break;
+      }
+      next_ += e.span;
+      if (e.span != 0) claimed_.fetch_sub(1);
+      waiting_.erase(it);
+      sent_any_ = true;
+    }
+    edge_->note_waiting(static_cast<std::ptrdiff_t>(need) - static_cast<std::ptrdiff_t>(need_.load()));
+    need_.store(need);
+    count_.store(waiting_.size());
+  }
+  // Outside the lock: the stage downstream has work (the last queue wakes the consumer itself).
+  void after_send() {
+    if (std::exchange(sent_any_, false) && downstream_) downstream_->wake();
+  }
+
+  Edge<T>* edge_ = nullptr;
+  StageBase* downstream_ = nullptr;  // none for the last stage: the consumer pops
+  bool in_order_ = false;
+  int window_ = 1;
+  std::mutex mutex_;
+  std::map<Key, Entry> waiting_;
+  std::uint64_t next_ = 0;  // in order: the first input whose items have not all gone
+  bool sent_any_ = false;   // set under mutex_ by send_locked(), taken by after_send()
+  std::atomic<int> claimed_{0};
+  std::atomic<std::size_t> need_{0}, count_{0};
+};
+
+/// A stage that emits T.
 template <class T>
 class Producer : public StageBase {
  public:
   using StageBase::StageBase;
-  void connect_output(Edge<T>* edge, StageBase* consumer) {
-    out_.attach(edge);
-    downstream_ = consumer;
-  }
+  void connect_output(Edge<T>* edge, StageBase* downstream) { out_.connect(edge, downstream); }
 
- protected:
-  /// Sends an item, numbered `seq` (deterministic mode), or the end-of-epoch marker
-  /// when `e.value` is empty, which then carries the number of items sent this epoch.
-  void emit(Envelope<T>&& e) {
-    if (e.value)
-      sent_.fetch_add(1);
-    else
-      e.seq = sent_.load();
-    out_.emit(std::move(e));
-    if (downstream_) downstream_->wake();
-  }
-  /// emit() for each of `items`, all of them items, with one wake-up. Leaves `items` empty.
-  void emit_many(std::vector<Envelope<T>>& items) {
-    if (items.empty()) return;
-    sent_.fetch_add(items.size());
-    out_.emit_many(items);
-    if (downstream_) downstream_->wake();
-  }
-  void end_epoch() { emit({std::nullopt, 0}); }
-
-  // Bursts. A source, and a map in free order, make several items per step: as many as the
-  // output has room for, up to about kBurstTime of the function's work. The queue operations
-  // and wake-ups, which are most of what an item of a cheap stage costs and a good part of a
-  // slow one's, are then paid once per burst. A burst that runs past twice that time (the
-  // function got slower) hands on what it has made at once. The items go into slots claimed before they
-  // are made, so what a body holds meanwhile counts against the output's capacity. They
-  // leave together at the end of the burst, or when the function polls stop_requested()
-  // (see there), so that a function waiting for something downstream gives back never
-  // waits for what its own body holds.
-  static constexpr std::chrono::nanoseconds kBurstTime = std::chrono::microseconds(100);
-  static constexpr std::size_t kMaxBurst = 32;
-
-  /// Items made in one burst, into `reserved` slots claimed with out_.try_reserve; the slots
-  /// they do not fill are handed back at the end.
-  class Burst final : public HeldOutputs {
-   public:
-    Burst(Producer& producer, std::size_t reserved) : producer_(producer), reserved_(reserved) {
-      try {
-        items_.reserve(reserved);
-      } catch (...) {
-        producer_.out_.cancel_reserved(reserved);
-        throw;
-      }
-      previous_ = hold_outputs(this);  // last: the destructor, which restores it, now runs
-    }
-    ~Burst() {
-      hold_outputs(previous_);
-      producer_.out_.cancel_reserved(reserved_ - sent_);  // none after finish()
-    }
-    Burst(const Burst&) = delete;
-    Burst& operator=(const Burst&) = delete;
-
-    std::size_t room() const { return reserved_ - items_.size(); }
-    /// Adds an item. Past twice kBurstTime (the function got slower than its average), hands
-    /// the items on at once rather than keep them from the stages downstream; false then.
-    bool add(T&& value) {
-      items_.push_back({std::move(value), 0});
-      if (Clock::now() - started_ < 2 * kBurstTime) return true;
-      push_held();
-      return false;
-    }
-    /// Pushes what is left, hands back the slots no item came for, and times the burst.
-    void finish() {
-      push_held();
-      producer_.out_.cancel_reserved(room());
-      reserved_ = items_.size();
-      if (items_.empty()) return;
-      const auto n = static_cast<std::int64_t>(items_.size());
-      const auto per_item = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started_).count() / n;
-      auto& avg = producer_.item_ns_;
-      avg.store((3 * avg.load(std::memory_order_relaxed) + per_item) / 4, std::memory_order_relaxed);
-    }
-    void push_held() override {
-      const auto held = std::span(items_).subspan(sent_);
-      if (held.empty()) return;
-      producer_.sent_.fetch_add(held.size());
-      sent_ = items_.size();  // before the push: a push that throws has handed its slots back
-      producer_.out_.push_reserved(held);
-      if (producer_.downstream_) producer_.downstream_->wake();
-    }
-
-   private:
-    using Clock = std::chrono::steady_clock;
-    Producer& producer_;
-    std::size_t reserved_, sent_ = 0;
-    HeldOutputs* previous_ = nullptr;
-    const Clock::time_point started_ = Clock::now();
-    std::vector<Envelope<T>> items_;
-  };
-
-  /// Items for the next burst, from the function's recent time per item.
-  std::size_t burst_size() const {
-    const auto per_item = std::max<std::int64_t>(item_ns_.load(std::memory_order_relaxed), 1);
-    return std::clamp<std::size_t>(static_cast<std::size_t>(kBurstTime.count() / per_item), 1, kMaxBurst);
-  }
-  /// Pushes what the output holds back. True when nothing is left.
-  bool flush() {
-    if (!out_.blocked()) return true;
-    const bool clear = out_.flush();
-    if (downstream_) downstream_->wake();
-    return clear;
+  void start(PipelineCore& core, std::size_t position) override {
+    StageBase::start(core, position);
+    out_.start(core.options().deterministic, threads());
   }
   void begin_epoch(std::uint32_t epoch) override {
     StageBase::begin_epoch(epoch);
-    sent_.store(0);
+    out_.begin_epoch();
   }
-  bool output_blocked() const override { return out_.blocked(); }
-  Output<T> out_;
 
- private:
-  StageBase* downstream_ = nullptr;  // none for the last stage: the consumer pops
-  std::atomic<std::uint64_t> sent_{0};
-  // The function's time per item, averaged over recent bursts. Starts at kBurstTime, so
-  // that the first burst is of one item.
-  std::atomic<std::int64_t> item_ns_{kBurstTime.count()};
+ protected:
+  /// Output::put, and a wake-up for a sibling if the chunk gave its claim back.
+  bool put(typename Output<T>::Key key, std::vector<T>&& items, std::uint64_t span) {
+    const bool sent = out_.put(key, std::move(items), span);
+    if (threads() > 1) wake();
+    return sent;
+  }
+  /// Sends what waits; false when something still does.
+  bool flush() {
+    const bool clear = out_.flush();
+    if (threads() > 1) wake();
+    return clear;
+  }
+
+  Output<T> out_;
 };
 
-/// Calls the user's source until it returns nullopt, which ends the epoch.
+/// Takes chunks of inputs from an edge.
+template <class In, class Out>
+class Consumer : public Producer<Out> {
+ public:
+  using Producer<Out>::Producer;
+  void connect_input(Edge<In>* edge, StageBase* upstream) {
+    in_ = edge;
+    upstream_ = upstream;
+  }
+
+ protected:
+  /// Edge::pop, and a wake-up for the stage upstream, which may wait for the room made.
+  Pop pop(std::vector<In>& out, std::size_t max, std::uint64_t& first) {
+    const Pop r = in_->pop(out, max, first);
+    if (r == Pop::items) upstream_->wake();
+    return r;
+  }
+  Edge<In>* in_ = nullptr;
+  StageBase* upstream_ = nullptr;
+};
+
+/// Calls the user's source until it returns nullopt, which ends the epoch. Serial.
 template <class T, class F>
 class SourceStage final : public Producer<T> {
   using Step = StageBase::Step;
+  using Key = typename Output<T>::Key;
 
  public:
-  SourceStage(PipelineCore& core, std::string name, F fn) : Producer<T>(core, std::move(name), 1), fn_(std::move(fn)) {}
+  SourceStage(std::string name, F fn, std::size_t max_chunk, OnError on_error)
+      : Producer<T>(std::move(name), 1, on_error), fn_(std::move(fn)), max_chunk_(std::min(max_chunk, function_max_chunk(fn_))) {}
 
   void begin_epoch(std::uint32_t epoch) override {
     Producer<T>::begin_epoch(epoch);
-    exhausted_.store(false);
-    seq_ = 0;
+    ended_.store(false);
+    calls_ = 0;
   }
+  bool has_work() const override { return this->out_.can_move() || (!ended_.load() && this->out_.claimable()); }
 
  protected:
-  Step step() override {
-    if (!this->flush()) return Step::blocked;
-    if (exhausted_.load()) return Step::done;
-    if (const std::size_t room = this->out_.try_reserve(this->burst_size())) return read_burst(room);
-    const auto ctx = this->context();
-    std::optional<T> v = call_with_context(fn_, ctx);
-    if (!v) {
-      exhausted_.store(true);
-      this->end_epoch();
-      return Step::done;
-    }
-    this->count_out();
-    this->emit({std::move(v), seq_++});
-    return this->out_.blocked() ? Step::blocked : Step::progressed;
-  }
-  bool has_work() const override { return this->out_.blocked() ? this->out_.can_move() : !exhausted_.load(); }
-
- private:
-  // A burst (see Producer): as many items as there is room for, up to the epoch's end or
-  // past the burst's time.
-  Step read_burst(std::size_t reserved) {
-    {
-      typename Producer<T>::Burst burst(*this, reserved);
-      const auto ctx = this->context();
-      while (burst.room() != 0) {
-        std::optional<T> v = call_with_context(fn_, ctx);
-        if (!v) {
-          exhausted_.store(true);
-          break;
-        }
-        this->count_out();
-        if (!burst.add(std::move(*v))) break;
+  Step step(StageBase::Body& body) override {
+    this->flush();
+    if (ended_.load()) return Step::done;
+    if (!this->out_.try_claim()) return Step::blocked;
+    const std::size_t n = this->chunk_size(std::min(max_chunk_, this->out_.cap()));
+    std::vector<T> items;
+    items.reserve(n);
+    const std::uint64_t first = calls_;
+    const auto t0 = Clock::now();
+    const auto blocked0 = body.blocked;
+    bool ended = false;
+    while (calls_ - first < n && !this->stopping()) {
+      body.ctx.index = calls_++;
+      std::optional<T> v;
+      if (!this->guarded(body.ctx.index, [&] { v = call_with_context(fn_, body.ctx); })) continue;
+      if (!v) {
+        ended = true;
+        break;
       }
-      burst.finish();
+      items.push_back(std::move(*v));
+      if (Clock::now() - t0 > this->kChunkTime) break;  // slower than usual: hand on what is made
     }
-    if (!exhausted_.load()) return Step::progressed;
-    this->end_epoch();
+    this->measured(calls_ - first, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0) -
+                                       (body.blocked - blocked0));
+    this->count_out(items.size());
+    this->put(Key{first, 0}, std::move(items), calls_ - first);
+    if (!ended) return Step::progressed;
+    ended_.store(true);
+    this->out_.put_end(calls_);
     return Step::done;
   }
 
+ private:
   F fn_;
-  std::atomic<bool> exhausted_{false};
-  std::uint64_t seq_ = 0;  // touched by one body at a time: the source is serial
-};
-
-/// Restores input order at the output of a stage in deterministic mode. Bodies complete
-/// inputs in any order; outputs leave in input order and are numbered afresh, which a
-/// 1 -> k stage needs. At most `window` inputs may be taken ahead of the oldest one not
-/// yet complete, which bounds what waits here.
-template <class T>
-class Sequencer {
- public:
-  explicit Sequencer(std::size_t window) : window_(window) {}
-  bool window_full() const { return taken_.load() - released_.load() >= window_; }
-  /// Claims a place in the window for an input about to be taken; false when it is full.
-  /// Claimed before the pop, not counted after it: two bodies that both saw room must not
-  /// both take an input into the last place.
-  bool try_claim() {
-    auto t = taken_.load();
-    while (t - released_.load() < window_)
-      if (taken_.compare_exchange_weak(t, t + 1)) return true;
-    return false;
-  }
-  /// Gives back a claim that no input came for.
-  void unclaim() { taken_.fetch_sub(1); }
-
-  template <class Emit>
-  void complete(std::uint64_t seq, std::vector<T>&& outputs, Emit&& emit) {
-    std::lock_guard lock(mutex_);
-    waiting_.emplace(seq, std::move(outputs));
-    for (auto it = waiting_.begin(); it != waiting_.end() && it->first == next_in_; it = waiting_.erase(it)) {
-      for (auto& v : it->second) emit(Envelope<T>{std::move(v), next_out_++});
-      ++next_in_;
-      released_.fetch_add(1);
-    }
-  }
-  /// Releases `outputs` after everything released so far, then runs `f`, in order with
-  /// the releases.
-  template <class Emit, class F>
-  void after_all(std::vector<T>&& outputs, Emit&& emit, F&& f) {
-    std::lock_guard lock(mutex_);
-    for (auto& v : outputs) emit(Envelope<T>{std::move(v), next_out_++});
-    f();
-  }
-  void reset() {
-    waiting_.clear();
-    next_in_ = next_out_ = 0;
-    taken_.store(0);
-    released_.store(0);
-  }
-
- private:
-  const std::size_t window_;
-  std::mutex mutex_;
-  std::map<std::uint64_t, std::vector<T>> waiting_;
-  std::uint64_t next_in_ = 0, next_out_ = 0;
-  std::atomic<std::uint64_t> taken_{0}, released_{0};
-};
-
-/// Shared by the stages that pop from an edge.
-template <class In, class Out>
-class Transformer : public Producer<Out> {
- public:
-  using Producer<Out>::Producer;
-  void connect_input(Edge<In>* edge, StageBase* producer) {
-    in_ = edge;
-    upstream_ = producer;
-  }
-  void begin_epoch(std::uint32_t epoch) override {
-    Producer<Out>::begin_epoch(epoch);
-    arrivals_.reset();
-  }
-
- protected:
-  /// Pops an item, or reports `empty` (including after the marker) or `closed`. Wakes the
-  /// stage upstream if it waits for room, even when nothing comes out: in deterministic mode a
-  /// pop may take items out of the queue only to hold them back for an earlier one, which
-  /// the stage upstream may be holding because the queue was full.
-  Pop pop(Envelope<In>& e) {
-    for (;;) {
-      const auto r = in_->try_pop(e);
-      if (upstream_) upstream_->wake_if_blocked();
-      if (r != Pop::item) return r;
-      if (e.value) {
-        arrivals_.item();
-        return r;
-      }
-      arrivals_.marker(e.seq);
-    }
-  }
-  /// Appends up to `max` items to `out`, or reports `empty` (including after the marker) or
-  /// `closed` when it appends none.
-  Pop pop_many(std::vector<Envelope<In>>& out, std::size_t max) {
-    const auto had = static_cast<std::ptrdiff_t>(out.size());
-    for (;;) {
-      const auto r = in_->try_pop_many(out, max);
-      if (upstream_) upstream_->wake_if_blocked();  // as in pop()
-      if (r != Pop::item) return r;
-      const auto markers = std::remove_if(out.begin() + had, out.end(), [&](const Envelope<In>& e) {
-        if (!e.value) arrivals_.marker(e.seq);
-        return !e.value;
-      });
-      out.erase(markers, out.end());
-      arrivals_.items(out.size() - static_cast<std::size_t>(had));
-      if (out.size() != static_cast<std::size_t>(had)) return Pop::item;
-    }
-  }
-  /// How many items the input holds now, roughly.
-  std::size_t input_size() const { return in_->meter().size(); }
-  /// True once every item of the epoch has been popped.
-  bool input_ended() const { return arrivals_.complete(); }
-  bool input_ready() const { return in_->ready(); }
-
- private:
-  Edge<In>* in_ = nullptr;
-  StageBase* upstream_ = nullptr;
-  ArrivalCount arrivals_;
+  const std::size_t max_chunk_;
+  std::atomic<bool> ended_{false};
+  std::uint64_t calls_ = 0;  // this epoch; one body at a time
 };
 
 /// A flat_map function that holds outputs back until its input ends (a shuffle window):
@@ -349,205 +299,212 @@ concept EndsEpoch = requires(F& f, Emitter<Out>& emit, const StageContext& ctx) 
 
 /// 1 -> 1 (`map`) or 1 -> k (`flat_map`) on up to `threads` bodies at once.
 template <class In, class Out, class F, bool Flat>
-class TransformStage final : public Transformer<In, Out> {
+class TransformStage final : public Consumer<In, Out> {
   using Step = StageBase::Step;
+  using Key = typename Output<Out>::Key;
 
  public:
-  TransformStage(PipelineCore& core, std::string name, int threads, F fn, bool deterministic)
-      : Transformer<In, Out>(core, std::move(name), threads), fn_(std::move(fn)) {
-    // No body runs more than `threads` inputs ahead of the oldest one not done: outputs that
-    // wait for it then hold at most threads - 1 buffers of whatever pool the stage draws from,
-    // so a pool of more than that cannot run dry for the very input everyone waits for.
-    if (deterministic) sequencer_.emplace(static_cast<std::size_t>(threads));
-  }
+  struct Options {
+    int threads = 1;
+    std::size_t max_chunk = std::numeric_limits<std::size_t>::max();
+    OnError on_error = OnError::fail;
+    bool copy_per_body = false;
+  };
+
+  TransformStage(std::string name, F fn, Options o)
+      : Consumer<In, Out>(std::move(name), o.threads, o.on_error),
+        max_chunk_(std::min(o.max_chunk, function_max_chunk(fn))),
+        fns_(o.copy_per_body ? static_cast<std::size_t>(o.threads) : 1, fn),
+        inputs_(static_cast<std::size_t>(o.threads)) {}
 
   void begin_epoch(std::uint32_t epoch) override {
-    Transformer<In, Out>::begin_epoch(epoch);
+    Consumer<In, Out>::begin_epoch(epoch);
     finished_.store(false);
-    if (sequencer_) sequencer_->reset();
+  }
+  bool has_work() const override {
+    if (this->out_.can_move()) return true;
+    if (!this->out_.claimable()) return false;
+    if (this->in_->drained()) return !finished_.load() && processing_.load() == 0;
+    return this->in_->ready() && !this->in_->drained();
   }
 
  protected:
-  Step step() override {
-    if (!this->flush()) return Step::blocked;
-    if constexpr (!Flat) {
-      if (!sequencer_)
-        if (const std::size_t room = this->out_.try_reserve(std::min(this->burst_size(), this->input_size())))
-          return map_burst(room);
-    }
-    if (sequencer_ && !sequencer_->try_claim()) return Step::blocked;
-    // Counted before the pop, so that whoever sees the last item arrive cannot also see
-    // "nothing in process" while this one is on its way.
-    in_process_.fetch_add(1);
-    Envelope<In> e;
-    const auto r = this->pop(e);
-    if (r != Pop::item) {
-      if (sequencer_) sequencer_->unclaim();
-      in_process_.fetch_sub(1);
-      maybe_finish();
+  Step step(StageBase::Body& body) override {
+    this->flush();
+    if (!this->out_.try_claim()) return Step::blocked;
+    // Counted before the pop, so that whoever sees the input drained also sees this chunk in
+    // process (maybe_finish()).
+    processing_.fetch_add(1);
+    auto& inputs = inputs_[static_cast<std::size_t>(body.ctx.body)];
+    inputs.clear();
+    std::uint64_t first = 0;
+    const Pop r = this->pop(inputs, inputs_per_chunk(), first);
+    if (r != Pop::items) {
+      this->out_.unclaim();
+      processing_.fetch_sub(1);
+      maybe_finish(body);
       return r == Pop::empty ? Step::starved : Step::done;
     }
-    if (this->threads() > 1) this->wake();  // a sibling may take the next input
-    this->count_in();
-    process(std::move(e));
-    in_process_.fetch_sub(1);
-    maybe_finish();
-    return this->out_.blocked() ? Step::blocked : Step::progressed;
-  }
-
-  bool has_work() const override {
-    if (this->out_.blocked()) return this->out_.can_move();
-    return !(sequencer_ && sequencer_->window_full()) && this->input_ready();
-  }
-
- private:
-  // A burst (see Producer) of the inputs there are, as far as there is room for them.
-  Step map_burst(std::size_t reserved) {
-    in_process_.fetch_add(1);  // before the pop: see step()
-    typename Producer<Out>::Burst burst(*this, reserved);
-    std::vector<Envelope<In>> inputs;
-    inputs.reserve(reserved);
-    const auto r = this->pop_many(inputs, reserved);
-    if (r != Pop::item) {
-      burst.finish();
-      in_process_.fetch_sub(1);
-      maybe_finish();
-      return r == Pop::empty ? Step::starved : Step::done;
-    }
-    if (this->threads() > 1) this->wake();  // a sibling may take the next inputs
+    if (this->threads() > 1) this->wake();  // a sibling may take the next chunk
     this->count_in(inputs.size());
-    const auto ctx = this->context();
-    for (auto& e : inputs) burst.add(call_with_context(fn_, ctx, std::move(*e.value)));  // popped: all are made
-    this->count_out(inputs.size());
-    burst.finish();
-    in_process_.fetch_sub(1);
-    maybe_finish();
+    process(body, inputs, first);
+    processing_.fetch_sub(1);
+    maybe_finish(body);
     return Step::progressed;
   }
 
-  void process(Envelope<In>&& e) {
-    const auto ctx = this->context();
-    if constexpr (!Flat) {
-      Out out = call_with_context(fn_, ctx, std::move(*e.value));
-      this->count_out();
-      if (!sequencer_) return this->emit({std::move(out), 0});
-      std::vector<Out> outputs;
-      outputs.push_back(std::move(out));
-      release(e.seq, std::move(outputs));
-    } else {
-      // Reused, so that the steady state does not allocate per input.
-      thread_local std::vector<Out> outputs;
+ private:
+  // kChunkTime of work, as many outputs as the queue takes at once, and, with several bodies,
+  // no more than a fair share of what is queued: uneven items must not starve the siblings.
+  std::size_t inputs_per_chunk() const {
+    const std::size_t per_output = Flat ? std::max<std::size_t>(1, fanout_.load(std::memory_order_relaxed) / 16) : 1;
+    std::size_t n = this->chunk_size(std::min(max_chunk_, std::max<std::size_t>(1, this->out_.cap() / per_output)));
+    if (this->threads() > 1) {
+      const std::size_t queued = this->in_->capacity() - std::min(this->in_->room(), this->in_->capacity());
+      n = std::min(n, std::max<std::size_t>(1, (queued + this->threads() - 1) / static_cast<std::size_t>(this->threads())));
+    }
+    return n;
+  }
+
+  F& fn(const StageBase::Body& body) { return fns_.size() == 1 ? fns_[0] : fns_[static_cast<std::size_t>(body.ctx.body)]; }
+
+  // Outputs past a chunk, from inside a flat_map call: they are sent as a piece, and the call
+  // goes on once the piece has gone (the emit waits; see Emitter).
+  struct Spill {
+    TransformStage& stage;
+    StageBase::Body& body;
+    std::vector<Out>& outputs;
+    Key key;
+    std::size_t spilled = 0;  // items sent so far
+
+    static void full(void* self) { static_cast<Spill*>(self)->send(true); }
+    // Sends what is made so far; with `wait`, returns only once it has gone.
+    void send(bool wait) {
+      const Key k = key;
+      ++key.piece;
+      spilled += outputs.size();
+      const bool sent = stage.put(k, std::move(outputs), 0);
       outputs.clear();
-      Emitter<Out> emit(outputs);
-      call_with_context(fn_, ctx, std::move(*e.value), emit);
-      this->count_out(outputs.size());
-      if (!sequencer_) {
-        thread_local std::vector<Envelope<Out>> envelopes;
-        envelopes.clear();  // emit_many empties it, unless it threw (bad_alloc) part-way
-        for (auto& o : outputs) envelopes.push_back({std::move(o), 0});
-        this->emit_many(envelopes);
-      } else {
-        release(e.seq, std::move(outputs));
-      }
+      if (sent || !wait) return;
+      BlockedTime waiting(body.ctx);
+      stage.core().wait_for(stage, [&] { return stage.out_.sent(k); });
     }
-  }
+    Emitter<Out> emitter(std::size_t limit) { return EmitterAccess<Out>::make(outputs, limit, &Spill::full, this); }
+  };
 
-  void release(std::uint64_t seq, std::vector<Out>&& outputs) {
-    sequencer_->complete(seq, std::move(outputs), [&](Envelope<Out>&& o) { this->emit(std::move(o)); });
-    if (this->threads() > 1) this->wake();  // the window may have room again
-  }
-
-  // Sends the marker once every item has arrived and been processed. Any body may be
-  // the one to see both, so every body asks after each item and after an empty pop.
-  void maybe_finish() {
-    if (!this->input_ended() || in_process_.load() != 0) return;
-    // An end_epoch hook runs once the outputs parked before it have left: what they hold
-    // (buffers of a pool the hook draws from) comes back only through the consumer. The body
-    // that flushes them pops next, finds the input empty, and asks again.
-    if constexpr (Flat && EndsEpoch<F, Out>)
-      if (this->out_.blocked()) return;
-    if (finished_.exchange(true)) return;
-    std::vector<Out> held_back = epoch_end_outputs();
-    if (sequencer_) {
-      sequencer_->after_all(
-          std::move(held_back), [&](Envelope<Out>&& o) { this->emit(std::move(o)); }, [&] { this->end_epoch(); });
-    } else {
-      for (auto& o : held_back) this->emit({std::move(o), 0});
-      this->end_epoch();
-    }
-  }
-
-  // Only one body gets here, after every call of the function for this epoch has returned.
-  std::vector<Out> epoch_end_outputs() {
+  void process(StageBase::Body& body, std::vector<In>& inputs, std::uint64_t first) {
     std::vector<Out> outputs;
-    if constexpr (Flat && EndsEpoch<F, Out>) {
-      Emitter<Out> emit(outputs);
-      const auto ctx = this->context();
-      if constexpr (requires { fn_.end_epoch(emit, ctx); })
-        fn_.end_epoch(emit, ctx);
-      else
-        fn_.end_epoch(emit);
-      this->count_out(outputs.size());
+    outputs.reserve(Flat ? std::min<std::size_t>(this->out_.cap(), 4 * inputs.size()) : inputs.size());
+    Spill spill{*this, body, outputs, Key{first, 0}};
+    auto emit = spill.emitter(std::min(max_chunk_, this->out_.cap()));
+    const auto t0 = Clock::now();
+    const auto blocked0 = body.blocked;
+    for (std::size_t i = 0; i < inputs.size() && !this->stopping(); ++i) {
+      body.ctx.index = first + i;
+      this->guarded(body.ctx.index, [&] {
+        if constexpr (Flat)
+          call_with_context(fn(body), body.ctx, std::move(inputs[i]), emit);
+        else
+          outputs.push_back(call_with_context(fn(body), body.ctx, std::move(inputs[i])));
+      });
+      // Slower than usual: hand on what is made rather than keep it from the stages downstream.
+      if (i + 1 < inputs.size() && !outputs.empty() && Clock::now() - t0 > this->kChunkTime) spill.send(false);
     }
-    return outputs;
+    this->measured(inputs.size(), std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0) -
+                                      (body.blocked - blocked0));
+    const std::size_t made = spill.spilled + outputs.size();
+    if constexpr (Flat) fanout_.store((fanout_.load(std::memory_order_relaxed) + 16 * made / inputs.size()) / 2,
+                                      std::memory_order_relaxed);
+    this->count_out(made);
+    this->put(spill.key, std::move(outputs), inputs.size());
   }
 
-  F fn_;
-  std::optional<Sequencer<Out>> sequencer_;
-  std::atomic<int> in_process_{0};
+  // Sends the end of the epoch once every input has been taken and processed. Any body may be
+  // the one to see both, so every body asks after each chunk and after a pop that found none.
+  // All sequentially consistent: a body that drops processing_ and then reads the input, and
+  // one that sees the input drained and then reads processing_, cannot both miss the other.
+  void maybe_finish(StageBase::Body& body) {
+    if (processing_.load() != 0 || !this->in_->drained() || finished_.exchange(true)) return;
+    const std::uint64_t inputs = this->in_->taken();
+    if constexpr (Flat && EndsEpoch<F, Out>) {
+      // Every call of the function for this epoch has returned.
+      std::vector<Out> outputs;
+      Spill spill{*this, body, outputs, Key{inputs, 0}};
+      auto emit = spill.emitter(std::min(max_chunk_, this->out_.cap()));
+      for (auto& f : fns_) {
+        if constexpr (requires { f.end_epoch(emit, body.ctx); })
+          f.end_epoch(emit, body.ctx);
+        else
+          f.end_epoch(emit);
+      }
+      if (!outputs.empty()) spill.send(true);
+      this->count_out(spill.spilled);
+    }
+    this->out_.put_end(inputs);
+  }
+
+  const std::size_t max_chunk_;
+  std::vector<F> fns_;                     // one, or one per body
+  std::vector<std::vector<In>> inputs_;    // per body slot
+  std::atomic<std::size_t> fanout_{16};    // outputs per input, times 16, averaged over chunks
+  std::atomic<int> processing_{0};         // chunks taken and not yet put
   std::atomic<bool> finished_{false};
 };
 
-/// Groups `size` items into a std::vector; serial. The last batch of an epoch may be
-/// smaller, or dropped.
+/// Groups `size` items into a std::vector; serial. The last batch of an epoch may be smaller,
+/// or dropped.
 template <class T>
-class BatchStage final : public Transformer<T, std::vector<T>> {
+class BatchStage final : public Consumer<T, std::vector<T>> {
   using Step = StageBase::Step;
+  using Key = typename Output<std::vector<T>>::Key;
 
  public:
-  BatchStage(PipelineCore& core, std::string name, std::size_t size, bool drop_remainder)
-      : Transformer<T, std::vector<T>>(core, std::move(name), 1), size_(size), drop_remainder_(drop_remainder) {
+  BatchStage(std::string name, std::size_t size, bool drop_remainder)
+      : Consumer<T, std::vector<T>>(std::move(name), 1, OnError::fail), size_(size), drop_remainder_(drop_remainder) {
     batch_.reserve(size_);
   }
 
   void begin_epoch(std::uint32_t epoch) override {
-    Transformer<T, std::vector<T>>::begin_epoch(epoch);
+    Consumer<T, std::vector<T>>::begin_epoch(epoch);
     batch_.clear();
     batches_ = 0;
-    finished_ = false;
+    finished_.store(false);
+  }
+  bool has_work() const override {
+    if (this->out_.can_move()) return true;
+    if (!this->out_.claimable() || finished_.load()) return false;
+    return this->in_->ready();
   }
 
  protected:
   // Takes what the batch still lacks in one pop, when that much is there.
-  Step step() override {
+  Step step(StageBase::Body&) override {
     if (!this->flush()) return Step::blocked;
-    if (finished_) return Step::done;
-    inbox_.clear();
-    const auto r = this->pop_many(inbox_, size_ - batch_.size());
+    if (finished_.load()) return Step::done;
+    std::uint64_t first = 0;
+    const std::size_t had = batch_.size();
+    const Pop r = this->pop(batch_, size_ - batch_.size(), first);
     if (r == Pop::closed) return Step::done;
-    if (r == Pop::item) {
-      this->count_in(inbox_.size());
-      for (auto& e : inbox_) batch_.push_back(std::move(*e.value));
-      if (batch_.size() == size_) send();
-    }
-    if (this->input_ended()) {
+    this->count_in(batch_.size() - had);
+    if (batch_.size() == size_) send();
+    if (r == Pop::ended) {
       if (!batch_.empty() && !drop_remainder_) send();
       batch_.clear();
-      this->end_epoch();
-      finished_ = true;
+      this->out_.put_end(batches_);
+      finished_.store(true);
       return Step::done;
     }
-    if (r == Pop::empty) return Step::starved;
-    return this->out_.blocked() ? Step::blocked : Step::progressed;
-  }
-  bool has_work() const override {
-    return this->out_.blocked() ? this->out_.can_move() : this->input_ready();
+    return r == Pop::empty ? Step::starved : Step::progressed;
   }
 
  private:
   void send() {
-    this->count_out();
-    this->emit({std::move(batch_), batches_++});
+    this->out_.try_claim();  // serial, and flushed before: never refused
+    std::vector<std::vector<T>> one;
+    one.push_back(std::move(batch_));
+    this->count_out(1);
+    this->put(Key{batches_, 0}, std::move(one), 1);
+    ++batches_;
     batch_ = std::vector<T>();  // not `= {}`: that assigns an initializer_list, which copies
     batch_.reserve(size_);
   }
@@ -555,10 +512,8 @@ class BatchStage final : public Transformer<T, std::vector<T>> {
   const std::size_t size_;
   const bool drop_remainder_;
   std::vector<T> batch_;
-  std::vector<Envelope<T>> inbox_;
-  std::uint64_t batches_ = 0;
-  bool finished_ = false;  // serial: one body at a time
+  std::uint64_t batches_ = 0;  // one body at a time
+  std::atomic<bool> finished_{false};
 };
 
-}  // namespace detail
-}  // namespace stoker
+}  // namespace stoker::detail

@@ -1,0 +1,102 @@
+// What a stage function sees of the pipeline that calls it.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <stop_token>
+#include <utility>
+#include <vector>
+
+namespace stoker {
+
+/// What a stage function may ask about the call it is in. A function that takes
+/// `const StageContext&` as its last parameter gets one; it is valid for the call.
+struct StageContext {
+  std::uint64_t seed = 0;   ///< the pipeline's seed
+  std::uint32_t epoch = 0;  ///< the epoch the item belongs to
+  /// The item's position in the stage's input in this epoch, from 0; for a source, the number
+  /// of calls before this one. Distinct for every item of an epoch; in deterministic mode the
+  /// same item has the same index on every run.
+  std::uint64_t index = 0;
+  /// Which of the stage's bodies makes the call, from 0 to threads - 1. No two calls running at
+  /// the same time have the same, so it can index per-body scratch space.
+  int body = 0;
+  /// Requested once the pipeline stops (stop(), an error in any stage, destruction). A function
+  /// that waits for something outside the graph, such as a free buffer of a pool, must also
+  /// wake for this and give up by throwing PipelineStopped. Usable from any thread; asking has
+  /// no side effects.
+  std::stop_token stop;
+  /// Where BlockedTime adds up; null outside a pipeline.
+  std::chrono::nanoseconds* blocked = nullptr;
+};
+
+/// Thrown by a stage function that gave up waiting because its pipeline is stopping; the
+/// pipeline does not report it as an error.
+struct PipelineStopped : std::runtime_error {
+  PipelineStopped() : std::runtime_error("the pipeline is stopping") {}
+};
+
+/// Counts the time from its construction to its destruction as the calling stage's blocked
+/// time rather than busy time: for a function that waits for something given back downstream,
+/// such as a free buffer of a pool. Does nothing for a context that is not a pipeline's.
+class BlockedTime {
+ public:
+  explicit BlockedTime(const StageContext& ctx) noexcept : into_(ctx.blocked), since_(Clock::now()) {}
+  ~BlockedTime() {
+    if (into_) *into_ += Clock::now() - since_;
+  }
+  BlockedTime(const BlockedTime&) = delete;
+  BlockedTime& operator=(const BlockedTime&) = delete;
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  std::chrono::nanoseconds* into_;
+  Clock::time_point since_;
+};
+
+namespace detail {
+template <class T>
+class EmitterAccess;
+}
+
+/// What a flat_map function emits its outputs through: `emit(value)`, any number of times.
+///
+/// In a pipeline, outputs go downstream in chunks. When one call emits more than a chunk, the
+/// emit that completes a chunk waits until the queue downstream has room for it, so a stage
+/// that emits without bound (one file into many records) is bounded too.
+template <class T>
+class Emitter {
+ public:
+  /// Collects every output into `out`: for calling a flat_map function outside a pipeline.
+  explicit Emitter(std::vector<T>& out) noexcept : out_(&out) {}
+
+  void operator()(T value) {
+    out_->push_back(std::move(value));
+    if (out_->size() >= limit_) full_(owner_);  // empties *out_
+  }
+
+ private:
+  friend class detail::EmitterAccess<T>;
+  Emitter(std::vector<T>& out, std::size_t limit, void (*full)(void*), void* owner) noexcept
+      : out_(&out), limit_(limit), full_(full), owner_(owner) {}
+
+  std::vector<T>* out_;
+  std::size_t limit_ = std::numeric_limits<std::size_t>::max();
+  void (*full_)(void*) = nullptr;
+  void* owner_ = nullptr;
+};
+
+namespace detail {
+template <class T>
+class EmitterAccess {
+ public:
+  static Emitter<T> make(std::vector<T>& out, std::size_t limit, void (*full)(void*), void* owner) noexcept {
+    return Emitter<T>(out, limit, full, owner);
+  }
+};
+}  // namespace detail
+
+}  // namespace stoker
