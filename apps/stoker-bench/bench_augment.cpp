@@ -1,12 +1,15 @@
 // The `augment` suite: the brief's reference job (Fashion-MNIST, 5 random 24x24 crops per
 // image, mirrored with p = 0.5, normalized to float32, shuffled, batched by 255) through a
-// real stoker pipeline, and, in the same run, a plain loop doing the same arithmetic on all
-// cores with no pipeline at all: the practical limit.
+// real stoker pipeline, and, in the same run, two loops doing the same arithmetic with no
+// pipeline at all: a plain loop that permutes all crops at once (a baseline), and a tight loop
+// with the job's windowed shuffle on all cores (the practical limit). With --threads LIST, the
+// pipeline and the windowed loop also run on each N threads of the list, for the scaling.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <functional>
 #include <iomanip>
 #include <iostream>
@@ -24,6 +27,7 @@
 
 #include "bench_suite.h"
 #include "stoker/core/pipeline.h"
+#include "stoker/core/random_shuffle_queue.h"
 #include "stoker/stages/batch.h"
 #include "stoker/stages/idx.h"
 #include "stoker/stages/transforms.h"
@@ -57,9 +61,28 @@ struct AugmentOptions {
   std::size_t images = 0;  // 0: all of them
   int crop_threads = 2;
   int collate_threads = 2;  // one collate alone can fall behind two crop threads
-  int plain_threads = 0;  // 0: every core
+  int plain_threads = 0;  // 0: every core, for the plain loop and the windowed loop
   std::uint64_t seed = 0;
+  std::vector<int> thread_counts;  // --threads: also run the pipeline and the windowed loop on each
 };
+
+// How the pipeline is laid out on a number of threads.
+struct PipelineLayout {
+  int threads = 0;  // the pipeline's own threads; 0: one per core
+  int crop_threads = 2;
+  int collate_threads = 2;
+  std::size_t batch_queue = 8;  // batches waiting for collate
+};
+
+// The layout on N threads for --threads: collate does about 70% of the work (it cuts, mirrors
+// and normalizes every crop), so it may run on all N; drawing the windows is light, so the crop
+// stage gets a quarter of them; and enough batches wait for collate to keep N bodies busy.
+PipelineLayout scaled_layout(int n) {
+  return {.threads = n,
+          .crop_threads = std::clamp((n + 3) / 4, 1, 64),
+          .collate_threads = std::clamp(n, 1, 64),
+          .batch_queue = std::max<std::size_t>(8, 2 * static_cast<std::size_t>(n))};
+}
 
 // What a consumer saw: enough to prove that nothing was lost or repeated, and, when `deep`,
 // a checksum of every crop's contents that does not depend on the order crops arrive in.
@@ -90,6 +113,14 @@ struct Tally {
       }
       content += h;
     }
+  }
+  void merge(const Tally& o) {
+    crops += o.crops;
+    batches += o.batches;
+    label_sum += o.label_sum;
+    id_sum += o.id_sum;
+    content += o.content;
+    touched += o.touched;
   }
   bool same_items(const Tally& o) const {
     return crops == o.crops && batches == o.batches && label_sum == o.label_sum && id_sum == o.id_sum;
@@ -128,7 +159,7 @@ enum class Cut {
   in_crop_stage_normalize_at_collate,
 };
 
-RunResult run_pipeline(Job& job, bool deep, Cut cut) {
+RunResult run_pipeline(Job& job, const PipelineLayout& layout, bool deep, Cut cut) {
   const AugmentOptions& o = job.options;
   RunResult r;
   const double cpu0 = cpu_seconds();
@@ -145,15 +176,17 @@ RunResult run_pipeline(Job& job, bool deep, Cut cut) {
   }
   auto consume = [&]<class Item>(Item) {
     auto pipe = PipelineBuilder{}
+                    .threads(layout.threads)
                     .seed(o.seed)
                     .epochs(1)
                     .source("read", IdxReader(job.data, {.pool = job.image_pool}))
-                    .template flat_map<Item>("crops", RandomCrops(std::move(crops)), {.threads = o.crop_threads})
+                    .template flat_map<Item>("crops", RandomCrops(std::move(crops)),
+                                                   {.threads = layout.crop_threads})
                     .shuffle("shuffle", {.capacity = kShuffle.capacity,
                                          .min_after_dequeue = kShuffle.min_after_dequeue,
                                          .seed = o.seed})
-                    .batch("batch", kBatch)
-                    .map("collate", std::move(collate), {.threads = o.collate_threads})
+                    .batch("batch", kBatch, {.queue = layout.batch_queue})
+                    .map("collate", std::move(collate), {.threads = layout.collate_threads})
                     .build();
     for (auto& batch : pipe.epoch()) r.tally.add(batch, deep);
     r.summary = pipe.summary();
@@ -232,14 +265,89 @@ RunResult run_plain(Job& job, tbb::task_arena& arena, bool deep) {
   });
   r.seconds = seconds_since(t0);
   r.cpu_seconds = cpu_seconds() - cpu0;
-  for (const Tally& t : tallies) {
-    r.tally.crops += t.crops;
-    r.tally.batches += t.batches;
-    r.tally.label_sum += t.label_sum;
-    r.tally.id_sum += t.id_sum;
-    r.tally.content += t.content;
-    r.tally.touched += t.touched;
+  for (const Tally& t : tallies) r.tally.merge(t);
+  return r;
+}
+
+// (c) The practical limit: a tight loop doing exactly the job, windowed shuffle included, on
+// `threads` threads with no pipeline. Thread t takes a contiguous share of the images and
+// keeps a shuffle window of its own: per-thread windows of the same total size as the
+// pipeline's shuffle, capacity / threads each with min_after_dequeue / threads left behind
+// by every take (at least a batch above that, so that a batch can be taken). For each image
+// it draws the crops with RandomCrops::plan (windows and mirrors, exactly as the pipeline's
+// crop stage draws them) and pushes DeferredCrops into its window (a stoker::ShuffleBuffer:
+// an array with swap-remove, each take uniform over all held, as the pipeline's shuffle);
+// whenever the window is full it takes 255 of them and cuts, mirrors and normalizes each
+// straight into its batch with make_batch, exactly what the pipeline's collate does, and
+// touches the batch. At the end it drains its window batch by batch.
+//
+// Every share but the last is a whole number of batches (51 images = 255 crops), so the loop
+// delivers the pipeline's batches: all full but the very last one. The DeferredCrops point at
+// the images decoded once, through shared_ptrs that own nothing: no reference counting, no
+// copy of an image, no queue, no lock; the threads share nothing but the batch pool.
+static_assert(kBatch % kCropsPerImage == 0, "the windowed loop gives each thread whole batches of images");
+
+RunResult run_windowed(Job& job, int threads, bool deep) {
+  const AugmentOptions& o = job.options;
+  const std::size_t n_threads = static_cast<std::size_t>(std::max(1, threads));
+  const std::size_t n_images = job.images.size();
+  constexpr std::size_t kImagesPerBatch = kBatch / kCropsPerImage;
+  const std::size_t whole_batches = n_images / kImagesPerBatch;
+  const std::size_t capacity = std::max<std::size_t>(1, kShuffle.capacity / n_threads);
+  const std::size_t min_after_dequeue = kShuffle.min_after_dequeue / n_threads;
+  const std::size_t full = std::max(capacity, min_after_dequeue + kBatch);  // take a batch at this size
+  const StageContext ctx{.seed = o.seed, .epoch = 0};
+  const RandomCrops draw(RandomCropOptions{.size = kCrop,
+                                           .count = kCropsPerImage,
+                                           .mirror = MirrorOptions{.axis = Axis::width, .p = kMirrorP},
+                                           .pool = job.crop_pool});
+  RunResult r;
+  std::vector<Tally> tallies(n_threads);
+  std::vector<std::exception_ptr> errors(n_threads);
+  const double cpu0 = cpu_seconds();
+  const auto t0 = Clock::now();
+
+  auto work = [&](std::size_t t) {
+    try {
+      const std::size_t first = whole_batches * t / n_threads * kImagesPerBatch;
+      const std::size_t last = t + 1 == n_threads ? n_images : whole_batches * (t + 1) / n_threads * kImagesPerBatch;
+      ShuffleBuffer<DeferredCrop> window(full, derive_seed(o.seed, t, 0x77696e646f77));  // "window"
+      std::vector<PlannedCrop> planned;
+      planned.reserve(kCropsPerImage);
+      Tally& tally = tallies[t];
+      auto take_batch = [&](std::size_t count) {
+        std::vector<DeferredCrop> crops;
+        crops.reserve(count);
+        for (std::size_t k = 0; k < count; ++k) crops.push_back(window.take());
+        const Batch batch = make_batch(std::move(crops), job.normalizer, *job.batch_pool, ctx);
+        tally.add(batch, deep);
+      };
+      for (std::size_t i = first; i < last; ++i) {
+        const Sample& image = job.images[i];
+        const std::shared_ptr<const Sample> source(std::shared_ptr<const Sample>{}, &image);  // owns nothing
+        planned.clear();
+        draw.plan(image, ctx, planned);
+        for (const PlannedCrop& c : planned) {
+          window.push(DeferredCrop{source, c});
+          if (window.size() == full) take_batch(kBatch);
+        }
+      }
+      while (window.size() != 0) take_batch(std::min(kBatch, window.size()));
+    } catch (...) {
+      errors[t] = std::current_exception();
+    }
+  };
+  {
+    std::vector<std::jthread> others;
+    others.reserve(n_threads - 1);
+    for (std::size_t t = 1; t < n_threads; ++t) others.emplace_back(work, t);
+    work(0);
   }
+  r.seconds = seconds_since(t0);
+  r.cpu_seconds = cpu_seconds() - cpu0;
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (const Tally& t : tallies) r.tally.merge(t);
   return r;
 }
 

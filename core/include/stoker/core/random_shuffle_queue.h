@@ -23,7 +23,7 @@ struct ShuffleOptions {
   std::size_t min_after_dequeue = 2000;  ///< a dequeue leaves at least this many behind
   /// The stream of random draws. In a pipeline, a shuffle without a seed of its own takes one
   /// derived from the pipeline's seed; a RandomShuffleQueue without one uses 0.
-  std::optional<std::uint64_t> seed;
+  std::optional<std::uint64_t> seed = std::nullopt;
 };
 
 /// Which of the held elements a dequeue draws from.

@@ -1,0 +1,436 @@
+// The runtime's promises under the settings users reach for: shuffles of any ratio, a host
+// that limits oneTBB, stage functions that use oneTBB themselves, exceptions anywhere, stop at
+// any time; and the options of the stage API.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <oneapi/tbb/global_control.h>
+#include <oneapi/tbb/parallel_for.h>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <unistd.h>
+
+#include "pipeline/pipeline_support.h"
+
+using namespace stoker;
+using namespace stoker::test;
+
+namespace {
+
+// Batches of one epoch, flattened.
+std::vector<int> flatten(const std::vector<std::vector<int>>& batches) {
+  std::vector<int> all;
+  for (const auto& b : batches) all.insert(all.end(), b.begin(), b.end());
+  return all;
+}
+
+std::filesystem::path temp_file(const std::string& name) {
+  return std::filesystem::temp_directory_path() / ("stoker-test-" + std::to_string(::getpid()) + "-" + name);
+}
+
+}  // namespace
+
+TEST_SUITE("Pipeline runtime") {
+  TEST_CASE("a shuffle runs to the end at any min_after_dequeue / capacity, TensorFlow's recipe included, "
+            "with a consumer slower than the stages" *
+            doctest::timeout(120)) {
+    // TensorFlow's recipe: capacity = min_after_dequeue + 3 * batch.
+    const std::vector<std::pair<std::size_t, std::size_t>> shapes{
+        {130, 100}, {100, 0}, {100, 50}, {100, 99}, {1000, 990}, {10, 9}, {2, 1}};
+    for (const auto& [capacity, min] : shapes) {
+      CAPTURE(capacity);
+      CAPTURE(min);
+      auto pipe = PipelineBuilder{}
+                      .threads(2)
+                      .epochs(2)
+                      .source("read", CountUpTo{3000})
+                      .map("id", [](int x) { return x; }, {.threads = 2})
+                      .shuffle("mix", {.capacity = capacity, .min_after_dequeue = min})
+                      .batch("batch", 10)
+                      .build();
+      for (int e = 0; e < 2; ++e) {
+        std::vector<int> all;
+        for (auto& b : pipe.epoch()) {
+          all.insert(all.end(), b.begin(), b.end());
+          std::this_thread::sleep_for(20us);  // slower than the stages: every queue fills up
+        }
+        CHECK(sorted(all) == iota(3000));
+      }
+      CHECK(pipe.finished());
+    }
+  }
+
+  TEST_CASE("a host that holds tbb::global_control(max_allowed_parallelism, 1) still runs every pipeline" *
+            doctest::timeout(120)) {
+    for (const std::size_t limit : {1, 2}) {
+      const tbb::global_control host(tbb::global_control::max_allowed_parallelism, limit);
+      for (const int threads : {1, 2, 4}) {
+        CAPTURE(limit);
+        CAPTURE(threads);
+        auto pipe = PipelineBuilder{}
+                        .threads(threads)
+                        .epochs(2)
+                        .source("read", CountUpTo{2000})
+                        .map("sum",
+                             [](int x) {
+                               // oneTBB inside a stage function, too
+                               std::atomic<int> n{0};
+                               tbb::parallel_for(0, 8, [&](int) { n.fetch_add(1); });
+                               return x + n.load() - 8;
+                             },
+                             {.threads = 3})
+                        .flat_map<int>("twice", [](int x, Emitter<int>& emit) { emit(x); emit(x); }, {.threads = 2})
+                        .shuffle("mix", {.capacity = 100, .min_after_dequeue = 50})
+                        .batch("batch", 16)
+                        .build();
+        for (int e = 0; e < 2; ++e) {
+          std::vector<int> all;
+          for (auto& b : pipe.epoch()) all.insert(all.end(), b.begin(), b.end());
+          std::vector<int> want;
+          for (int x = 0; x < 2000; ++x) want.insert(want.end(), {x, x});
+          CHECK(sorted(all) == want);
+        }
+        CHECK(pipe.summary().threads == threads);
+      }
+    }
+  }
+
+  TEST_CASE("a stage function that waits for oneTBB work of its own never has another body run on its thread "
+            "meanwhile" *
+            doctest::timeout(120)) {
+    // While a thread waits in parallel_for it runs tasks; without isolation they could be the
+    // bodies of other stages (or of the same one), nested on its stack.
+    static thread_local int inside = 0;
+    std::atomic<int> nested{0};
+    const auto work = [&nested](int x) {
+      if (inside++ != 0) nested.fetch_add(1);
+      tbb::parallel_for(0, 16, [](int) { spin_for(5us); });
+      --inside;
+      return x;
+    };
+    auto pipe = PipelineBuilder{}
+                    .threads(4)
+                    .epochs(1)
+                    .source("read", CountUpTo{3000}, {.queue = 16})
+                    .map("a", work, {.threads = 4, .queue = 16})
+                    .map("b", work, {.threads = 4, .queue = 16})
+                    .build();
+    CHECK(sorted(drain_epoch(pipe)) == iota(3000));
+    CHECK(nested.load() == 0);
+  }
+
+  TEST_CASE("many short epochs: each delivers every item once, and every call sees its own epoch" *
+            doctest::timeout(120)) {
+    // A body of an epoch still running when the next one begins would race with the reset of
+    // its stage's state (ThreadSanitizer), or lose or repeat items. Each stage function tags
+    // its item with the epoch it was called for; the consumer checks the tags.
+    using Tagged = std::pair<int, std::uint32_t>;
+    const auto tag = [](Tagged t, const StageContext& ctx) {
+      if (t.second != ctx.epoch) t.first = -1;
+      return t;
+    };
+    constexpr int kEpochs = 200;
+    auto pipe = PipelineBuilder{}
+                    .threads(3)
+                    .epochs(kEpochs)
+                    .source("read", [n = 0](const StageContext& ctx) mutable -> std::optional<Tagged> {
+                      if (n == 50) {
+                        n = 0;
+                        return std::nullopt;
+                      }
+                      return Tagged{n++, ctx.epoch};
+                    }, {.queue = 4})
+                    .map("check", tag, {.threads = 3, .queue = 4})
+                    .flat_map<Tagged>("copy", [&](Tagged t, Emitter<Tagged>& emit, const StageContext& ctx) {
+                      emit(tag(t, ctx));
+                    }, {.threads = 2, .queue = 4})
+                    .shuffle("mix", {.capacity = 16, .min_after_dequeue = 8})
+                    .batch("batch", 7, {.queue = 2})
+                    .map("check again", [&](std::vector<Tagged> b, const StageContext& ctx) {
+                      for (auto& t : b) t = tag(t, ctx);
+                      return b;
+                    })
+                    .build();
+    std::uint32_t epochs = 0;
+    for (auto epoch : pipe.epochs()) {
+      std::vector<int> all;
+      bool tags_right = true;
+      for (auto& b : epoch)
+        for (const auto& [x, e] : b) {
+          all.push_back(x);
+          tags_right = tags_right && e == epochs;
+        }
+      CHECK(sorted(all) == iota(50));
+      CHECK(tags_right);
+      ++epochs;
+    }
+    CHECK(epochs == kEpochs);
+  }
+
+  TEST_CASE("an item whose move constructor throws ends the run with a StageError, not a hang" *
+            doctest::timeout(60)) {
+    struct Fragile {
+      int value;
+      explicit Fragile(int v) : value(v) {}
+      Fragile(Fragile&& o) : value(o.value) {
+        if (value == 777) throw std::runtime_error("cannot move 777");
+      }
+      Fragile& operator=(Fragile&& o) {
+        if (o.value == 777) throw std::runtime_error("cannot move 777");
+        value = o.value;
+        return *this;
+      }
+    };
+    for (const bool deterministic : {false, true}) {
+      CAPTURE(deterministic);
+      auto pipe = PipelineBuilder{}
+                      .threads(2)
+                      .deterministic(deterministic)
+                      .source("read", CountUpTo{5000})
+                      .map("wrap", [](int x) { return Fragile(x); }, {.threads = 2})
+                      .map("unwrap", [](Fragile f) { return f.value; }, {.threads = 2})
+                      .build();
+      CHECK_THROWS_WITH_AS(drain_epoch(pipe), doctest::Contains("cannot move 777"), StageError);
+    }
+  }
+
+  TEST_CASE("a counters() callback that throws while the pipeline is destroyed is logged, not fatal" *
+            doctest::timeout(60)) {
+    const auto log = temp_file("throwing-counters.jsonl");
+    {
+      auto pipe = PipelineBuilder{}
+                      .epochs(1)
+                      .occupancy_log(log.string(), 5ms)
+                      .counters([]() -> std::vector<Counter> { throw std::runtime_error("device lost"); })
+                      .source("read", CountUpTo{100})
+                      .build();
+      CHECK(drain_epoch(pipe).size() == 100);
+    }  // ~Pipeline writes the log's last records, which calls counters()
+    CHECK(std::filesystem::exists(log));
+    std::filesystem::remove(log);
+  }
+
+  TEST_CASE("stop() returns within one item's time even when a body holds a chunk of slow items" *
+            doctest::timeout(60)) {
+    // Thousands of cheap items make chunks long; then every item takes 20 ms. A body that
+    // finished its chunk before looking at stop would hold stop() for up to a chunk of them.
+    std::atomic<bool> slow{false};
+    auto pipe = PipelineBuilder{}
+                    .threads(2)
+                    .source("read", [n = 0]() mutable { return std::optional<int>(n++); })
+                    .map("work",
+                         [&](int x) {
+                           if (slow.load()) std::this_thread::sleep_for(20ms);
+                           return x;
+                         },
+                         {.threads = 2})
+                    .build();
+    for (int i = 0; i < 20'000; ++i) REQUIRE(pipe.next());
+    slow = true;
+    for (int i = 0; i < 200; ++i) REQUIRE(pipe.next());  // what was already made
+    const auto t0 = Clock::now();
+    pipe.stop();
+    CHECK(ms_since(t0) < 100.0);
+  }
+
+  TEST_CASE("a queue whose producer waits with a chunk that does not fit reads full in the occupancy log" *
+            doctest::timeout(60)) {
+    // Capacity 9: chunks of up to 4 leave room for 1 once two are in; a producer then waits
+    // with its next chunk while the queue holds 8 of 9.
+    const auto log = temp_file("waiting-producer.jsonl");
+    std::size_t full_samples = 0;
+    {
+      auto pipe = PipelineBuilder{}
+                      .epochs(1)
+                      .occupancy_log(log.string(), 2ms)
+                      .source("read", CountUpTo{200'000}, {.queue = 9})
+                      .build();
+      for (int i = 0; i < 100'000; ++i) REQUIRE(pipe.next());
+      std::this_thread::sleep_for(200ms);  // the consumer pauses: the source waits
+      const auto s = pipe.summary();
+      REQUIRE(s.queues.size() == 1);
+      CHECK(s.queues[0].size == 9);
+      while (pipe.next()) {
+      }
+    }
+    std::ifstream in(log);
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.at("type") != "sample") continue;
+      if (j.at("size").get<std::size_t>() == 9) ++full_samples;
+    }
+    CHECK(full_samples >= 50);  // about 100 samples during the pause
+    std::filesystem::remove(log);
+  }
+
+  TEST_CASE("pipeline options set after the stages take effect: deterministic, seed, threads") {
+    const auto run = [](std::uint64_t seed) {
+      auto pipe = PipelineBuilder{}
+                      .source("read", CountUpTo{2000})
+                      .map("jitter",
+                           [](int x, const StageContext& ctx) {
+                             spin_for(std::chrono::microseconds(derive_seed(ctx.seed, x) % 20));
+                             return x;
+                           },
+                           {.threads = 4})
+                      .shuffle("mix", {.capacity = 300, .min_after_dequeue = 100})  // no seed of its own
+                      .batch("batch", 10)
+                      .deterministic()  // late
+                      .seed(seed)       // late
+                      .threads(3)       // late
+                      .epochs(1)
+                      .build();
+      CHECK(pipe.summary().threads == 3);
+      std::vector<std::vector<int>> batches;
+      for (auto& b : pipe.epoch()) batches.push_back(b);
+      return flatten(batches);
+    };
+    const auto a = run(1), b = run(1), c = run(2);
+    CHECK(sorted(a) == iota(2000));
+    CHECK(a == b);  // deterministic, though the map's threads finish out of order
+    CHECK(a != c);  // the shuffle's seed follows the pipeline's
+  }
+
+  TEST_CASE("epochs() ends with the run; next() is nullopt at each epoch's end and after the run") {
+    auto pipe = PipelineBuilder{}.epochs(3).source("read", CountUpTo{10}).build();
+    int epochs = 0;
+    for (auto epoch : pipe.epochs()) {
+      std::vector<int> items;
+      for (int x : epoch) items.push_back(x);
+      CHECK(items == iota(10));
+      ++epochs;
+    }
+    CHECK(epochs == 3);
+    CHECK(pipe.finished());
+    CHECK_FALSE(pipe.next());
+    int after = 0;
+    for ([[maybe_unused]] auto epoch : pipe.epochs()) ++after;
+    CHECK(after == 0);
+  }
+
+  TEST_CASE("StageContext: each item has its own index in the epoch, each running call its own body" *
+            doctest::timeout(60)) {
+    for (const bool deterministic : {false, true}) {
+      CAPTURE(deterministic);
+      std::mutex m;
+      std::vector<std::set<std::uint64_t>> seen(2);
+      std::vector<std::atomic<int>> in_body(4);
+      std::atomic<int> clash{0}, bad_body{0};
+      auto pipe = PipelineBuilder{}
+                      .epochs(2)
+                      .threads(4)
+                      .deterministic(deterministic)
+                      .source("read", CountUpTo{3000})
+                      .map("look",
+                           [&](int x, const StageContext& ctx) {
+                             if (ctx.body < 0 || ctx.body >= 4) {
+                               bad_body.fetch_add(1);
+                               return x;
+                             }
+                             auto& here = in_body[static_cast<std::size_t>(ctx.body)];
+                             if (here.fetch_add(1) != 0) clash.fetch_add(1);
+                             spin_for(2us);
+                             {
+                               std::lock_guard lock(m);
+                               seen[ctx.epoch].insert(ctx.index);
+                             }
+                             here.fetch_sub(1);
+                             return x;
+                           },
+                           {.threads = 4})
+                      .build();
+      for (int e = 0; e < 2; ++e) CHECK(drain_epoch(pipe).size() == 3000);
+      for (const auto& s : seen) {
+        CHECK(s.size() == 3000);
+        CHECK(*s.rbegin() == 2999);
+      }
+      CHECK(clash.load() == 0);
+      CHECK(bad_body.load() == 0);
+    }
+  }
+
+  TEST_CASE("copy_per_body: every body calls a copy of its own, so a function that is not thread-safe works") {
+    struct Counting {
+      std::shared_ptr<std::atomic<int>> copies = std::make_shared<std::atomic<int>>(0);
+      std::shared_ptr<std::mutex> m = std::make_shared<std::mutex>();
+      std::shared_ptr<std::set<const void*>> callers = std::make_shared<std::set<const void*>>();
+      bool busy = false;  // not thread-safe on purpose
+      int operator()(int x) {
+        if (busy) throw std::logic_error("two calls at once on one copy");
+        busy = true;
+        spin_for(3us);
+        {
+          std::lock_guard lock(*m);
+          callers->insert(this);
+        }
+        busy = false;
+        return x;
+      }
+    };
+    Counting f;
+    auto pipe = PipelineBuilder{}
+                    .epochs(1)
+                    .threads(4)
+                    .source("read", CountUpTo{5000})
+                    .map("own", f, {.threads = 4, .copy_per_body = true})
+                    .build();
+    CHECK(sorted(drain_epoch(pipe)) == iota(5000));
+    CHECK(f.callers->size() >= 1);
+    CHECK(f.callers->size() <= 4);
+  }
+
+  TEST_CASE("on_error = skip drops the items whose function throws, counts them, and goes on" *
+            doctest::timeout(60)) {
+    const auto log = temp_file("skips.jsonl");
+    std::vector<int> got;
+    PipelineSummary summary;
+    {
+      auto pipe = PipelineBuilder{}
+                      .epochs(1)
+                      .occupancy_log(log.string())
+                      .source("read",
+                              [n = 0]() mutable -> std::optional<int> {
+                                if (n == 1000) return std::nullopt;
+                                if (++n % 100 == 0) throw std::runtime_error("unreadable record");
+                                return n;
+                              },
+                              {.on_error = OnError::skip})
+                      .map("decode",
+                           [](int x) {
+                             if (x % 7 == 0) throw std::invalid_argument("bad record " + std::to_string(x));
+                             return x;
+                           },
+                           {.threads = 2, .on_error = OnError::skip})
+                      .build();
+      for (int x : pipe.epoch()) got.push_back(x);
+      summary = pipe.summary();
+    }
+    std::vector<int> want;
+    for (int n = 1; n <= 1000; ++n)
+      if (n % 100 != 0 && n % 7 != 0) want.push_back(n);
+    CHECK(sorted(got) == want);
+    REQUIRE(summary.stages.size() == 2);
+    CHECK(summary.stages[0].skipped == 10);
+    CHECK(summary.stages[1].skipped == 990 - want.size());  // of the 990 read, the multiples of 7
+    std::ifstream in(log);
+    bool logged = false;
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.at("type") == "stage" && j.at("stage") == "decode") logged = j.at("skipped") == summary.stages[1].skipped;
+    }
+    CHECK(logged);
+    std::filesystem::remove(log);
+  }
+
+  TEST_CASE("a stage's threads are limited to 1..64, named in the error") {
+    auto src = [] { return PipelineBuilder{}.source("read", CountUpTo{1}); };
+    CHECK_THROWS_WITH(src().map("m", [](int x) { return x; }, {.threads = 65}), doctest::Contains("'m'"));
+    CHECK_THROWS_WITH(src().map("m", [](int x) { return x; }, {.threads = 0}), doctest::Contains("threads"));
+  }
+}
