@@ -214,7 +214,8 @@ RunResult run_plain(Job& job, tbb::task_arena& arena, bool deep) {
   const std::size_t n_images = job.images.size();
   const std::size_t n_crops = n_images * kCropsPerImage;
   const std::size_t n_batches = (n_crops + kBatch - 1) / kBatch;
-  const StageContext ctx{.seed = o.seed, .epoch = 0};
+  StageContext ctx;  // epoch 0, as the pipeline's one epoch
+  ctx.seed = o.seed;
   const Shape crop_shape{1, 1, kCrop.height, kCrop.width, false};
   RunResult r;
   std::vector<Tally> tallies(n_batches);
@@ -270,16 +271,17 @@ RunResult run_plain(Job& job, tbb::task_arena& arena, bool deep) {
 }
 
 // (c) The practical limit: a tight loop doing exactly the job, windowed shuffle included, on
-// `threads` threads with no pipeline. Thread t takes a contiguous share of the images and
-// keeps a shuffle window of its own: per-thread windows of the same total size as the
-// pipeline's shuffle, capacity / threads each with min_after_dequeue / threads left behind
-// by every take (at least a batch above that, so that a batch can be taken). For each image
-// it draws the crops with RandomCrops::plan (windows and mirrors, exactly as the pipeline's
-// crop stage draws them) and pushes DeferredCrops into its window (a stoker::ShuffleBuffer:
-// an array with swap-remove, each take uniform over all held, as the pipeline's shuffle);
-// whenever the window is full it takes 255 of them and cuts, mirrors and normalizes each
-// straight into its batch with make_batch, exactly what the pipeline's collate does, and
-// touches the batch. At the end it drains its window batch by batch.
+// `threads` threads with no pipeline: the reference job run on each thread's contiguous share
+// of the images, with the job's own shuffle (capacity and min_after_dequeue). As a shuffle
+// buffer in a loop is used (tf.data's shuffle, a RandomShuffleQueue whose consumer is the
+// slower side, which is the pipeline's case here), the window is filled to its capacity and a
+// batch is taken whenever it is full, so every batch is drawn uniformly from `capacity`
+// crops, as the pipeline's shuffle draws it. For each image it draws the crops with
+// RandomCrops::plan (windows and mirrors, exactly as the pipeline's crop stage draws them) and
+// pushes DeferredCrops into its window (a stoker::ShuffleBuffer: an array with swap-remove,
+// each take uniform over all held, as the pipeline's shuffle); it cuts, mirrors and normalizes
+// each crop of a batch straight into it with make_batch, exactly what the pipeline's collate
+// does, and touches the batch. At the end it drains its window batch by batch.
 //
 // Every share but the last is a whole number of batches (51 images = 255 crops), so the loop
 // delivers the pipeline's batches: all full but the very last one. The DeferredCrops point at
@@ -293,10 +295,9 @@ RunResult run_windowed(Job& job, int threads, bool deep) {
   const std::size_t n_images = job.images.size();
   constexpr std::size_t kImagesPerBatch = kBatch / kCropsPerImage;
   const std::size_t whole_batches = n_images / kImagesPerBatch;
-  const std::size_t capacity = std::max<std::size_t>(1, kShuffle.capacity / n_threads);
-  const std::size_t min_after_dequeue = kShuffle.min_after_dequeue / n_threads;
-  const std::size_t full = std::max(capacity, min_after_dequeue + kBatch);  // take a batch at this size
-  const StageContext ctx{.seed = o.seed, .epoch = 0};
+  const std::size_t full = kShuffle.capacity;  // take a batch at this size
+  StageContext ctx;  // epoch 0, as the pipeline's one epoch
+  ctx.seed = o.seed;
   const RandomCrops draw(RandomCropOptions{.size = kCrop,
                                            .count = kCropsPerImage,
                                            .mirror = MirrorOptions{.axis = Axis::width, .p = kMirrorP},
@@ -412,44 +413,89 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
   const int plain_threads = opt.plain_threads > 0 ? opt.plain_threads : cores;
   tbb::task_arena arena(plain_threads);
 
+  const PipelineLayout default_layout{.threads = 0, .crop_threads = opt.crop_threads,
+                                      .collate_threads = opt.collate_threads, .batch_queue = 8};
+
   std::cout << "augment: " << n_images << " images x " << kCropsPerImage << " crops " << kCrop.str()
             << ", mirror p=" << kMirrorP << ", normalize (x/255-0.2860)/0.3530, shuffle " << kShuffle.capacity << "/"
             << kShuffle.min_after_dequeue << ", batch " << kBatch << "; data loaded in " << std::fixed
             << std::setprecision(2) << load_s << " s (excluded)\n"
-            << "pipeline: crop stage on " << opt.crop_threads << " threads, oneTBB on " << cores
-            << " cores; plain loop on " << plain_threads << " threads\n";
+            << "pipeline: crop stage on " << opt.crop_threads << " threads, collate on " << opt.collate_threads
+            << ", pipeline threads " << cores << " (one per core); plain loop and windowed loop on " << plain_threads
+            << " threads\n";
+  if (!opt.thread_counts.empty()) {
+    std::cout << "scaling: on each N of";
+    for (int n : opt.thread_counts) std::cout << " " << n;
+    std::cout << " threads, the pipeline (.threads(N), crops on max(1, ceil(N/4)), collate on N, " << kBatch
+              << "-crop batch queue max(8, 2N)) and the windowed loop on N threads\n";
+  }
 
   struct Contender {
-    const char* name;   // in the JSON
-    const char* label;  // in the table
+    std::string name;   // in the JSON
+    std::string label;  // in the table
     std::function<RunResult(bool deep)> run;
-    std::vector<double> rates, seconds, cpu_ns;
-    RunResult last;
+    int scaling_threads = 0;  // > 0: one of the --threads runs, on this many threads
+    PipelineLayout layout{};  // of a pipeline
+    std::vector<double> rates{}, seconds{}, cpu_ns{};
+    RunResult last{};
   };
   std::vector<Contender> contenders;
-  auto pipeline = [&](Cut cut) { return [&job, cut](bool deep) { return run_pipeline(job, deep, cut); }; };
-  contenders.push_back({"stoker_pipeline", "stoker pipeline (crops cut at collate)", pipeline(Cut::at_collate), {},
-                        {}, {}, {}});
-  contenders.push_back({"stoker_pipeline_cut_in_crop_stage", "stoker pipeline (crops cut in crop stage)",
-                        pipeline(Cut::in_crop_stage), {}, {}, {}, {}});
-  contenders.push_back({"stoker_pipeline_normalize_at_collate", "  ... normalized at collate",
-                        pipeline(Cut::in_crop_stage_normalize_at_collate), {}, {}, {}, {}});
+  auto pipeline = [&job](PipelineLayout layout, Cut cut) {
+    return [&job, layout, cut](bool deep) { return run_pipeline(job, layout, deep, cut); };
+  };
+  auto windowed = [&job](int threads) {
+    return [&job, threads](bool deep) { return run_windowed(job, threads, deep); };
+  };
+  contenders.push_back({.name = "stoker_pipeline",
+                        .label = "stoker pipeline (crops cut at collate)",
+                        .run = pipeline(default_layout, Cut::at_collate),
+                        .layout = default_layout});
+  contenders.push_back({.name = "stoker_pipeline_cut_in_crop_stage",
+                        .label = "stoker pipeline (crops cut in crop stage)",
+                        .run = pipeline(default_layout, Cut::in_crop_stage),
+                        .layout = default_layout});
+  contenders.push_back({.name = "stoker_pipeline_normalize_at_collate",
+                        .label = "  ... normalized at collate",
+                        .run = pipeline(default_layout, Cut::in_crop_stage_normalize_at_collate),
+                        .layout = default_layout});
   contenders.push_back(
-      {"plain_loop", "plain loop", [&](bool deep) { return run_plain(job, arena, deep); }, {}, {}, {}, {}});
+      {.name = "plain_loop", .label = "plain loop (global permutation)", .run = [&](bool deep) {
+         return run_plain(job, arena, deep);
+       }});
   const std::size_t plain_index = contenders.size() - 1;
+  contenders.push_back({.name = "windowed_loop",
+                        .label = "windowed loop (the practical limit)",
+                        .run = windowed(plain_threads)});
+  const std::size_t windowed_index = contenders.size() - 1;
+  const std::size_t main_contenders = contenders.size();
+  // --threads: the pipeline and the windowed loop on each N, next to each other in the list.
+  for (int n : opt.thread_counts) {
+    const PipelineLayout layout = scaled_layout(n);
+    const std::string threads = std::to_string(n);
+    contenders.push_back({.name = "stoker_pipeline_threads_" + threads,
+                          .label = "stoker pipeline on " + threads + " threads",
+                          .run = pipeline(layout, Cut::at_collate),
+                          .scaling_threads = n,
+                          .layout = layout});
+    contenders.push_back({.name = "windowed_loop_threads_" + threads,
+                          .label = "windowed loop on " + threads + " threads",
+                          .run = windowed(n),
+                          .scaling_threads = n});
+  }
 
   // One untimed round of each, which also checks that all of them make the very same crops:
-  // the plain loop is only a baseline if it does the same arithmetic.
+  // a loop is only a baseline if it does the same arithmetic.
   std::uint64_t content = 0;
   for (std::size_t c = 0; c < contenders.size(); ++c) {
     const RunResult r = contenders[c].run(true);
-    check(contenders[c].name, r.tally, job.expected);
+    check(contenders[c].name.c_str(), r.tally, job.expected);
     if (c == 0) content = r.tally.content;
     if (r.tally.content != content)
-      throw std::runtime_error(std::string("augment: ") + contenders[c].name + " made other crops than " +
-                               contenders[0].name + " (checksums of the batches differ)");
+      throw std::runtime_error("augment: " + contenders[c].name + " made other crops than " + contenders[0].name +
+                               " (checksums of the batches differ)");
   }
-  std::cerr << "augment: warm-up done, every contender made the same " << n_crops << " crops\n";
+  std::cerr << "augment: warm-up done, every contender (" << contenders.size() << ") made the same " << n_crops
+            << " crops\n";
 
   const double crops = static_cast<double>(n_crops);
   for (int rep = 0; rep < common.repeats; ++rep) {
@@ -458,7 +504,7 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
     for (std::size_t k = 0; k < contenders.size(); ++k) {
       Contender& c = contenders[(k + static_cast<std::size_t>(rep)) % contenders.size()];
       RunResult r = c.run(false);
-      check(c.name, r.tally, job.expected);
+      check(c.name.c_str(), r.tally, job.expected);
       c.rates.push_back(crops / r.seconds);
       c.seconds.push_back(r.seconds);
       c.cpu_ns.push_back(r.cpu_seconds * 1e9 / crops);
@@ -466,28 +512,78 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
     }
   }
 
+  auto samples_text = [](const std::vector<double>& rates) {
+    std::string s;
+    for (double v : rates) s += (s.empty() ? "" : " ") + rate(v);
+    return s;
+  };
   const double plain_median = spread(contenders[plain_index].rates).median;
+  const double windowed_median = spread(contenders[windowed_index].rates).median;
   std::cout << "\nMcrops/s, median (min-max) of " << common.repeats << " repeats, one epoch of " << n_crops
-            << " crops each; CPU ns per crop (process-wide); ratio to the plain loop\n\n";
-  Json results = Json::array(), ratios = Json::object();
-  for (const Contender& c : contenders) {
+            << " crops each; CPU ns per crop (process-wide); ratio to the plain loop; ratio to the windowed loop;"
+               " every repeat\n\n";
+  Json results = Json::array(), ratios = Json::object(), vs_windowed = Json::object();
+  for (std::size_t i = 0; i < contenders.size(); ++i) {
+    const Contender& c = contenders[i];
     const Spread sp = spread(c.rates);
     const double cpu = spread(c.cpu_ns).median;
-    std::cout << "  " << std::left << std::setw(44) << c.label << std::right << std::setprecision(3)
-              << rate(sp.median) << " (" << rate(sp.min) << "-" << rate(sp.max) << ")  " << std::setw(6)
-              << std::setprecision(0) << cpu << " ns  " << std::setprecision(3) << sp.median / plain_median << "\n";
-    results.push_back({{"name", c.name},
-                       {"crops_per_s_median", sp.median},
-                       {"min", sp.min},
-                       {"max", sp.max},
-                       {"samples", c.rates},
-                       {"seconds_median", spread(c.seconds).median},
-                       {"cpu_ns_per_crop_median", cpu}});
-    if (&c != &contenders[plain_index]) ratios[c.name] = sp.median / plain_median;
+    if (i < main_contenders)
+      std::cout << "  " << std::left << std::setw(44) << c.label << std::right << std::setprecision(3)
+                << rate(sp.median) << " (" << rate(sp.min) << "-" << rate(sp.max) << ")  " << std::setw(6)
+                << std::setprecision(0) << cpu << " ns  " << std::setprecision(3) << sp.median / plain_median
+                << "  " << sp.median / windowed_median << "  [" << samples_text(c.rates) << "]\n";
+    Json entry = {{"name", c.name},
+                  {"crops_per_s_median", sp.median},
+                  {"min", sp.min},
+                  {"max", sp.max},
+                  {"samples", c.rates},
+                  {"seconds_median", spread(c.seconds).median},
+                  {"cpu_ns_per_crop_median", cpu}};
+    if (c.scaling_threads > 0) entry["threads"] = c.scaling_threads;
+    results.push_back(std::move(entry));
+    if (i < main_contenders) {
+      if (i != plain_index) ratios[c.name] = sp.median / plain_median;
+      if (i != windowed_index) vs_windowed[c.name] = sp.median / windowed_median;
+    }
   }
   const double ratio = ratios[contenders[0].name].get<double>();
-  std::cout << "\nstoker pipeline / plain loop: " << std::setprecision(3) << ratio << " (goal >= 0.8)\n\n"
-            << "last run of the stoker pipeline (crops cut at collate):\n";
+  const double ratio_windowed = vs_windowed[contenders[0].name].get<double>();
+  std::cout << "\nstoker pipeline / plain loop:    " << std::setprecision(3) << ratio << "\n"
+            << "stoker pipeline / windowed loop: " << ratio_windowed
+            << " (vs_windowed_loop: the ratio to the practical limit; goal >= 0.8)\n";
+
+  // The scaling: pipeline and windowed loop on the same N threads, each ratio of medians.
+  Json scaling = Json::array();
+  if (main_contenders < contenders.size()) {
+    std::cout << "\nscaling, Mcrops/s median (min-max) of " << common.repeats
+              << " repeats: stoker pipeline | windowed loop | vs_windowed_loop\n\n"
+              << "  threads  crop/collate   stoker pipeline            windowed loop              ratio\n";
+    for (std::size_t i = main_contenders; i + 1 < contenders.size(); i += 2) {
+      const Contender &p = contenders[i], &w = contenders[i + 1];
+      const Spread sp = spread(p.rates), sw = spread(w.rates);
+      std::ostringstream layout;
+      layout << p.layout.crop_threads << "/" << p.layout.collate_threads;
+      std::cout << "  " << std::setw(7) << p.scaling_threads << "  " << std::left << std::setw(12) << layout.str()
+                << std::right << "  " << rate(sp.median) << " (" << rate(sp.min) << "-" << rate(sp.max) << ")    "
+                << rate(sw.median) << " (" << rate(sw.min) << "-" << rate(sw.max) << ")    " << std::setprecision(3)
+                << sp.median / sw.median << "\n"
+                << "           every repeat:  [" << samples_text(p.rates) << "]  [" << samples_text(w.rates)
+                << "]\n";
+      scaling.push_back({{"threads", p.scaling_threads},
+                         {"crop_threads", p.layout.crop_threads},
+                         {"collate_threads", p.layout.collate_threads},
+                         {"batch_queue", p.layout.batch_queue},
+                         {"stoker_crops_per_s", sp.median},
+                         {"windowed_loop_crops_per_s", sw.median},
+                         {"ratio", sp.median / sw.median},
+                         {"stoker_samples", p.rates},
+                         {"windowed_loop_samples", w.rates},
+                         {"stoker_cpu_ns_per_crop", spread(p.cpu_ns).median},
+                         {"windowed_loop_cpu_ns_per_crop", spread(w.cpu_ns).median}});
+    }
+  }
+
+  std::cout << "\nlast run of the stoker pipeline (crops cut at collate):\n";
   print_summary(std::cout, contenders[0].last.summary);
 
   Json config;
@@ -505,6 +601,8 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
   config["collate_threads"] = opt.collate_threads;
   config["pipeline_tbb_threads"] = cores;
   config["plain_threads"] = plain_threads;
+  config["windowed_loop_threads"] = plain_threads;
+  config["scaling_threads"] = opt.thread_counts;
   config["repeats"] = common.repeats;
   config["seed"] = opt.seed;
   config["load_s"] = load_s;
@@ -517,14 +615,29 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
   config["pipeline_normalize_at_collate"] = "the same with RandomCrops cutting crop+mirror in uint8 and Collate "
                                             "normalizing into the float32 batch";
   config["same_output"] =
-      "every pipeline makes the same crops as the plain loop, bit for bit (checked in an untimed first round)";
+      "every pipeline and loop makes the same crops, bit for bit (checked in an untimed first round)";
   config["plain_loop"] = "tbb::parallel_for: draw windows and mirrors as RandomCrops does, one Fisher-Yates "
                          "permutation of all crops, then fill each batch in place with crop_mirror_normalize_into";
+  config["windowed_loop"] =
+      "the practical limit: N std::threads, each over a contiguous share of the images (whole batches), with a "
+      "shuffle window of its own (per-thread windows of the same total size: capacity/N, min_after_dequeue/N); "
+      "RandomCrops::plan draws each image's crops, DeferredCrops go into the thread's ShuffleBuffer, and each time "
+      "it is full 255 are taken and cut+mirrored+normalized into the batch by make_batch, as Collate does";
+  config["scaling"] = "for each N of --threads: the pipeline with .threads(N), crops on max(1, ceil(N/4)), collate "
+                      "on N, batch queue max(8, 2N), crops cut at collate; and the windowed loop on N threads";
   Json out;
   out["config"] = std::move(config);
   out["results"] = std::move(results);
-  out["ratio"] = {{"pipeline_over_plain", ratio}, {"goal", 0.8}, {"meets_goal", ratio >= 0.8}, {"all", ratios}};
-  out["verified"] = {{"crops_per_run", n_crops}, {"same_crops_in_all", true}};
+  out["ratio"] = {{"pipeline_over_plain", ratio},
+                  {"goal", 0.8},
+                  {"meets_goal", ratio >= 0.8},
+                  {"all", ratios},
+                  {"pipeline_over_windowed_loop", ratio_windowed},
+                  {"meets_goal_vs_windowed_loop", ratio_windowed >= 0.8},
+                  {"vs_windowed_loop", vs_windowed}};
+  out["vs_windowed_loop"] = ratio_windowed;
+  if (!scaling.empty()) out["scaling"] = std::move(scaling);
+  out["verified"] = {{"crops_per_run", n_crops}, {"same_crops_in_all", true}, {"contenders", contenders.size()}};
   out["pipeline_stages"] = stage_table(contenders[0].last.summary);
   out["pipeline_cut_in_crop_stage_stages"] = stage_table(contenders[1].last.summary);
   return out;
@@ -545,10 +658,16 @@ SuiteRun setup_augment(CLI::App& command) {
   command.add_option("--collate-threads", opt->collate_threads, "Threads of the pipeline's collate stage")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
-  command.add_option("--plain-threads", opt->plain_threads, "Threads of the plain loop (0: every core)")
+  command.add_option("--plain-threads", opt->plain_threads,
+                     "Threads of the plain loop and of the windowed loop (0: every core)")
       ->check(CLI::Range(0, 256))
       ->capture_default_str();
   command.add_option("--seed", opt->seed, "Seed of the crops, mirrors and shuffle")->capture_default_str();
+  command.add_option("--threads", opt->thread_counts,
+                   "Also run, for each N of this list (e.g. 1,2,4,8), the pipeline on N threads (crops on "
+                   "max(1, ceil(N/4)), collate on N) and the windowed loop on N threads, with their ratio")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 256));
   return [opt](const CommonOptions& common) { return run_augment(*opt, common); };
 }
 
