@@ -88,16 +88,22 @@ StageBase::StageBase(std::string name, int threads, OnError on_error)
 
 StageBase::~StageBase() = default;
 
-bool StageBase::stopping() const { return core_->stopping(); }
-
 void StageBase::start(PipelineCore& core, std::size_t position) {
   core_ = &core;
   position_ = position;
-  context_.seed = core.options().seed;
-  context_.stop = core.stop_token();
+  bodies_ = std::vector<Body>(static_cast<std::size_t>(threads_));  // never resized: ctx.blocked points in
+  for (std::size_t i = 0; i < bodies_.size(); ++i) {
+    auto& ctx = bodies_[i].ctx;
+    ctx.seed = core.options().seed;
+    ctx.body = static_cast<int>(i);
+    ctx.stop = core.stop_token();
+    ctx.blocked = &bodies_[i].blocked;
+  }
 }
 
-void StageBase::begin_epoch(std::uint32_t epoch) { context_.epoch = epoch; }
+void StageBase::begin_epoch(std::uint32_t epoch) {
+  for (auto& b : bodies_) b.ctx.epoch = epoch;
+}
 
 int StageBase::claim() noexcept {
   auto s = slots_.load();
@@ -136,10 +142,8 @@ bool StageBase::run() {
 }
 
 void StageBase::run_body(int slot) {
-  Body body;
-  body.ctx = context_;
-  body.ctx.body = slot;
-  body.ctx.blocked = &body.blocked;
+  Body& body = bodies_[static_cast<std::size_t>(slot)];
+  body.blocked = {};
   body_started();
   const auto started = Clock::now();
   Step last = Step::done;
@@ -166,7 +170,7 @@ void StageBase::skipped(std::uint64_t index, const char* what) {
   constexpr std::uint64_t kLogged = 5;
   const auto n = skipped_.fetch_add(1) + 1;
   if (n <= kLogged)
-    spdlog::warn("stage '{}': skipped item {} of epoch {}: {}{}", name_, index, context_.epoch, what,
+    spdlog::warn("stage '{}': skipped item {} of epoch {}: {}{}", name_, index, bodies_.front().ctx.epoch, what,
                  n == kLogged ? " (further skips are only counted)" : "");
 }
 
@@ -388,6 +392,11 @@ void PipelineCore::fail(const std::string& stage, std::exception_ptr error) {
       error_stage_ = stage;
     }
   }
+  request_stop();
+}
+
+void PipelineCore::request_stop() noexcept {
+  stopping_.store(true);
   stop_.request_stop();
   for (auto& e : edges_) e->close();  // wakes the consumer
 }
@@ -407,8 +416,7 @@ void PipelineCore::rethrow_if_failed() const {
 
 void PipelineCore::stop() noexcept {
   if (stopped_.exchange(true)) return;
-  stop_.request_stop();
-  for (auto& e : edges_) e->close();
+  request_stop();
   wait_idle();
   engine_.reset();
   if (monitor_) monitor_->finish();

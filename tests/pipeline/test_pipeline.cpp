@@ -98,11 +98,12 @@ TEST_SUITE("Pipeline") {
       }
       CHECK(n == inputs * fan_out);
     }
-    // The documented bound: the queues' capacities, plus for each body a chunk of inputs and a
-    // chunk of outputs, plus the consumer's chunk; a chunk is at most half its queue.
+    // The documented bound: the queues' capacities, plus for each body a chunk of inputs and two
+    // of outputs (one on its way, one being made), plus the consumer's chunk; a chunk is at
+    // most half its queue.
     constexpr int kChunk = kQueue / 2;
-    const int bound = 3 * kQueue + 1 * kChunk /* read */ + kThreads * 2 * kChunk /* pass */ +
-                      kThreads * 2 * kChunk /* split */ + kChunk /* consumer */;
+    const int bound = 3 * kQueue + 1 * kChunk /* read */ + kThreads * 3 * kChunk /* pass */ +
+                      kThreads * 3 * kChunk /* split */ + kChunk /* consumer */;
     CAPTURE(deterministic);
     CAPTURE(fan_out);
     CHECK(max_live.load() <= bound);

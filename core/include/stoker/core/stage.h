@@ -28,7 +28,7 @@ struct StageContext {
   /// that waits for something outside the graph, such as a free buffer of a pool, must also
   /// wake for this and give up by throwing PipelineStopped. Usable from any thread; asking has
   /// no side effects.
-  std::stop_token stop;
+  std::stop_token stop{};
   /// Where BlockedTime adds up; null outside a pipeline.
   std::chrono::nanoseconds* blocked = nullptr;
 };

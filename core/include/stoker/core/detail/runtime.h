@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <ctime>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -45,6 +46,19 @@ inline void cpu_relax() noexcept {
   __builtin_ia32_pause();
 #elif defined(__aarch64__)
   asm volatile("yield");
+#endif
+}
+
+/// A clock cheap enough to read after every item (a few ns): coarse, a tick of a few
+/// milliseconds on Linux. A body reads the precise clock only once it has ticked, to tell a
+/// chunk that takes far longer than it should.
+inline std::int64_t coarse_ticks() noexcept {
+#if defined(CLOCK_MONOTONIC_COARSE)
+  timespec t{};
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+  return static_cast<std::int64_t>(t.tv_sec) * 1'000'000'000 + t.tv_nsec;
+#else
+  return std::chrono::steady_clock::now().time_since_epoch().count();
 #endif
 }
 
@@ -97,16 +111,17 @@ class StageBase {
     blocked,     ///< output full
     done,        ///< nothing more this epoch, or stopping
   };
-  /// What one run of a body carries from step to step.
-  struct Body {
+  /// A body slot's own: the context its calls get, and what BlockedTime counted in its
+  /// current run. On a cache line of its own: ctx.index is written for every item.
+  struct alignas(64) Body {
     StageContext ctx;
-    std::chrono::nanoseconds blocked{0};  ///< BlockedTime, through ctx.blocked
+    std::chrono::nanoseconds blocked{0};  ///< through ctx.blocked
   };
   /// Moves one chunk. Never waits for a queue, except inside a flat_map call (Emitter).
   virtual Step step(Body& body) = 0;
 
   PipelineCore& core() const { return *core_; }
-  bool stopping() const;
+  bool stopping() const noexcept;
   void count_in(std::uint64_t n) { items_in_.fetch_add(n, std::memory_order_relaxed); }
   void count_out(std::uint64_t n) { items_out_.fetch_add(n, std::memory_order_relaxed); }
 
@@ -160,7 +175,7 @@ class StageBase {
   const std::string name_;
   const int threads_;
   const OnError on_error_;
-  StageContext context_;  // seed, epoch and stop token; set while no body runs
+  std::vector<Body> bodies_;  // one per slot; set up by start() and begin_epoch()
 
   std::atomic<std::uint64_t> slots_{0};  // bit i set: body slot i is taken
   std::atomic<int> queued_{0};           // tasks spawned that have not started
@@ -225,7 +240,7 @@ class PipelineCore {
   void fail(const std::string& stage, std::exception_ptr error);
   /// Throws the first error, if any, as a StageError naming its stage.
   void rethrow_if_failed() const;
-  bool stopping() const noexcept { return stop_.stop_requested(); }
+  bool stopping() const noexcept { return stopping_.load(std::memory_order_acquire); }
   std::stop_token stop_token() const noexcept { return stop_.get_token(); }
   /// Idempotent: stops every stage, waits until every body has returned, stops the monitor.
   /// Errors of the monitor's last writes are logged, not thrown.
@@ -247,7 +262,11 @@ class PipelineCore {
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Monitor> monitor_;
   std::stop_source stop_;
-  std::atomic<bool> stopped_{false};
+  // stop_.stop_requested(), on a line of its own that only a stop writes: bodies read it for
+  // every item, and stop tokens' reference counts live beside the stop_source's flag.
+  alignas(64) std::atomic<bool> stopping_{false};
+  alignas(64) std::atomic<bool> stopped_{false};
+  void request_stop() noexcept;
   std::atomic<int> tasks_{0};  // spawned and not yet returned; see wait_idle()
   int threads_ = 0;
   mutable std::mutex error_mutex_;
@@ -257,6 +276,8 @@ class PipelineCore {
   std::chrono::nanoseconds consumer_wait_{0};
   std::uint64_t consumed_ = 0;
 };
+
+inline bool StageBase::stopping() const noexcept { return core_->stopping(); }
 
 }  // namespace detail
 }  // namespace stoker

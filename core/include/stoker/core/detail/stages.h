@@ -261,6 +261,7 @@ class SourceStage final : public Producer<T> {
     items.reserve(n);
     const std::uint64_t first = calls_;
     const auto t0 = Clock::now();
+    const auto tick = coarse_ticks();
     const auto blocked0 = body.blocked;
     bool ended = false;
     while (calls_ - first < n && !this->stopping()) {
@@ -272,7 +273,7 @@ class SourceStage final : public Producer<T> {
         break;
       }
       items.push_back(std::move(*v));
-      if (Clock::now() - t0 > this->kChunkTime) break;  // slower than usual: hand on what is made
+      if (coarse_ticks() != tick && Clock::now() - t0 > this->kChunkTime) break;  // slow: hand on what is made
     }
     this->measured(calls_ - first, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0) -
                                        (body.blocked - blocked0));
@@ -378,8 +379,11 @@ class TransformStage final : public Consumer<In, Out> {
     std::size_t spilled = 0;  // items sent so far
 
     static void full(void* self) { static_cast<Spill*>(self)->send(true); }
-    // Sends what is made so far; with `wait`, returns only once it has gone.
+    // Sends what is made so far, and returns once it has gone (`wait`) or at once; a piece
+    // that has not gone yet makes a send without `wait` a no-op, so that a body holds at most
+    // one piece on its way and one being made.
     void send(bool wait) {
+      if (!wait && key.piece != 0 && !stage.out_.sent(Key{key.first, key.piece - 1})) return;
       const Key k = key;
       ++key.piece;
       spilled += outputs.size();
@@ -398,6 +402,7 @@ class TransformStage final : public Consumer<In, Out> {
     Spill spill{*this, body, outputs, Key{first, 0}};
     auto emit = spill.emitter(std::min(max_chunk_, this->out_.cap()));
     const auto t0 = Clock::now();
+    const auto tick = coarse_ticks();
     const auto blocked0 = body.blocked;
     for (std::size_t i = 0; i < inputs.size() && !this->stopping(); ++i) {
       body.ctx.index = first + i;
@@ -408,7 +413,8 @@ class TransformStage final : public Consumer<In, Out> {
           outputs.push_back(call_with_context(fn(body), body.ctx, std::move(inputs[i])));
       });
       // Slower than usual: hand on what is made rather than keep it from the stages downstream.
-      if (i + 1 < inputs.size() && !outputs.empty() && Clock::now() - t0 > this->kChunkTime) spill.send(false);
+      if (i + 1 < inputs.size() && !outputs.empty() && coarse_ticks() != tick && Clock::now() - t0 > this->kChunkTime)
+        spill.send(false);
     }
     this->measured(inputs.size(), std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0) -
                                       (body.blocked - blocked0));
