@@ -8,7 +8,6 @@
 #include <bit>
 #include <condition_variable>
 #include <nlohmann/json.hpp>
-#include <oneapi/tbb/flow_graph.h>
 #include <oneapi/tbb/info.h>
 #include <oneapi/tbb/task_arena.h>
 #include <oneapi/tbb/task_group.h>
@@ -37,42 +36,42 @@ namespace stoker::detail {
 using Clock = std::chrono::steady_clock;
 
 // ---------------------------------------------------------------------------------------
-// Engine: the pipeline's threads, the arena they run the stage bodies in, and the flow graph
-// whose tasks are the bodies.
+// Engine: the pipeline's threads and the arena they run the stage bodies in.
 
 struct PipelineCore::Engine {
   // Every slot of the arena is reserved for the pipeline's own threads: no oneTBB worker joins,
   // so the pipeline has its threads whatever the process allows oneTBB (tbb::global_control)
   // and whatever else keeps oneTBB's workers busy.
-  Engine(int threads, std::vector<std::unique_ptr<StageBase>>& stages)
-      : arena(threads, /*reserved_for_masters=*/static_cast<unsigned>(threads)) {
+  explicit Engine(int threads) : arena(threads, /*reserved_for_masters=*/static_cast<unsigned>(threads)) {
     arena.initialize();
-    arena.execute([&] {
-      gate.emplace(group.defer([] {}));  // keeps group.wait() from returning until ~Engine
-      graph.emplace();
-      for (auto& s : stages)
-        nodes.emplace_back(*graph, tbb::flow::unlimited, [&stage = *s](Wake) {
-          stage.run_task();
-          return tbb::flow::continue_msg{};
-        });
-    });
-    // A thread that waits in the arena runs its tasks, and sleeps when there are none.
-    for (int i = 0; i < threads; ++i) pool.emplace_back([this] { arena.execute([this] { group.wait(); }); });
+    arena.execute([&] { gate.emplace(group.defer([] {})); });  // keeps group.wait() from returning
+    try {
+      // A thread that waits in the arena runs its tasks, and sleeps when there are none.
+      for (int i = 0; i < threads; ++i) pool.emplace_back([this] { arena.execute([this] { group.wait(); }); });
+    } catch (...) {
+      release();
+      throw;
+    }
   }
-  ~Engine() {
-    graph->wait_for_all();  // oneTBB is done with every task of the nodes
+  ~Engine() { release(); }
+
+  // Bodies are enqueued rather than spawned: an enqueued task belongs to no isolated region, so
+  // a stage function waiting for oneTBB work of its own (isolated, run_body) never runs a body
+  // that some body asked for, nested on its stack. A spawned task would inherit the isolation
+  // of the body that spawned it.
+  void run(StageBase& stage) {
+    arena.enqueue([&stage] { stage.run_task(); });
+  }
+
+ private:
+  void release() noexcept {
     arena.execute([&] { group.run(std::move(*gate)); });
     for (auto& t : pool) t.join();
   }
 
-  struct Wake {};
   tbb::task_arena arena;
   tbb::task_group group;
   std::optional<tbb::task_handle> gate;
-  std::optional<tbb::flow::graph> graph;
-  // Unlimited: a stage's slots are what limit its bodies, since a thread that helps
-  // (PipelineCore::wait_for) runs bodies outside the graph.
-  std::deque<tbb::flow::function_node<Wake, tbb::flow::continue_msg>> nodes;
   std::vector<std::thread> pool;
 };
 
@@ -98,6 +97,8 @@ void StageBase::start(PipelineCore& core, std::size_t position) {
     ctx.body = static_cast<int>(i);
     ctx.stop = core.stop_token();
     ctx.blocked = &bodies_[i].blocked;
+    ctx.helper = {[](const void* stage) { return static_cast<const StageBase*>(stage)->core_->help_after(*static_cast<const StageBase*>(stage)); },
+                  this};
   }
 }
 
@@ -114,23 +115,26 @@ int StageBase::claim() noexcept {
   }
 }
 
-void StageBase::wake() {
+void StageBase::wake() noexcept {
   std::atomic_thread_fence(std::memory_order_seq_cst);  // see the class comment
   int queued = queued_.load(std::memory_order_relaxed);
   do {
     if (std::popcount(slots_.load(std::memory_order_relaxed)) + queued >= threads_) return;
     if (core_->stopping() || !has_work()) return;
   } while (!queued_.compare_exchange_weak(queued, queued + 1));
-  core_->spawn(*this);
+  if (!core_->spawn(*this)) queued_.fetch_sub(1);
 }
 
-void StageBase::run_task() {
+void StageBase::run_task() noexcept {
+  struct Done {
+    std::atomic<int>& tasks;
+    ~Done() { tasks.fetch_sub(1); }  // the task's last action: see PipelineCore::spawn()
+  } done{core_->tasks_};
   queued_.fetch_sub(1);
   run();
-  core_->tasks_.fetch_sub(1);  // last: see PipelineCore::spawn()
 }
 
-bool StageBase::run() {
+bool StageBase::run() noexcept {
   int slot = claim();
   if (slot < 0) return false;
   for (;;) {
@@ -141,26 +145,38 @@ bool StageBase::run() {
   }
 }
 
-void StageBase::run_body(int slot) {
+void StageBase::run_body(int slot) noexcept {
   Body& body = bodies_[static_cast<std::size_t>(slot)];
   body.blocked = {};
-  body_started();
   const auto started = Clock::now();
   Step last = Step::done;
-  auto* const traced = trace_begin.load(std::memory_order_relaxed);
-  if (traced) traced(name_.c_str());
   try {
+    body_started();
+    struct Trace {
+      void (*end)() = nullptr;
+      explicit Trace(const char* stage) {
+        if (auto* begin = trace_begin.load(std::memory_order_relaxed)) {
+          end = trace_end.load(std::memory_order_relaxed);
+          begin(stage);
+        }
+      }
+      ~Trace() {
+        if (end) end();
+      }
+    } trace(name_.c_str());
     // Isolated: a stage function that waits for oneTBB work of its own (parallel_for, a
     // task_group) runs only that work meanwhile, never another body on the same thread.
     tbb::this_task_arena::isolate([&] {
       do last = step(body);
       while (last == Step::progressed && !core_->stopping());
     });
+  } catch (const RuntimeFailure& f) {
+    last = Step::done;
+    core_->fail(name_, f.cause);
   } catch (...) {
     last = Step::done;
     core_->fail(name_, std::current_exception());
   }
-  if (auto* end = trace_end.load(std::memory_order_relaxed); traced && end) end();
   const auto busy = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started) - body.blocked;
   busy_ns_.fetch_add(busy.count(), std::memory_order_relaxed);
   body_left(last, body.blocked);
@@ -321,7 +337,11 @@ class PipelineCore::Monitor {
 
 PipelineCore::PipelineCore() = default;
 
-PipelineCore::~PipelineCore() { stop(); }
+PipelineCore::~PipelineCore() {
+  stop();
+  wait_idle();  // a wake-up from another thread may have raced a stop() made there
+  engine_.reset();
+}
 
 StageBase& PipelineCore::add_stage(std::unique_ptr<StageBase> stage) {
   for (const auto& s : stages_)
@@ -341,28 +361,38 @@ void PipelineCore::start(CoreOptions options) {
   if (!options_.occupancy_log.empty())
     monitor_ = std::make_unique<Monitor>(*this, options_.occupancy_log, options_.sample_interval);
   threads_ = options_.threads == 0 ? tbb::info::default_concurrency() : options_.threads;
-  engine_ = std::make_unique<Engine>(threads_, stages_);
+  engine_ = std::make_unique<Engine>(threads_);
   started_ = Clock::now();
 }
 
-void PipelineCore::spawn(StageBase& stage) {
+bool PipelineCore::spawn(StageBase& stage) noexcept {
   // Counted until the task's very last action (run_task()): wait_idle() means every body has
   // returned.
   tasks_.fetch_add(1);
-  engine_->nodes[stage.position()].try_put(Engine::Wake{});  // the graph spawns into its arena
+  try {
+    engine_->run(stage);
+    return true;
+  } catch (...) {  // no memory for a task: the pipeline cannot go on
+    tasks_.fetch_sub(1);
+    fail(stage.name(), std::current_exception());
+    return false;
+  }
 }
 
 void PipelineCore::wait_idle() const {
   while (tasks_.load() != 0) std::this_thread::yield();
 }
 
+bool PipelineCore::help_after(const StageBase& from) const noexcept {
+  for (std::size_t i = stages_.size(); i-- > from.position() + 1;)
+    if (stages_[i]->has_work() && stages_[i]->run()) return true;
+  return false;
+}
+
 void PipelineCore::wait_for(const StageBase& from, const std::function<bool()>& done) const {
   for (int idle = 0; !done();) {
     if (stopping()) throw PipelineStopped();
-    bool helped = false;
-    for (std::size_t i = stages_.size(); i-- > from.position() + 1 && !helped;)
-      helped = stages_[i]->has_work() && stages_[i]->run();
-    if (helped) {
+    if (help_after(from)) {
       idle = 0;
     } else if (idle < 64) {
       ++idle;
@@ -378,7 +408,7 @@ void PipelineCore::begin_epoch(std::uint32_t epoch) {
   for (auto& s : stages_) s->begin_epoch(epoch);
 }
 
-void PipelineCore::fail(const std::string& stage, std::exception_ptr error) {
+void PipelineCore::fail(const std::string& stage, std::exception_ptr error) noexcept {
   try {
     std::rethrow_exception(error);
   } catch (const PipelineStopped&) {
@@ -389,7 +419,10 @@ void PipelineCore::fail(const std::string& stage, std::exception_ptr error) {
     std::lock_guard lock(error_mutex_);
     if (!error_) {
       error_ = std::move(error);
-      error_stage_ = stage;
+      try {
+        error_stage_ = stage;
+      } catch (...) {  // no memory for the name: the error itself is kept
+      }
     }
   }
   request_stop();
@@ -418,7 +451,6 @@ void PipelineCore::stop() noexcept {
   if (stopped_.exchange(true)) return;
   request_stop();
   wait_idle();
-  engine_.reset();
   if (monitor_) monitor_->finish();
 }
 

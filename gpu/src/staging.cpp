@@ -81,6 +81,11 @@ Buffer SlotPool::acquire(std::size_t bytes, const StageContext& ctx) {
   for (;;) {
     if (auto b = take_free(lock, bytes)) return std::move(*b);
     if (ctx.stop.stop_requested()) throw PipelineStopped();
+    // The stage that gives buffers back may need this very thread: run it here meanwhile.
+    lock.unlock();
+    const bool helped = ctx.help_downstream();
+    lock.lock();
+    if (helped) continue;
     // A slot comes back either through a Buffer's destructor, which notifies, or when the
     // device passes an event, which nobody announces: poll those briefly.
     const auto wait = pending_.empty() ? std::chrono::microseconds(2000) : std::chrono::microseconds(20);

@@ -323,3 +323,38 @@ TEST_CASE("ToDevice rejects a batch that was not collated into its staging buffe
   CHECK_THROWS_WITH_AS(to_device(std::move(batch)), doctest::Contains("staging pool"), std::invalid_argument);
   CHECK_THROWS_WITH_AS(stoker::gpu::ToDevice(cpu(), {}), doctest::Contains("bytes"), std::invalid_argument);
 }
+
+TEST_CASE("the README's device pipeline runs on one thread: a stage that waits for a pinned buffer runs the stage "
+          "that gives it back" *
+          doctest::timeout(60)) {
+  // Collate fills every staging buffer into its deep output queue, then waits for one; only
+  // h2d gives them back, and with one thread it must run on the waiting one (help_downstream).
+  for (const int threads : {1, 2}) {
+    CAPTURE(threads);
+    auto device = cpu();
+    stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes()});
+    auto compute = device->make_stream();
+    auto pool = stoker::BufferPool::create();
+    constexpr std::size_t kSamples = 200 * kBatch;
+    auto pipe = stoker::PipelineBuilder{}
+                    .threads(threads)
+                    .epochs(1)
+                    .source("read",
+                            [pool, i = std::size_t{0}]() mutable -> std::optional<stoker::Sample> {
+                              if (i == kSamples) return std::nullopt;
+                              stoker::Sample s(*pool, kShape, stoker::DType::f32, 0, i++);
+                              return s;
+                            })
+                    .batch("batch", kBatch)
+                    .map("collate", stoker::Collate{.pool = to_device.staging()})
+                    .map("h2d", to_device)
+                    .build();
+    std::size_t batches = 0;
+    for (auto& b : pipe.epoch()) {
+      compute->wait(b.ready());
+      b.release_after(*compute);
+      ++batches;
+    }
+    CHECK(batches == kSamples / kBatch);
+  }
+}

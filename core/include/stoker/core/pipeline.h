@@ -1,6 +1,7 @@
 // The pipeline builder and the pipeline the training loop iterates.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <iterator>
@@ -279,11 +280,20 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
 template <class T>
 class Pipeline {
  public:
-  Pipeline(Pipeline&&) noexcept = default;
-  Pipeline& operator=(Pipeline&&) noexcept = default;
-  ~Pipeline() {
-    if (core_) core_->stop();
+  Pipeline(Pipeline&& o) noexcept { *this = std::move(o); }
+  /// Not while another thread calls stop().
+  Pipeline& operator=(Pipeline&& o) noexcept {
+    core_ = std::move(o.core_);
+    final_ = o.final_;
+    last_ = o.last_;
+    epochs_ = o.epochs_;
+    epoch_ = o.epoch_;
+    finished_ = o.finished_.load();
+    chunk_ = std::move(o.chunk_);
+    taken_ = o.taken_;
+    return *this;
   }
+  ~Pipeline() = default;  // PipelineCore's destructor stops everything
 
   /// The next item of the current epoch, waiting for it if need be; nullopt at the end of
   /// the epoch (the next call starts on the next one) and once the run is over (finished()).
@@ -298,6 +308,11 @@ class Pipeline {
       chunk_.clear();
       taken_ = 0;
       std::uint64_t first = 0;
+      // The last stage may wait for the room a pop makes: wake it, whatever the pop did.
+      struct WakeLast {
+        detail::StageBase* last;
+        ~WakeLast() { last->wake(); }
+      } wake_last{last_};
       detail::Pop r = final_->pop(chunk_, final_->max_chunk(), first);
       if (r == detail::Pop::empty) {
         const auto t0 = std::chrono::steady_clock::now();
@@ -305,7 +320,7 @@ class Pipeline {
         core_->add_consumer_wait(std::chrono::steady_clock::now() - t0);
       }
       if (r == detail::Pop::items) {
-        last_->wake();  // it may wait for the room just made
+        continue;
       } else if (r == detail::Pop::ended) {
         end_epoch();
         return std::nullopt;
@@ -327,11 +342,12 @@ class Pipeline {
   /// The epoch that next() is in.
   std::uint32_t current_epoch() const { return epoch_; }
   /// True once every epoch asked for has been delivered, or the pipeline was stopped.
-  bool finished() const { return finished_; }
+  bool finished() const { return finished_.load(); }
 
-  /// Stops every stage and waits until all of their bodies have returned. Idempotent;
-  /// the destructor calls it.
+  /// Stops every stage and waits until all of their bodies have returned; next() then returns
+  /// nullopt. Idempotent, and safe from any thread; the destructor calls it.
   void stop() {
+    if (!core_) return;
     finished_ = true;
     core_->stop();
   }
@@ -366,11 +382,11 @@ class Pipeline {
   }
 
   std::unique_ptr<detail::PipelineCore> core_;
-  detail::Edge<T>* final_;
-  detail::StageBase* last_;
-  std::uint32_t epochs_;
+  detail::Edge<T>* final_ = nullptr;
+  detail::StageBase* last_ = nullptr;
+  std::uint32_t epochs_ = 0;
   std::uint32_t epoch_ = 0;
-  bool finished_ = false;
+  std::atomic<bool> finished_{false};
   std::vector<T> chunk_;  // taken from the last queue at once, handed out one by one
   std::size_t taken_ = 0;
 };

@@ -31,6 +31,18 @@ struct StageContext {
   std::stop_token stop{};
   /// Where BlockedTime adds up; null outside a pipeline.
   std::chrono::nanoseconds* blocked = nullptr;
+  /// What help_downstream() runs; empty outside a pipeline.
+  struct Helper {
+    bool (*run)(const void* stage) = nullptr;
+    const void* stage = nullptr;
+  } helper{};
+
+  /// Runs, on the calling thread, one body of a later stage that has work, if any: true when it
+  /// did. A function that waits for something a later stage or the consumer gives back (a free
+  /// buffer of a pool) calls it while it waits, between checks of what it waits for: waiting
+  /// bodies then never hold every thread of the pipeline while the stage that would give back
+  /// needs one. False outside a pipeline, or when no later stage can run now.
+  bool help_downstream() const { return helper.run && helper.run(helper.stage); }
 };
 
 /// Thrown by a stage function that gave up waiting because its pipeline is stopping; the

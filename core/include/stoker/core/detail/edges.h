@@ -141,8 +141,8 @@ class Edge final : public EdgeBase {
     {
       std::lock_guard lock(mutex_);
       if (closed_.load() || held_.load() + items.size() > capacity()) return false;
-      {
-        Count counted(*this, +1);
+      Count counted(*this, +1);
+      try {
         for (auto& v : items) {
           if (shuffle_)
             shuffle_->push(std::move(v));
@@ -150,8 +150,12 @@ class Edge final : public EdgeBase {
             fifo_.push_back(std::move(v));
           ++counted.n;
         }
+      } catch (...) {  // a move threw: what went in stays in, and leaves `items`
+        items.erase(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(counted.n));
+        throw;
       }
-      wake = wake_consumer_locked();  // after `counted` has updated held_
+      counted.publish();
+      wake = wake_consumer_locked();  // after held_ counts the items
     }
     items.clear();
     if (wake) ready_cv_.notify_one();
@@ -192,7 +196,7 @@ class Edge final : public EdgeBase {
     Edge& edge;
     int sign;
     std::size_t n = 0;
-    ~Count() {
+    void publish() {
       if (n == 0) return;
       if (sign > 0) {
         edge.held_.store(edge.held_.load() + n);
@@ -201,7 +205,9 @@ class Edge final : public EdgeBase {
         edge.held_.store(edge.held_.load() - n);
         edge.count_out(n);
       }
+      n = 0;
     }
+    ~Count() { publish(); }
   };
 
   Pop pop_locked(std::vector<T>& out, std::size_t max, std::uint64_t& first) {

@@ -40,6 +40,12 @@ namespace detail {
 
 class PipelineCore;
 
+/// An exception from the runtime's own work inside a stage function's call (pushing what an
+/// emit completed): not the item's fault, so OnError::skip does not apply; the pipeline fails.
+struct RuntimeFailure {
+  std::exception_ptr cause;
+};
+
 /// Tells the CPU that this is a spin-wait loop.
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
@@ -89,12 +95,12 @@ class StageBase {
   std::size_t position() const { return position_; }  ///< in the pipeline, from the source
 
   /// Makes sure a body will look for work, if the stage has some and a free slot. Any thread.
-  void wake();
+  void wake() noexcept;
   /// Takes a free slot and runs bodies while there is work. False when every slot was taken.
-  /// For the flow graph's tasks, and for a thread that waits and helps (PipelineCore::wait_for).
-  bool run();
-  /// The flow graph's task.
-  void run_task();
+  /// For the pipeline's tasks, and for a thread that waits and helps (PipelineCore::help_after).
+  bool run() noexcept;
+  /// What a task of the pipeline runs.
+  void run_task() noexcept;
 
   StageStats stats() const;
 
@@ -139,6 +145,8 @@ class StageBase {
       return true;
     } catch (const PipelineStopped&) {
       throw;
+    } catch (const RuntimeFailure&) {
+      throw;
     } catch (const std::exception& e) {
       skipped(index, e.what());
     } catch (...) {
@@ -165,7 +173,7 @@ class StageBase {
 
  private:
   int claim() noexcept;
-  void run_body(int slot);
+  void run_body(int slot) noexcept;
   void skipped(std::uint64_t index, const char* what);
   void body_started();
   void body_left(Step why, std::chrono::nanoseconds blocked_inside);
@@ -230,20 +238,25 @@ class PipelineCore {
   /// chunk's work, so this is brief.
   void wait_idle() const;
 
-  /// Starts a body of `stage` on the flow graph.
-  void spawn(StageBase& stage);
-  /// Until `done()`: runs bodies of the stages after `from` that have work (they are what
-  /// makes room for it), and otherwise backs off. Throws PipelineStopped when stopping.
+  /// Starts a body of `stage` on one of the pipeline's threads; false (and the pipeline
+  /// failed) if no task could be made.
+  bool spawn(StageBase& stage) noexcept;
+  /// Runs one body of a stage after `from` that has work and a free slot, on this thread,
+  /// nearest the consumer first: those are what make room for `from`, or give back what it
+  /// waits for. False when none could run.
+  bool help_after(const StageBase& from) const noexcept;
+  /// Until `done()`: help_after(from), or back off. Throws PipelineStopped when stopping.
   void wait_for(const StageBase& from, const std::function<bool()>& done) const;
 
   /// Records the first error and stops everything. Safe from any thread.
-  void fail(const std::string& stage, std::exception_ptr error);
+  void fail(const std::string& stage, std::exception_ptr error) noexcept;
   /// Throws the first error, if any, as a StageError naming its stage.
   void rethrow_if_failed() const;
   bool stopping() const noexcept { return stopping_.load(std::memory_order_acquire); }
   std::stop_token stop_token() const noexcept { return stop_.get_token(); }
-  /// Idempotent: stops every stage, waits until every body has returned, stops the monitor.
-  /// Errors of the monitor's last writes are logged, not thrown.
+  /// Idempotent, and safe from any thread: stops every stage, waits until every body has
+  /// returned, stops the monitor (whose errors are logged, not thrown). The threads go with the
+  /// destructor.
   void stop() noexcept;
 
   void add_consumer_wait(std::chrono::nanoseconds d) { consumer_wait_ += d; }

@@ -91,41 +91,41 @@ class Output {
   /// when more made from the same inputs follow (the last piece carries the span, and its claim
   /// goes back once it is sent). Then sends what may go. True when `items` has been sent.
   bool put(Key key, std::vector<T>&& items, std::uint64_t span) {
-    bool sent = false;
+    bool sent = false, pushed = false;
     {
       std::lock_guard lock(mutex_);
       waiting_.insert_or_assign(key, Entry{std::move(items), span, false});
-      send_locked();
+      pushed = send_locked();
       sent = !waiting_.contains(key);
     }
-    after_send();
+    after_send(pushed);
     return sent;
   }
   /// Ends the epoch once everything before it has gone; `inputs` is the number of inputs taken
   /// this epoch (the sum of all spans).
   void put_end(std::uint64_t inputs) {
+    bool pushed = false;
     {
       std::lock_guard lock(mutex_);
       waiting_.insert_or_assign(Key{inputs, kEndPiece}, Entry{{}, 0, true});
-      send_locked();
+      pushed = send_locked();
     }
-    after_send();
+    after_send(pushed);
   }
   /// Sends what may go. True when nothing waits any more.
   bool flush() {
     if (count_.load() == 0) return true;
-    bool empty = false;
+    bool empty = false, pushed = false;
     {
       std::lock_guard lock(mutex_);
-      send_locked();
+      pushed = send_locked();
       empty = waiting_.empty();
     }
-    after_send();
+    after_send(pushed);
     return empty;
   }
-  /// flush(), then whether the chunk of `key` has gone.
-  bool sent(Key key) {
-    flush();
+  /// Whether the chunk of `key` has gone (call flush() first to send what may go).
+  bool gone(Key key) {
     std::lock_guard lock(mutex_);
     return !waiting_.contains(key);
   }
@@ -142,8 +142,18 @@ class Output {
     bool end = false;
   };
 
-  void send_locked() {
-    std::size_t need = 0;
+  // Under mutex_: pushes what may go; true when it pushed anything.
+  bool send_locked() {
+    struct Publish {  // need_ and count_ follow waiting_, also when a push throws
+      Output& out;
+      std::size_t need = 0;
+      ~Publish() {
+        out.edge_->note_waiting(static_cast<std::ptrdiff_t>(need) - static_cast<std::ptrdiff_t>(out.need_.load()));
+        out.need_.store(need);
+        out.count_.store(out.waiting_.size());
+      }
+    } publish{*this};
+    bool pushed = false;
     while (!waiting_.empty()) {
       auto it = waiting_.begin();
       if (in_order_ && it->first.first != next_) break;  // an earlier chunk is not done yet
@@ -151,21 +161,19 @@ class Output {
       if (e.end) {
         edge_->end_epoch();
       } else if (!e.items.empty() && !edge_->try_push(e.items)) {
-        need = e.items.size();
+        publish.need = e.items.size();
         break;
       }
       next_ += e.span;
       if (e.span != 0) claimed_.fetch_sub(1);
       waiting_.erase(it);
-      sent_any_ = true;
+      pushed = true;
     }
-    edge_->note_waiting(static_cast<std::ptrdiff_t>(need) - static_cast<std::ptrdiff_t>(need_.load()));
-    need_.store(need);
-    count_.store(waiting_.size());
+    return pushed;
   }
   // Outside the lock: the stage downstream has work (the last queue wakes the consumer itself).
-  void after_send() {
-    if (std::exchange(sent_any_, false) && downstream_) downstream_->wake();
+  void after_send(bool pushed) {
+    if (pushed && downstream_) downstream_->wake();
   }
 
   Edge<T>* edge_ = nullptr;
@@ -175,7 +183,6 @@ class Output {
   std::mutex mutex_;
   std::map<Key, Entry> waiting_;
   std::uint64_t next_ = 0;  // in order: the first input whose items have not all gone
-  bool sent_any_ = false;   // set under mutex_ by send_locked(), taken by after_send()
   std::atomic<int> claimed_{0};
   std::atomic<std::size_t> need_{0}, count_{0};
 };
@@ -383,15 +390,25 @@ class TransformStage final : public Consumer<In, Out> {
     // that has not gone yet makes a send without `wait` a no-op, so that a body holds at most
     // one piece on its way and one being made.
     void send(bool wait) {
-      if (!wait && key.piece != 0 && !stage.out_.sent(Key{key.first, key.piece - 1})) return;
-      const Key k = key;
-      ++key.piece;
-      spilled += outputs.size();
-      const bool sent = stage.put(k, std::move(outputs), 0);
-      outputs.clear();
-      if (sent || !wait) return;
-      BlockedTime waiting(body.ctx);
-      stage.core().wait_for(stage, [&] { return stage.out_.sent(k); });
+      try {
+        if (!wait && key.piece != 0 && !gone(Key{key.first, key.piece - 1})) return;
+        const Key k = key;
+        ++key.piece;
+        spilled += outputs.size();
+        const bool sent = stage.put(k, std::move(outputs), 0);
+        outputs.clear();
+        if (sent || !wait) return;
+        BlockedTime waiting(body.ctx);
+        stage.core().wait_for(stage, [&] { return gone(k); });
+      } catch (const PipelineStopped&) {
+        throw;
+      } catch (...) {  // inside the function's call, but not the item's fault
+        throw RuntimeFailure{std::current_exception()};
+      }
+    }
+    bool gone(Key k) {
+      stage.flush();  // what has room goes, and siblings learn of claims given back
+      return stage.out_.gone(k);
     }
     Emitter<Out> emitter(std::size_t limit) { return EmitterAccess<Out>::make(outputs, limit, &Spill::full, this); }
   };
