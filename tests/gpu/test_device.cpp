@@ -328,11 +328,12 @@ TEST_CASE("the README's device pipeline runs on one thread: a stage that waits f
           "that gives it back" *
           doctest::timeout(60)) {
   // Collate fills every staging buffer into its deep output queue, then waits for one; only
-  // h2d gives them back, and with one thread it must run on the waiting one (help_downstream).
+  // h2d gives them back. With as many collate bodies as threads, all may wait at once, and h2d
+  // must run on a waiting one (StageContext::help_downstream, which SlotPool::acquire calls).
   for (const int threads : {1, 2}) {
     CAPTURE(threads);
     auto device = cpu();
-    stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes()});
+    stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2});
     auto compute = device->make_stream();
     auto pool = stoker::BufferPool::create();
     constexpr std::size_t kSamples = 200 * kBatch;
@@ -345,8 +346,8 @@ TEST_CASE("the README's device pipeline runs on one thread: a stage that waits f
                               stoker::Sample s(*pool, kShape, stoker::DType::f32, 0, i++);
                               return s;
                             })
-                    .batch("batch", kBatch)
-                    .map("collate", stoker::Collate{.pool = to_device.staging()})
+                    .batch("batch", kBatch, {.queue = 16})  // more batches than staging buffers
+                    .map("collate", stoker::Collate{.pool = to_device.staging()}, {.threads = threads})
                     .map("h2d", to_device)
                     .build();
     std::size_t batches = 0;

@@ -173,6 +173,55 @@ TEST_SUITE("Pipeline runtime") {
     CHECK(epochs == kEpochs);
   }
 
+  TEST_CASE("a stage function that waits for what a later stage gives back runs that stage meanwhile, even on "
+            "one thread" *
+            doctest::timeout(60)) {
+    // One token: "take" holds it in its output until "give", a later stage, drops it. With as
+    // many bodies of "take" as the pipeline has threads, all of them may wait at once, and
+    // "give" can only run on a thread that "take" waits on (StageContext::help_downstream).
+    struct Tokens {
+      std::mutex m;
+      int free = 1;
+    };
+    auto tokens = std::make_shared<Tokens>();
+    struct Held {
+      int value;
+      std::shared_ptr<Tokens> tokens;
+      Held(int v, std::shared_ptr<Tokens> t) : value(v), tokens(std::move(t)) {}
+      Held(Held&&) noexcept = default;
+      Held& operator=(Held&&) noexcept = default;
+      ~Held() {
+        if (!tokens) return;
+        std::lock_guard lock(tokens->m);
+        ++tokens->free;
+      }
+    };
+    const auto take = [tokens](int x, const StageContext& ctx) {
+      for (;;) {
+        {
+          std::lock_guard lock(tokens->m);
+          if (tokens->free > 0) {
+            --tokens->free;
+            return Held(x, tokens);
+          }
+        }
+        if (ctx.stop.stop_requested()) throw PipelineStopped();
+        if (!ctx.help_downstream()) std::this_thread::yield();
+      }
+    };
+    for (const int threads : {1, 2}) {
+      CAPTURE(threads);
+      auto pipe = PipelineBuilder{}
+                      .threads(threads)
+                      .epochs(1)
+                      .source("read", CountUpTo{500}, {.queue = 8})
+                      .map("take", take, {.threads = threads, .queue = 8, .max_chunk = 1})
+                      .map("give", [](Held h) { return h.value; })
+                      .build();
+      CHECK(sorted(drain_epoch(pipe)) == iota(500));
+    }
+  }
+
   TEST_CASE("an item whose move constructor throws ends the run with a StageError, not a hang" *
             doctest::timeout(60)) {
     // The n-th move of item 777 throws: into the function's outputs, into the queue, out of it.
