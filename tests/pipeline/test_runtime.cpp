@@ -222,6 +222,81 @@ TEST_SUITE("Pipeline runtime") {
     }
   }
 
+  TEST_CASE("a failure while pushing what an emit completed fails the run even with on_error = skip, and delivers "
+            "no moved-from item" *
+            doctest::timeout(60)) {
+    // The item's move throws once it has left the function's hands (the queue's push): not the
+    // item's fault, so not a skip; the half-pushed chunk must not be sent again.
+    static std::atomic<bool> armed{true};
+    struct T {
+      int v = 0;
+      int moves = 0;
+      explicit T(int x) : v(x) {}
+      T(T&& o) : v(o.v), moves(o.moves + 1) {
+        if (v == 5 && moves >= 2 && armed.exchange(false)) throw std::runtime_error("move failed");
+        o.v = -1;
+      }
+      T& operator=(T&& o) {
+        v = o.v;
+        moves = o.moves + 1;
+        o.v = -1;
+        return *this;
+      }
+    };
+    armed = true;
+    auto pipe = PipelineBuilder{}
+                    .threads(2)
+                    .epochs(1)
+                    .source("read", CountUpTo{3})
+                    .flat_map<T>("f", [](int x, Emitter<T>& emit) { for (int j = 0; j < 10; ++j) emit(T(x * 100 + j)); },
+                                 {.queue = 8, .on_error = OnError::skip})
+                    .build();
+    int moved_from = 0;
+    CHECK_THROWS_WITH_AS(
+        [&] {
+          while (auto t = pipe.next()) moved_from += t->v == -1;
+        }(),
+        doctest::Contains("move failed"), StageError);
+    CHECK(moved_from == 0);
+  }
+
+  TEST_CASE("a body tracer that throws ends the run with a StageError, not a stall" * doctest::timeout(60)) {
+    static std::atomic<int> calls{0};
+    calls = 0;
+    set_body_tracer({[](const char*) {
+                       if (calls.fetch_add(1) == 3) throw std::runtime_error("tracer failed");
+                     },
+                     [] {}});
+    {
+      auto pipe = PipelineBuilder{}.threads(2).source("read", CountUpTo{1'000'000}).map("m", [](int x) { return x; }).build();
+      CHECK_THROWS_WITH_AS(drain_epoch(pipe), doctest::Contains("tracer failed"), StageError);
+    }
+    set_body_tracer({});
+  }
+
+  TEST_CASE("stop() from another thread ends a next() that waits, which then returns nullopt" * doctest::timeout(60)) {
+    std::atomic<bool> release{false};
+    auto pipe = PipelineBuilder{}
+                    .threads(2)
+                    .source("read",
+                            [&, n = 0](const StageContext& ctx) mutable -> std::optional<int> {
+                              while (n == 10 && !release.load() && !ctx.stop.stop_requested())
+                                std::this_thread::sleep_for(1ms);
+                              return n++;
+                            },
+                            {.max_chunk = 1})  // its 11th call waits: items made before must not wait with it
+                    .build();
+    for (int i = 0; i < 10; ++i) REQUIRE(pipe.next());
+    std::jthread stopper([&] {
+      std::this_thread::sleep_for(50ms);
+      pipe.stop();
+    });
+    CHECK_FALSE(pipe.next());  // waits for the 11th item until the stop
+    stopper.join();
+    CHECK(pipe.finished());
+    CHECK_FALSE(pipe.next());
+  }
+
   TEST_CASE("an item whose move constructor throws ends the run with a StageError, not a hang" *
             doctest::timeout(60)) {
     // The n-th move of item 777 throws: into the function's outputs, into the queue, out of it.

@@ -40,8 +40,10 @@ struct StageOptions {
 
 /// Options of the source stage.
 struct SourceOptions {
-  std::size_t queue = 64;            ///< capacity of the queue after the source
-  std::size_t max_chunk = 0;         ///< as for StageOptions
+  std::size_t queue = 64;  ///< capacity of the queue after the source
+  /// As for StageOptions. 1 for a source whose calls may wait for data (a socket, a live
+  /// feed): items are made in chunks, and those made before a call that waits would wait too.
+  std::size_t max_chunk = 0;
   OnError on_error = OnError::fail;  ///< skip: a call that throws is counted and the next one made
 };
 

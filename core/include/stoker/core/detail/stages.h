@@ -395,8 +395,10 @@ class TransformStage final : public Consumer<In, Out> {
         const Key k = key;
         ++key.piece;
         spilled += outputs.size();
+        const std::size_t capacity = outputs.capacity();
         const bool sent = stage.put(k, std::move(outputs), 0);
         outputs.clear();
+        outputs.reserve(capacity);
         if (sent || !wait) return;
         BlockedTime waiting(body.ctx);
         stage.core().wait_for(stage, [&] { return gone(k); });
@@ -415,9 +417,12 @@ class TransformStage final : public Consumer<In, Out> {
 
   void process(StageBase::Body& body, std::vector<In>& inputs, std::uint64_t first) {
     std::vector<Out> outputs;
-    outputs.reserve(Flat ? std::min<std::size_t>(this->out_.cap(), 4 * inputs.size()) : inputs.size());
+    const std::size_t limit = std::min(max_chunk_, this->out_.cap());
+    // Never grown while a call emits: a growth would move the items already emitted, in the
+    // function's call but not its doing (see Spill).
+    outputs.reserve(Flat ? limit : inputs.size());
     Spill spill{*this, body, outputs, Key{first, 0}};
-    auto emit = spill.emitter(std::min(max_chunk_, this->out_.cap()));
+    auto emit = spill.emitter(limit);
     const auto t0 = Clock::now();
     const auto tick = coarse_ticks();
     const auto blocked0 = body.blocked;
@@ -452,8 +457,10 @@ class TransformStage final : public Consumer<In, Out> {
     if constexpr (Flat && EndsEpoch<F, Out>) {
       // Every call of the function for this epoch has returned.
       std::vector<Out> outputs;
+      const std::size_t limit = std::min(max_chunk_, this->out_.cap());
+      outputs.reserve(limit);  // see process()
       Spill spill{*this, body, outputs, Key{inputs, 0}};
-      auto emit = spill.emitter(std::min(max_chunk_, this->out_.cap()));
+      auto emit = spill.emitter(limit);
       for (auto& f : fns_) {
         if constexpr (requires { f.end_epoch(emit, body.ctx); })
           f.end_epoch(emit, body.ctx);
