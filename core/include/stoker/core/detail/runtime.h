@@ -193,7 +193,7 @@ class StageBase {
 
   std::atomic<std::uint64_t> items_in_{0}, items_out_{0}, skipped_{0};
   std::atomic<std::int64_t> busy_ns_{0};
-  mutable std::mutex idle_mutex_;  // taken once per body start and end, not per item
+  mutable SpinLock idle_mutex_;  // taken once per body start and end, not per item
   int running_ = 0;
   std::optional<Step> idle_reason_;
   std::chrono::steady_clock::time_point idle_since_;

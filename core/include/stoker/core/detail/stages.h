@@ -180,7 +180,7 @@ class Output {
   StageBase* downstream_ = nullptr;  // none for the last stage: the consumer pops
   bool in_order_ = false;
   int window_ = 1;
-  std::mutex mutex_;
+  SpinLock mutex_;
   std::map<Key, Entry> waiting_;
   std::uint64_t next_ = 0;  // in order: the first input whose items have not all gone
   std::atomic<int> claimed_{0};
