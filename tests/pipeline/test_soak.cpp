@@ -218,7 +218,7 @@ struct StageFn {
       tbb::parallel_for(0, 4, [&](int) { n.fetch_add(1); });
       if (n.load() != 4) throw std::logic_error("parallel_for lost work");
     }
-    busy = false;
+    if (st.copy_per_body) busy = false;
     if (st.fault != Fault::none && x.id == st.fault_id) throw std::runtime_error("injected fault in " + stage_name(i));
   }
   Item operator()(Item x) {
