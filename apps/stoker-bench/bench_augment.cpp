@@ -1,4 +1,4 @@
-// The `augment` suite: the brief's reference job (Fashion-MNIST, 5 random 24x24 crops per
+// The `augment` suite: the reference job (Fashion-MNIST, 5 random 24x24 crops per
 // image, mirrored with p = 0.5, normalized to float32, shuffled, batched by 255) through a
 // real stoker pipeline, and, in the same run, two loops doing the same arithmetic with no
 // pipeline at all: a plain loop that permutes all crops at once (a baseline), and a tight loop
@@ -550,7 +550,7 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
   const double ratio_windowed = vs_windowed[contenders[0].name].get<double>();
   std::cout << "\nstoker pipeline / plain loop:    " << std::setprecision(3) << ratio << "\n"
             << "stoker pipeline / windowed loop: " << ratio_windowed
-            << " (vs_windowed_loop: the ratio to the practical limit; goal >= 0.8)\n";
+            << " (vs_windowed_loop: the ratio to the practical limit; goal >= 0.9, and >= 0.8 at every N of --threads)\n";
 
   // The scaling: pipeline and windowed loop on the same N threads, each ratio of medians.
   Json scaling = Json::array();
@@ -620,7 +620,7 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
                          "permutation of all crops, then fill each batch in place with crop_mirror_normalize_into";
   config["windowed_loop"] =
       "the practical limit: N std::threads, each over a contiguous share of the images (whole batches), with a "
-      "shuffle window of its own (per-thread windows of the same total size: capacity/N, min_after_dequeue/N); "
+      "shuffle window of its own (the job's capacity and min_after_dequeue, filled to capacity); "
       "RandomCrops::plan draws each image's crops, DeferredCrops go into the thread's ShuffleBuffer, and each time "
       "it is full 255 are taken and cut+mirrored+normalized into the batch by make_batch, as Collate does";
   config["scaling"] = "for each N of --threads: the pipeline with .threads(N), crops on max(1, ceil(N/4)), collate "
@@ -629,11 +629,10 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
   out["config"] = std::move(config);
   out["results"] = std::move(results);
   out["ratio"] = {{"pipeline_over_plain", ratio},
-                  {"goal", 0.8},
-                  {"meets_goal", ratio >= 0.8},
                   {"all", ratios},
                   {"pipeline_over_windowed_loop", ratio_windowed},
-                  {"meets_goal_vs_windowed_loop", ratio_windowed >= 0.8},
+                  {"goal_vs_windowed_loop", 0.9},
+                  {"meets_goal_vs_windowed_loop", ratio_windowed >= 0.9},
                   {"vs_windowed_loop", vs_windowed}};
   out["vs_windowed_loop"] = ratio_windowed;
   if (!scaling.empty()) out["scaling"] = std::move(scaling);

@@ -25,7 +25,7 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Fashion-MNIST's pixel statistics, as in the brief's reference job.
+// Fashion-MNIST's pixel statistics, as in the reference job.
 Normalization fashion_normalization() { return {255.0f, {0.2860f}, {0.3530f}}; }
 
 IdxDataset load(const TrainOptions& o, std::string_view split) {
