@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "bench_suite.h"
+#include "stoker/core/random_shuffle_queue.h"
 #include "stoker/core/bounded_queue.h"
 
 namespace stoker::bench {
@@ -460,6 +461,37 @@ Json run_queues(const QueuesOptions& opt, const CommonOptions& common) {
     }
   }
 
+  // The shuffle's two rules: what drawing from everything held (TensorFlow's rule, a window as
+  // large as the capacity) costs against drawing from the oldest min_after_dequeue + 1, in a
+  // steady state with the queue full (the consumer the slower side), one thread. Items of 56
+  // bytes, as the deferred crops the reference job shuffles; the rules alternate per repeat.
+  const std::uint64_t shuffle_items = std::min<std::uint64_t>(opt.items, 2'000'000);
+  auto shuffle_ns = [&](ShuffleRule rule) {
+    RandomShuffleQueue<Item<56>> q("shuffle", {.capacity = 10'000, .min_after_dequeue = 2'000, .seed = 1}, rule);
+    std::uint64_t pushed = 0, sum = 0;
+    for (; pushed < 10'000; ++pushed) q.try_push(make_item<56>(pushed));
+    Item<56> out{};
+    const auto t0 = std::chrono::steady_clock::now();
+    for (std::uint64_t i = 0; i < shuffle_items; ++i) {
+      q.try_pop(out);
+      sum += out.word[0];
+      q.try_push(make_item<56>(pushed++));
+    }
+    const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
+    if (sum == 42) std::cout << "";
+    return ns / static_cast<double>(shuffle_items);
+  };
+  std::vector<double> all_held, oldest_window;
+  for (int r = 0; r < common.repeats; ++r) {
+    if (r % 2 == 0) all_held.push_back(shuffle_ns(ShuffleRule::all_held));
+    oldest_window.push_back(shuffle_ns(ShuffleRule::oldest_window));
+    if (r % 2 != 0) all_held.push_back(shuffle_ns(ShuffleRule::all_held));
+  }
+  const double held_ns = spread(all_held).median, window_ns = spread(oldest_window).median;
+  std::cout << "\nRandomShuffleQueue 10000/2000, full, pop + push of 56-byte items, one thread: all_held "
+            << fixed(held_ns, 1) << " ns, oldest_window " << fixed(window_ns, 1) << " ns per item (x"
+            << fixed(held_ns / window_ns, 2) << ")\n";
+
   Json config;
   config["items"] = opt.items;
   config["capacity"] = opt.capacity;
@@ -475,6 +507,10 @@ Json run_queues(const QueuesOptions& opt, const CommonOptions& common) {
   out["config"] = std::move(config);
   out["results"] = std::move(results);
   out["ratios"] = std::move(ratios);
+  out["shuffle_rule"] = {{"items", shuffle_items},
+                         {"all_held_ns_per_item", held_ns},
+                         {"oldest_window_ns_per_item", window_ns},
+                         {"ratio", held_ns / window_ns}};
   return out;
 }
 

@@ -141,16 +141,6 @@ class RandomShuffleQueue : public QueueMeter {
     std::unique_lock lock(mutex_);
     return can_pop(1) && take(lock, out);
   }
-  /// `try_pop` for element types without a default constructor.
-  std::optional<T> try_pop() {
-    std::unique_lock lock(mutex_);
-    if (!can_pop(1) || held() == 0) return std::nullopt;
-    std::optional<T> out(buffer_.take());
-    count_out();
-    lock.unlock();
-    not_full_.notify_one();
-    return out;
-  }
   template <class Rep, class Period>
   bool pop_for(T& out, std::chrono::duration<Rep, Period> timeout) {
     std::unique_lock lock(mutex_);

@@ -46,15 +46,6 @@ struct RuntimeFailure {
   std::exception_ptr cause;
 };
 
-/// Tells the CPU that this is a spin-wait loop.
-inline void cpu_relax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield");
-#endif
-}
-
 /// A clock cheap enough to read after every item (a few ns): coarse, a tick of a few
 /// milliseconds on Linux. A body reads the precise clock only once it has ticked, to tell a
 /// chunk that takes far longer than it should.
