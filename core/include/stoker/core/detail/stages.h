@@ -449,10 +449,13 @@ class TransformStage final : public Consumer<In, Out> {
 
   // Sends the end of the epoch once every input has been taken and processed. Any body may be
   // the one to see both, so every body asks after each chunk and after a pop that found none.
-  // All sequentially consistent: a body that drops processing_ and then reads the input, and
-  // one that sees the input drained and then reads processing_, cannot both miss the other.
+  // The input first, then processing_, all sequentially consistent: a body counts itself in
+  // processing_ before its pop, so a pop that took the last inputs comes before the read that
+  // sees the input drained, and its count before the read of processing_ that follows. Read the
+  // other way round, a sibling could count itself and take the last inputs between the two
+  // reads, and its chunk would reach the queue after the epoch's end.
   void maybe_finish(StageBase::Body& body) {
-    if (processing_.load() != 0 || !this->in_->drained() || finished_.exchange(true)) return;
+    if (!this->in_->drained() || processing_.load() != 0 || finished_.exchange(true)) return;
     const std::uint64_t inputs = this->in_->taken();
     if constexpr (Flat && EndsEpoch<F, Out>) {
       // Every call of the function for this epoch has returned.
