@@ -1,9 +1,14 @@
 // Helpers shared by stoker's tests.
 #pragma once
 
+#include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <functional>
+#include <string>
+#include <system_error>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 namespace stoker::test {
@@ -17,6 +22,30 @@ inline void run_threads(int n, const std::function<void(int)>& body) {
   threads.reserve(static_cast<std::size_t>(n));
   for (int i = 0; i < n; ++i) threads.emplace_back(body, i);
 }
+
+/// A fresh directory for one test's files, removed with it: its name holds the process id and
+/// a counter, so that concurrent runs (ctest -j, other checkouts) never share a file.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag = "tmp") {
+    static std::atomic<int> counter{0};
+    path_ = std::filesystem::temp_directory_path() /
+            ("stoker-test-" + tag + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
 
 /// Milliseconds since `t0`.
 inline double ms_since(Clock::time_point t0) {

@@ -1,9 +1,12 @@
 // What every stoker program does the same way at its edges. Private to apps/.
 #pragma once
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <exception>
 #include <iostream>
+#include <optional>
 #include <string>
 
 namespace stoker::apps {
@@ -12,6 +15,22 @@ namespace stoker::apps {
 inline std::string one_line(std::string message) {
   std::replace(message.begin(), message.end(), '\n', ' ');
   return message;
+}
+
+/// Parses the command line. Returns the exit status when the program is done already: 0 after
+/// --help, 2 after a bad argument, reported on one line of stderr.
+inline std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+    return std::nullopt;
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << app.get_name() << ": " << one_line(e.what()) << " (see " << app.get_name() << " --help)\n";
+    return 2;
+  }
 }
 
 /// Runs a program's `run(argc, argv)`. An exception that escapes it becomes one line on

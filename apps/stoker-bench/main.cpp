@@ -148,16 +148,7 @@ int run(int argc, char** argv) {
     return 2;
   }
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "stoker-bench: " << one_line(e.what()) << " (see stoker-bench --help)\n";
-    return e.get_exit_code() != 0 ? e.get_exit_code() : 2;
-  }
+  if (const auto done = apps::parse_command_line(app, argc, argv)) return *done;
 
   Json out;
   out["suite"] = chosen->name;

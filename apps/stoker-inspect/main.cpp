@@ -57,16 +57,7 @@ int run(int argc, char** argv) {
                "Skip malformed lines (counting them in a warning) instead of stopping at the first; "
                "useful for the torn last line of a run that crashed");
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "stoker-inspect: " << one_line(e.what()) << " (see stoker-inspect --help)\n";
-    return 2;
-  }
+  if (const auto done = apps::parse_command_line(app, argc, argv)) return *done;
 
   try {
     // Checked before reading a log that may be large, so that a typo costs nothing.

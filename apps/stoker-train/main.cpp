@@ -77,98 +77,126 @@ class ProgressBar {
 void add_options(CLI::App& app, TrainOptions& o, bool& json) {
   app.add_option("--data", o.data,
                  "Directory with Fashion-MNIST's train-* and t10k-* IDX files (Debian package dataset-fashion-mnist)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Data");
   app.add_option("--epochs", o.epochs, "Passes over the training images")
       ->check(CLI::Range(1u, 100000u))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Data");
   app.add_option("--batch-size", o.batch_size, "Crops per training step")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Model");
   app.add_option("--crops", o.crops,
                  "Random crops taken of each training image per epoch (an epoch has images x crops samples)")
       ->check(CLI::Range(1, 1000))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Data");
   app.add_option("--crop-size", o.crop_size,
                  "Side of the square crops, at most 28; the test images are center-cropped to it")
       ->check(CLI::Range(1u, 28u))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Data");
   app.add_option("--mirror-p", o.mirror_p, "Probability that a training crop is mirrored left-right")
       ->check(CLI::Range(0.0, 1.0))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Data");
 
-  app.add_option("--threads", o.threads, "oneTBB threads shared by all pipeline stages (0: one per core)")
+  app.add_option("--threads", o.threads, "Threads of the pipeline, shared by all its stages (0: one per core)")
       ->check(CLI::Range(0, 1024))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Pipeline");
   app.add_option("--crop-threads", o.crop_threads, "Threads of the crop stage (draws each crop's window and mirror)")
       ->check(CLI::Range(1, 1024))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Pipeline");
   app.add_option("--collate-threads", o.collate_threads,
                  "Threads of the collate stage (cuts, mirrors and normalizes the crops into a pinned batch)")
       ->check(CLI::Range(1, 1024))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Pipeline");
   app.add_option("--read-queue", o.read_queue, "Capacity of the queue of images between the reader and the crop stage")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 24))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Pipeline");
   app.add_option("--batch-queue", o.batch_queue,
                  "Capacity of each queue of batches: batcher -> collate -> host-to-device copy -> trainer")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 16))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Pipeline");
   app.add_option("--staging-buffers", o.staging_buffers,
                  "Pinned host buffers batches are collated into; each waits for its copy to finish")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 16))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Pipeline");
   app.add_option("--shuffle-capacity", o.shuffle_capacity, "Crops the shuffle buffer holds at most")
       ->check(CLI::Range(std::size_t{2}, std::size_t{1} << 28))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Pipeline");
   app.add_option("--min-after-dequeue", o.min_after_dequeue,
                  "Crops the shuffle buffer keeps after each dequeue: more mixes crops of one image better")
       ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 28))
-      ->capture_default_str();
-  app.add_option("--seed", o.seed, "Seed of the crops, mirrors, shuffle and initial weights")->capture_default_str();
+      ->capture_default_str()
+      ->group("Pipeline");
+  app.add_option("--seed", o.seed, "Seed of the crops, mirrors, shuffle and initial weights")->capture_default_str()
+      ->group("Data");
   app.add_option("--occupancy-log", o.occupancy_log,
                  "Write the queues' fill over time to FILE (JSON Lines) for stoker-inspect; pipelined mode only")
-      ->type_name("FILE");
+      ->type_name("FILE")
+      ->group("Output");
 
   app.add_option("--device", o.device, "Where to train: auto (CUDA when a GPU is visible, else the CPU), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Pipeline");
   app.add_option("--augment", o.augment,
                  "Where crops are made: cpu (stages on host threads, crops copied to the device) or gpu (whole "
                  "images copied to the device, cropped, shuffled and batched there)")
       ->check(CLI::IsMember({"cpu", "gpu"}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Pipeline");
   app.add_option("--image-batch", o.image_batch, "--augment gpu: whole images sent to the device in one copy")
       ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Pipeline");
   app.add_option("--resident", o.resident,
                  "--augment gpu: upload the training images once and send only the crops to cut: auto (on a GPU "
                  "with room for them), yes or no")
       ->check(CLI::IsMember({"auto", "yes", "no"}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Pipeline");
   app.add_option("--mode", o.mode,
                  "pipelined: reading, crops, copies and training overlap; sync: the same work one step after "
                  "another with no overlap (the feed-dict baseline)")
       ->check(CLI::IsMember({"pipelined", "sync"}))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Pipeline");
 
   app.add_option("--hidden", o.hidden, "Widths of the hidden layers, comma-separated")
       ->delimiter(',')
       ->check(CLI::Range(1, 1 << 16))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Model");
   app.add_option("--lr", o.learning_rate, "SGD's learning rate at the start; it decays to 0 along a cosine")
       ->check(CLI::PositiveNumber)
-      ->capture_default_str();
-  app.add_option("--momentum", o.momentum, "SGD's momentum")->check(CLI::Range(0.0, 0.999))->capture_default_str();
+      ->capture_default_str()
+      ->group("Model");
+  app.add_option("--momentum", o.momentum, "SGD's momentum")->check(CLI::Range(0.0, 0.999))->capture_default_str()
+      ->group("Model");
   app.add_option("--weight-decay", o.weight_decay, "L2 weight decay")
       ->check(CLI::NonNegativeNumber)
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Model");
   app.add_option("--in-flight", o.in_flight, "Training steps queued on the device before the trainer waits for it")
       ->check(CLI::Range(1, 64))
-      ->capture_default_str();
+      ->capture_default_str()
+      ->group("Pipeline");
   app.add_option("--limit", o.limit, "Use only the first N training and N test images (0: all); for quick runs")
       ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 32))
-      ->capture_default_str();
-  app.add_flag("--json", json, "Also print the result as one JSON object on the last line of stdout");
+      ->capture_default_str()
+      ->group("Data");
+  app.add_flag("--json", json, "Also print the result as one JSON object on the last line of stdout")
+      ->group("Output");
 }
 
 Json to_json(const TrainOptions& o, const TrainReport& r) {
@@ -221,16 +249,7 @@ int run(int argc, char** argv) {
   TrainOptions o;
   bool json = false;
   add_options(app, o, json);
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "stoker-train: " << one_line(e.what()) << " (see stoker-train --help)\n";
-    return 2;
-  }
+  if (const auto done = apps::parse_command_line(app, argc, argv)) return *done;
 
   if (o.mode == "sync" && !o.occupancy_log.empty())
     std::cerr << "stoker-train: warning: --occupancy-log is ignored in sync mode, which has no pipeline\n";

@@ -50,6 +50,7 @@ class CpuEvent final : public Event {
     return state->completed >= state->recorded;
   }
   void synchronize() override { state->wait_for(state->last_mark()); }
+  void* native_handle() noexcept override { return nullptr; }
   const std::shared_ptr<EventState> state = std::make_shared<EventState>();
 };
 

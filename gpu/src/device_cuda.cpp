@@ -42,6 +42,7 @@ class CudaEvent final : public Event {
     return true;
   }
   void synchronize() override { STOKER_CUDA_CHECK(cudaEventSynchronize(event)); }
+  void* native_handle() noexcept override { return event; }
   cudaEvent_t event{};
 };
 

@@ -1,5 +1,7 @@
 #include "stoker/gpu/staging.h"
 
+#include "stoker/gpu/dlpack.h"
+
 #include <algorithm>
 #include <chrono>
 #include <stdexcept>
@@ -105,6 +107,11 @@ void SlotPool::release_after(Buffer buffer, Stream& stream) {
 
 Event& SlotPool::event(const Buffer& buffer) { return *slots_[slot_of(buffer.data())].event; }
 
+MemoryKind SlotPool::memory_kind() const noexcept {
+  if (device_->backend() != Backend::cuda) return MemoryKind::host;
+  return kind_ == Kind::pinned ? MemoryKind::pinned : MemoryKind::device;
+}
+
 std::size_t SlotPool::in_use() const {
   std::lock_guard lock(mutex_);
   return slots_.size() - free_.size();
@@ -168,3 +175,25 @@ DeviceBatch ToDevice::operator()(Batch batch, const StageContext& ctx) const {
 }
 
 }  // namespace stoker::gpu
+
+// ---------------------------------------------------------------------------------------------
+// DLPack
+
+namespace stoker {
+
+// The device buffer has a Batch's layout, so the host batch's export serves: it names the
+// device from the buffer's pool.
+DLPackBatch to_dlpack(gpu::DeviceBatch&& batch) {
+  if (batch.empty()) throw std::invalid_argument("to_dlpack: the device batch is empty");
+  Batch carrier{.storage = std::move(batch.storage_), .shape = batch.shape, .dtype = batch.dtype, .count = batch.count};
+  try {
+    if (carrier.labels_offset() != batch.labels_offset_)
+      throw std::logic_error("to_dlpack: the device batch is not laid out as a stoker::Batch");
+    return to_dlpack(std::move(carrier));
+  } catch (...) {
+    batch.storage_ = std::move(carrier.storage);
+    throw;
+  }
+}
+
+}  // namespace stoker

@@ -16,6 +16,7 @@
 
 #include "stoker/core/pipeline.h"
 #include "stoker/gpu/device.h"
+#include "stoker/gpu/dlpack.h"
 #include "stoker/gpu/staging.h"
 #include "stoker/stages/batch.h"
 
@@ -357,5 +358,118 @@ TEST_CASE("the README's device pipeline runs on one thread: a stage that waits f
       ++batches;
     }
     CHECK(batches == kSamples / kBatch);
+  }
+}
+
+namespace {
+
+// kBatch samples of kShape, pixels and labels as device_pipeline makes them.
+std::vector<stoker::Sample> samples_for_staging() {
+  auto pool = stoker::BufferPool::create();
+  std::vector<stoker::Sample> out;
+  for (std::size_t i = 0; i < kBatch; ++i) {
+    out.emplace_back(*pool, kShape, stoker::DType::f32, static_cast<std::int32_t>(i % 10), i);
+    for (float& x : out.back().as<float>()) x = static_cast<float>(i);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("DLPack: a device batch is exported over its device buffer, which returns when both tensors are released" *
+          doctest::timeout(60)) {
+  auto device = cpu();
+  stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
+  stoker::DLPackBatch t;
+  std::vector<std::int32_t> host_labels;
+  {
+    auto pipe = device_pipeline(to_device, 4 * kBatch);
+    auto b = pipe.next();
+    REQUIRE(b.has_value());
+    stoker::gpu::Event& ready = b->ready();  // before the export: an empty batch has no event
+    CHECK(ready.native_handle() == nullptr);  // the CPU backend has no CUDA event to share
+    const void* data = b->data();
+    const std::int32_t* labels = b->labels();
+    t = stoker::to_dlpack(std::move(*b));
+    CHECK(b->empty());
+    host_labels = b->host_labels;  // they stay with the batch
+    ready.synchronize();           // what a consumer's stream would wait for
+    REQUIRE(t.samples != nullptr);
+    REQUIRE(t.labels != nullptr);
+    CHECK(t.samples->dl_tensor.data == data);
+    CHECK(t.labels->dl_tensor.data == labels);
+  }  // the pipeline and every batch it still held are gone
+
+  const DLTensor& s = t.samples->dl_tensor;
+  CHECK(s.device.device_type == kDLCPU);  // the CPU backend's device memory is host memory
+  CHECK(s.device.device_id == 0);
+  CHECK(s.dtype.code == kDLFloat);
+  CHECK(s.dtype.bits == 32);
+  CHECK(s.dtype.lanes == 1);
+  REQUIRE(s.ndim == 4);
+  CHECK(std::vector<std::int64_t>(s.shape, s.shape + 4) == std::vector<std::int64_t>{kBatch, 1, 4, 4});
+  CHECK(std::vector<std::int64_t>(s.strides, s.strides + 4) == std::vector<std::int64_t>{16, 16, 4, 1});
+  CHECK(s.byte_offset == 0);
+  const DLTensor& l = t.labels->dl_tensor;
+  CHECK(l.device.device_type == kDLCPU);
+  CHECK(l.dtype.code == kDLInt);
+  CHECK(l.dtype.bits == 32);
+  REQUIRE(l.ndim == 1);
+  CHECK(l.shape[0] == static_cast<std::int64_t>(kBatch));
+  const auto* x = static_cast<const float*>(s.data);
+  const auto* y = static_cast<const std::int32_t*>(l.data);
+  REQUIRE(host_labels.size() == kBatch);
+  for (std::size_t i = 0; i < kBatch; ++i) {
+    CHECK(y[i] == host_labels[i]);
+    CHECK(y[i] == static_cast<std::int32_t>(static_cast<std::size_t>(x[i * kShape.elements()]) % 10));
+  }
+
+  CHECK(to_device.device_pool()->in_use() == 1);  // only the exported buffer is out
+  t.samples->deleter(t.samples);
+  CHECK(to_device.device_pool()->in_use() == 1);
+  t.labels->deleter(t.labels);
+  CHECK(to_device.device_pool()->in_use() == 0);
+  CHECK_THROWS_AS(stoker::to_dlpack(stoker::gpu::DeviceBatch{}), std::invalid_argument);
+}
+
+TEST_CASE("DLPack: a batch collated into pinned staging is exported as pinned memory on CUDA, host memory on the CPU "
+          "backend" *
+          doctest::timeout(60)) {
+  std::vector<std::string> backends{"cpu"};
+  if (stoker::gpu::cuda_device_count() > 0)
+    backends.push_back("cuda");
+  else
+    MESSAGE("no CUDA device found: skipping the kDLCUDAHost and kDLCUDA exports");
+  for (const auto& backend : backends) {
+    CAPTURE(backend);
+    const bool cuda = backend == "cuda";
+    auto device = Device::open(backend);
+    stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
+    const stoker::Collate collate{.pool = to_device.staging()};
+
+    auto batch = collate(samples_for_staging());
+    const std::byte* staged = batch.data();
+    auto t = stoker::to_dlpack(std::move(batch));
+    CHECK(t.samples->dl_tensor.data == staged);
+    CHECK(t.samples->dl_tensor.device.device_type == (cuda ? kDLCUDAHost : kDLCPU));
+    CHECK(t.labels->dl_tensor.device.device_type == (cuda ? kDLCUDAHost : kDLCPU));
+    CHECK(t.samples->dl_tensor.device.device_id == 0);
+    CHECK(static_cast<const std::int32_t*>(t.labels->dl_tensor.data)[3] == 3);
+    CHECK(to_device.staging()->in_use() == 1);
+    t.labels->deleter(t.labels);
+    t.samples->deleter(t.samples);
+    CHECK(to_device.staging()->in_use() == 0);
+
+    auto on_device = to_device(collate(samples_for_staging()));
+    stoker::gpu::Event& ready = on_device.ready();
+    CHECK((ready.native_handle() != nullptr) == cuda);
+    auto d = stoker::to_dlpack(std::move(on_device));
+    ready.synchronize();
+    CHECK(d.samples->dl_tensor.device.device_type == (cuda ? kDLCUDA : kDLCPU));
+    CHECK(d.labels->dl_tensor.device.device_type == (cuda ? kDLCUDA : kDLCPU));
+    CHECK(d.samples->dl_tensor.device.device_id == 0);
+    d.samples->deleter(d.samples);
+    d.labels->deleter(d.labels);
+    CHECK(to_device.device_pool()->in_use() == 0);
   }
 }

@@ -22,21 +22,6 @@ using namespace stoker::test;
 
 namespace {
 
-// A directory of its own per test case and process: other runs may share /tmp.
-struct TempDir {
-  std::filesystem::path path;
-  explicit TempDir(const std::string& name)
-      : path(std::filesystem::temp_directory_path() /
-             ("stoker-test-inspect-" + name + "-" + std::to_string(::getpid()))) {
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-};
 
 enum class Slow { source, middle, consumer };
 
@@ -75,7 +60,7 @@ void run_pipeline(Slow slow, const std::filesystem::path& log, int items) {
 
 Report inspect_run(Slow slow, const std::string& name, int items) {
   TempDir dir(name);
-  const auto log_path = dir.path / "run.jsonl";
+  const auto log_path = dir / "run.jsonl";
   run_pipeline(slow, log_path, items);
   const OccupancyLog log = read_log(log_path.string());
   const Report report = analyze(log);
@@ -324,16 +309,16 @@ TEST_SUITE("stoker-inspect") {
 
   TEST_CASE("a missing file is an error naming it") {
     TempDir dir("missing");
-    const std::string path = (dir.path / "no-such.jsonl").string();
+    const std::string path = (dir / "no-such.jsonl").string();
     CHECK_THROWS_WITH_AS(read_log(path), doctest::Contains((path + ": cannot open").c_str()), LogError);
   }
 
   TEST_CASE("an empty log, or one without sample records, is an error naming the file") {
     TempDir dir("empty");
-    const std::string empty = write_file(dir.path / "empty.jsonl", "");
+    const std::string empty = write_file(dir / "empty.jsonl", "");
     CHECK_THROWS_WITH_AS(read_log(empty), doctest::Contains((empty + ": no sample records").c_str()), LogError);
     const std::string stages_only = write_file(
-        dir.path / "stages.jsonl",
+        dir / "stages.jsonl",
         R"({"type":"stage","t":1,"stage":"a","threads":1,"items_in":0,"items_out":1,"busy_s":0,"starved_s":0,"blocked_s":0})"
         "\n\n");
     CHECK_THROWS_WITH_AS(read_log(stages_only), doctest::Contains("no sample records"), LogError);

@@ -380,7 +380,8 @@ TEST_SUITE("Pipeline") {
 
   TEST_CASE("the occupancy log is JSON Lines naming every queue, with each stage's counters at the end" *
             doctest::timeout(60)) {
-    const auto path = std::filesystem::temp_directory_path() / "stoker-test-occupancy.jsonl";
+    const TempDir dir("pipeline");
+    const auto path = dir / "occupancy.jsonl";
     {
       auto pipe = PipelineBuilder{}
                       .epochs(1)
@@ -421,16 +422,15 @@ TEST_SUITE("Pipeline") {
     CHECK(counter_records == 1);
     CHECK(queues == std::set<std::string>{"read->decode", "shuffle", "batch->consumer"});
     CHECK(stages == std::set<std::string>{"read", "decode", "batch"});
-    std::filesystem::remove(path);
   }
 
   TEST_CASE("an occupancy log that cannot be written is a clear error naming the file") {
     // A path below a regular file can never be created.
-    const auto file = std::filesystem::temp_directory_path() / "stoker-test-not-a-dir";
+    const TempDir dir("pipeline");
+    const auto file = dir / "not-a-dir";
     std::ofstream(file) << "x";
     const auto bad = (file / "x.jsonl").string();
     CHECK_THROWS_WITH(PipelineBuilder{}.occupancy_log(bad).source("read", CountUpTo{1}).build(), doctest::Contains(bad.c_str()));
-    std::filesystem::remove(file);
   }
 
   TEST_CASE("the summary counts items per stage and prints a table") {

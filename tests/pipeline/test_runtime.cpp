@@ -31,9 +31,6 @@ std::vector<int> flatten(const std::vector<std::vector<int>>& batches) {
   return all;
 }
 
-std::filesystem::path temp_file(const std::string& name) {
-  return std::filesystem::temp_directory_path() / ("stoker-test-" + std::to_string(::getpid()) + "-" + name);
-}
 
 }  // namespace
 
@@ -364,7 +361,8 @@ TEST_SUITE("Pipeline runtime") {
 
   TEST_CASE("a counters() callback that throws while the pipeline is destroyed is logged, not fatal" *
             doctest::timeout(60)) {
-    const auto log = temp_file("throwing-counters.jsonl");
+    const TempDir dir("runtime");
+    const auto log = dir / "throwing-counters.jsonl";
     {
       auto pipe = PipelineBuilder{}
                       .epochs(1)
@@ -375,7 +373,6 @@ TEST_SUITE("Pipeline runtime") {
       CHECK(drain_epoch(pipe).size() == 100);
     }  // ~Pipeline writes the log's last records, which calls counters()
     CHECK(std::filesystem::exists(log));
-    std::filesystem::remove(log);
   }
 
   TEST_CASE("stop() returns within one item's time even when a body holds a chunk of slow items" *
@@ -405,7 +402,8 @@ TEST_SUITE("Pipeline runtime") {
             doctest::timeout(60)) {
     // Capacity 9: chunks of up to 4 leave room for 1 once two are in; a producer then waits
     // with its next chunk while the queue holds 8 of 9.
-    const auto log = temp_file("waiting-producer.jsonl");
+    const TempDir dir("runtime");
+    const auto log = dir / "waiting-producer.jsonl";
     std::size_t full_samples = 0;
     {
       auto pipe = PipelineBuilder{}
@@ -428,7 +426,6 @@ TEST_SUITE("Pipeline runtime") {
       if (j.at("size").get<std::size_t>() == 9) ++full_samples;
     }
     CHECK(full_samples >= 50);  // about 100 samples during the pause
-    std::filesystem::remove(log);
   }
 
   TEST_CASE("pipeline options set after the stages take effect: deterministic, seed, threads") {
@@ -549,7 +546,8 @@ TEST_SUITE("Pipeline runtime") {
 
   TEST_CASE("on_error = skip drops the items whose function throws, counts them, and goes on" *
             doctest::timeout(60)) {
-    const auto log = temp_file("skips.jsonl");
+    const TempDir dir("runtime");
+    const auto log = dir / "skips.jsonl";
     std::vector<int> got;
     PipelineSummary summary;
     {
@@ -587,7 +585,6 @@ TEST_SUITE("Pipeline runtime") {
       if (j.at("type") == "stage" && j.at("stage") == "decode") logged = j.at("skipped") == summary.stages[1].skipped;
     }
     CHECK(logged);
-    std::filesystem::remove(log);
   }
 
   TEST_CASE("a stage's threads are limited to 1..64, named in the error") {

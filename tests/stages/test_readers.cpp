@@ -14,34 +14,14 @@
 
 #include "stoker/core/pipeline.h"
 #include "stoker/stages/readers.h"
+#include "support.h"
 
 using namespace stoker;
+using stoker::test::TempDir;
 namespace fs = std::filesystem;
 
 namespace {
 
-// A fresh directory for one test's files, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    static std::atomic<int> counter{0};
-    path_ = fs::temp_directory_path() /
-            ("stoker-test-readers-" + std::to_string(::getpid()) + "-" + std::to_string(counter++));
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
 
 using Bytes = std::vector<std::byte>;
 

@@ -53,6 +53,9 @@ class Event {
   virtual bool done() = 0;
   /// Waits on the host until done(). The pipeline never calls it; tests and sync mode do.
   virtual void synchronize() = 0;
+  /// cudaEvent_t for the CUDA backend, null for the CPU backend: for a framework to make its
+  /// own stream wait on it (cudaStreamWaitEvent) without the host waiting. Owned by the event.
+  virtual void* native_handle() noexcept = 0;
 };
 
 /// An in-order queue of device work. Issuing work never waits for the device.

@@ -28,12 +28,25 @@
 #include "stoker/stages/batch.h"
 #include "stoker/stages/buffer_pool.h"
 
+namespace stoker {
+struct DLPackBatch;
+namespace gpu {
+class DeviceBatch;
+}
+/// Defined, and documented, in stoker/gpu/dlpack.h.
+DLPackBatch to_dlpack(gpu::DeviceBatch&& batch);
+}  // namespace stoker
+
 namespace stoker::gpu {
 
 /// A fixed number of equal buffers of pinned host memory or of device memory, all allocated
 /// when the pool is made and reused. An exhausted pool makes acquire() wait (counted as the
 /// calling stage's blocked time, stoker::BlockedTime): backpressure, like a full queue.
 /// Thread-safe. Its buffers may outlive the pool object itself but not `device`.
+///
+/// memory_kind() says pinned or device on the CUDA backend, and host on the CPU backend, whose
+/// pinned and device memory are ordinary host memory: what an exported tensor claims must hold
+/// for any CUDA code in the process too.
 class SlotPool final : public BufferPool {
  public:
   enum class Kind : std::uint8_t { pinned, device };
@@ -49,6 +62,9 @@ class SlotPool final : public BufferPool {
   /// Throws std::invalid_argument when `bytes` exceeds slot_bytes().
   Buffer acquire(std::size_t bytes, const StageContext& ctx) override;
   bool waits() const noexcept override { return true; }
+  MemoryKind memory_kind() const noexcept override;
+  /// 0: a Device is CUDA device 0.
+  int device_id() const noexcept override { return 0; }
   /// The same without waiting: nullopt when every slot is in use.
   std::optional<Buffer> try_acquire(std::size_t bytes);
 
@@ -85,7 +101,8 @@ class SlotPool final : public BufferPool {
 
 /// A batch in device memory, laid out as stoker::Batch (samples, then labels). Move-only.
 /// Destroying it frees its buffer at once; when device work still reads it, hand it back
-/// with release_after() instead.
+/// with release_after() instead. to_dlpack() (stoker/gpu/dlpack.h) hands the buffer to
+/// DLPack tensors.
 class DeviceBatch {
  public:
   Shape shape;  ///< of one sample
@@ -123,6 +140,7 @@ class DeviceBatch {
   bool empty() const noexcept { return storage_.empty(); }
 
  private:
+  friend DLPackBatch stoker::to_dlpack(DeviceBatch&& batch);
   Buffer storage_;  // from a SlotPool of device memory
   std::size_t labels_offset_ = 0;
 };

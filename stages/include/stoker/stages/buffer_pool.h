@@ -15,6 +15,14 @@ namespace stoker {
 
 class BufferPool;
 
+/// Where a pool's memory lives, for code that hands it beyond stoker (to_dlpack) and must say
+/// which device may touch it.
+enum class MemoryKind : std::uint8_t {
+  host,    ///< ordinary host memory
+  pinned,  ///< page-locked host memory, registered with the CUDA driver
+  device,  ///< memory of a device, not readable by the host
+};
+
 /// An owned, 64-byte aligned byte buffer. Destroying it hands the memory back to its pool.
 class Buffer {
  public:
@@ -58,6 +66,10 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   virtual Buffer acquire(std::size_t bytes, const StageContext& ctx);
   /// True for a pool whose acquire() waits for a buffer to come back (a fixed number of them).
   virtual bool waits() const noexcept { return false; }
+  /// What memory the buffers are; ordinary host memory unless a derived pool says otherwise.
+  virtual MemoryKind memory_kind() const noexcept { return MemoryKind::host; }
+  /// The device that pinned or device memory belongs to; 0 for host memory.
+  virtual int device_id() const noexcept { return 0; }
 
   std::uint64_t allocations() const noexcept { return allocations_.load(); }  ///< fresh allocations
   std::uint64_t reuses() const noexcept { return reuses_.load(); }            ///< buffers handed out again
