@@ -27,6 +27,9 @@ build_dir="${STOKER_BUILD_DIR:-build}"
 case "$build_dir" in /*) ;; *) build_dir="$root/$build_dir" ;; esac
 export STOKER_BUILD_DIR="$build_dir"
 
+# libtorch's CPU build, for the example client (apps/stoker-torch-example), which is tested
+# when it is found; the demo does not need it.
+export STOKER_EXTRA_PACKAGES="${STOKER_EXTRA_PACKAGES:-} libtorch-dev"
 bash "$root/scripts/build.sh"
 
 ctest_args=()
@@ -34,6 +37,18 @@ read -r -a ctest_args <<<"${STOKER_CTEST_ARGS:-}"
 echo "test: running ctest in $build_dir ${ctest_args[*]}"
 ctest --test-dir "$build_dir" --output-on-failure --no-tests=error \
   -j "${STOKER_CTEST_JOBS:-$(nproc)}" "${ctest_args[@]}"
+
+# The libtorch example is optional (apps/CMakeLists.txt, STOKER_TORCH): say whether it was part of this run.
+if grep -q '^STOKER_HAVE_TORCH:INTERNAL=ON$' "$build_dir/CMakeCache.txt" 2>/dev/null; then
+  torch_tests="$(ctest --test-dir "$build_dir" -N "${ctest_args[@]}" | grep -c 'Test *#[0-9]*: stoker-torch-example: ' || true)"
+  if ((torch_tests > 0)); then
+    echo "test: libtorch found: the libtorch example (stoker-torch-example) was built and tested ($torch_tests ctest runs passed)"
+  else
+    echo "test: libtorch found: the libtorch example (stoker-torch-example) was built; STOKER_CTEST_ARGS left out its tests"
+  fi
+else
+  echo "test: libtorch not found (or STOKER_TORCH=OFF, or a sanitizer build): the libtorch example was not built"
+fi
 
 if ((consumer)); then
   prefix="$build_dir/install"
@@ -52,6 +67,8 @@ if ((consumer)); then
     -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
   cmake --build "$consumer_dir"
   "$consumer_dir/stoker-consumer"
+  echo "test: running README's example pipeline, as built against $prefix"
+  (cd "$consumer_dir" && ./stoker-readme-example)
 fi
 
 echo "test.sh: PASSED ($([[ $consumer == 1 ]] && echo "tests and find_package consumer" || echo "tests") in ${build_dir#"$root"/})"
