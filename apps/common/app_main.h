@@ -3,19 +3,14 @@
 
 #include <CLI/CLI.hpp>
 
-#include <algorithm>
 #include <exception>
 #include <iostream>
 #include <optional>
 #include <string>
 
-namespace stoker::apps {
+#include "format.h"
 
-/// CLI11 puts its hint on a second line; the contract is one line on stderr.
-inline std::string one_line(std::string message) {
-  std::replace(message.begin(), message.end(), '\n', ' ');
-  return message;
-}
+namespace stoker::apps {
 
 /// Parses the command line. Returns the exit status when the program is done already: 0 after
 /// --help, 2 after a bad argument, reported on one line of stderr.

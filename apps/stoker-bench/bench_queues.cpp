@@ -20,6 +20,7 @@
 #include <thread>
 #include <vector>
 
+#include "app_main.h"
 #include "bench_suite.h"
 #include "stoker/core/random_shuffle_queue.h"
 #include "stoker/core/bounded_queue.h"
@@ -350,11 +351,7 @@ std::string rate(double items_per_s) {
   return buf;
 }
 
-std::string fixed(double value, int decimals) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.*f", decimals, value);
-  return buf;
-}
+using apps::fixed;
 
 Json run_queues(const QueuesOptions& opt, const CommonOptions& common) {
   const std::size_t n_sizes = std::size(kItemBytes), n_threads = opt.threads.size();

@@ -1,5 +1,7 @@
 #include "inspect.h"
 
+#include "format.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -240,11 +242,7 @@ StageSummary shares(const StageCounters& c, double fallback_run_s) {
   return s;
 }
 
-std::string fixed(double x, int decimals) {
-  char buffer[64];
-  std::snprintf(buffer, sizeof buffer, "%.*f", decimals, x);
-  return buffer;
-}
+using apps::fixed;
 
 std::string percent(double pct) { return fixed(pct, 0) + "%"; }
 

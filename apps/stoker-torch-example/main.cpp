@@ -6,9 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
-#include <iomanip>
 #include <iostream>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -21,13 +19,9 @@ namespace stoker::torch_example {
 namespace {
 
 using Json = nlohmann::ordered_json;
+using apps::fixed;
 using apps::one_line;
 
-std::string fixed(double value, int decimals) {
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(decimals) << value;
-  return s.str();
-}
 
 void add_options(CLI::App& app, ExampleOptions& o, bool& json) {
   app.add_option("--loader", o.loader,

@@ -10,7 +10,6 @@
 #include <exception>
 #include <iomanip>
 #include <iostream>
-#include <sstream>
 #include <string>
 #include <unistd.h>
 
@@ -24,13 +23,9 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
+using apps::fixed;
 using apps::one_line;
 
-std::string fixed(double value, int decimals) {
-  std::ostringstream s;
-  s << std::fixed << std::setprecision(decimals) << value;
-  return s.str();
-}
 
 std::string megabytes(std::uint64_t bytes) { return fixed(static_cast<double>(bytes) / 1e6, 1) + " MB"; }
 
