@@ -20,8 +20,8 @@
 #include <oneapi/tbb/task_arena.h>
 #include <sstream>
 #include <stdexcept>
-#include <sys/resource.h>
 #include <string>
+#include <sys/resource.h>
 #include <thread>
 #include <vector>
 
@@ -61,7 +61,7 @@ struct AugmentOptions {
   std::size_t images = 0;  // 0: all of them
   int crop_threads = 2;
   int collate_threads = 2;  // one collate alone can fall behind two crop threads
-  int plain_threads = 0;  // 0: every core, for the plain loop and the windowed loop
+  int plain_threads = 0;    // 0: every core, for the plain loop and the windowed loop
   std::uint64_t seed = 0;
   std::vector<int> thread_counts;  // --threads: also run the pipeline and the windowed loop on each
 };
@@ -175,19 +175,18 @@ RunResult run_pipeline(Job& job, const PipelineLayout& layout, bool deep, Cut cu
     collate.normalize = job.normalizer;
   }
   auto consume = [&]<class Item>(Item) {
-    auto pipe = PipelineBuilder{}
-                    .threads(layout.threads)
-                    .seed(o.seed)
-                    .epochs(1)
-                    .source("read", IdxReader(job.data, {.pool = job.image_pool}))
-                    .template flat_map<Item>("crops", RandomCrops(std::move(crops)),
-                                                   {.threads = layout.crop_threads})
-                    .shuffle("shuffle", {.capacity = kShuffle.capacity,
-                                         .min_after_dequeue = kShuffle.min_after_dequeue,
-                                         .seed = o.seed})
-                    .batch("batch", kBatch, {.queue = layout.batch_queue})
-                    .map("collate", std::move(collate), {.threads = layout.collate_threads})
-                    .build();
+    auto pipe =
+        PipelineBuilder{}
+            .threads(layout.threads)
+            .seed(o.seed)
+            .epochs(1)
+            .source("read", IdxReader(job.data, {.pool = job.image_pool}))
+            .template flat_map<Item>("crops", RandomCrops(std::move(crops)), {.threads = layout.crop_threads})
+            .shuffle("shuffle",
+                     {.capacity = kShuffle.capacity, .min_after_dequeue = kShuffle.min_after_dequeue, .seed = o.seed})
+            .batch("batch", kBatch, {.queue = layout.batch_queue})
+            .map("collate", std::move(collate), {.threads = layout.collate_threads})
+            .build();
     for (auto& batch : pipe.epoch()) r.tally.add(batch, deep);
     r.summary = pipe.summary();
   };
@@ -296,7 +295,7 @@ RunResult run_windowed(Job& job, int threads, bool deep) {
   constexpr std::size_t kImagesPerBatch = kBatch / kCropsPerImage;
   const std::size_t whole_batches = n_images / kImagesPerBatch;
   const std::size_t full = kShuffle.capacity;  // take a batch at this size
-  StageContext ctx;  // epoch 0, as the pipeline's one epoch
+  StageContext ctx;                            // epoch 0, as the pipeline's one epoch
   ctx.seed = o.seed;
   const RandomCrops draw(RandomCropOptions{.size = kCrop,
                                            .count = kCropsPerImage,
@@ -413,8 +412,8 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
   const int plain_threads = opt.plain_threads > 0 ? opt.plain_threads : cores;
   tbb::task_arena arena(plain_threads);
 
-  const PipelineLayout default_layout{.threads = 0, .crop_threads = opt.crop_threads,
-                                      .collate_threads = opt.collate_threads, .batch_queue = 8};
+  const PipelineLayout default_layout{
+      .threads = 0, .crop_threads = opt.crop_threads, .collate_threads = opt.collate_threads, .batch_queue = 8};
 
   std::cout << "augment: " << n_images << " images x " << kCropsPerImage << " crops " << kCrop.str()
             << ", mirror p=" << kMirrorP << ", normalize (x/255-0.2860)/0.3530, shuffle " << kShuffle.capacity << "/"
@@ -458,14 +457,12 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
                         .label = "  ... normalized at collate",
                         .run = pipeline(default_layout, Cut::in_crop_stage_normalize_at_collate),
                         .layout = default_layout});
-  contenders.push_back(
-      {.name = "plain_loop", .label = "plain loop (global permutation)", .run = [&](bool deep) {
-         return run_plain(job, arena, deep);
-       }});
+  contenders.push_back({.name = "plain_loop", .label = "plain loop (global permutation)", .run = [&](bool deep) {
+                          return run_plain(job, arena, deep);
+                        }});
   const std::size_t plain_index = contenders.size() - 1;
-  contenders.push_back({.name = "windowed_loop",
-                        .label = "windowed loop (the practical limit)",
-                        .run = windowed(plain_threads)});
+  contenders.push_back(
+      {.name = "windowed_loop", .label = "windowed loop (the practical limit)", .run = windowed(plain_threads)});
   const std::size_t windowed_index = contenders.size() - 1;
   const std::size_t main_contenders = contenders.size();
   // --threads: the pipeline and the windowed loop on each N, next to each other in the list.
@@ -530,8 +527,8 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
     if (i < main_contenders)
       std::cout << "  " << std::left << std::setw(44) << c.label << std::right << std::setprecision(3)
                 << rate(sp.median) << " (" << rate(sp.min) << "-" << rate(sp.max) << ")  " << std::setw(6)
-                << std::setprecision(0) << cpu << " ns  " << std::setprecision(3) << sp.median / plain_median
-                << "  " << sp.median / windowed_median << "  [" << samples_text(c.rates) << "]\n";
+                << std::setprecision(0) << cpu << " ns  " << std::setprecision(3) << sp.median / plain_median << "  "
+                << sp.median / windowed_median << "  [" << samples_text(c.rates) << "]\n";
     Json entry = {{"name", c.name},
                   {"crops_per_s_median", sp.median},
                   {"min", sp.min},
@@ -548,9 +545,10 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
   }
   const double ratio = ratios[contenders[0].name].get<double>();
   const double ratio_windowed = vs_windowed[contenders[0].name].get<double>();
-  std::cout << "\nstoker pipeline / plain loop:    " << std::setprecision(3) << ratio << "\n"
-            << "stoker pipeline / windowed loop: " << ratio_windowed
-            << " (vs_windowed_loop: the ratio to the practical limit; goal >= 0.9, and >= 0.8 at every N of --threads)\n";
+  std::cout
+      << "\nstoker pipeline / plain loop:    " << std::setprecision(3) << ratio << "\n"
+      << "stoker pipeline / windowed loop: " << ratio_windowed
+      << " (vs_windowed_loop: the ratio to the practical limit; goal >= 0.9, and >= 0.8 at every N of --threads)\n";
 
   // The scaling: pipeline and windowed loop on the same N threads, each ratio of medians.
   Json scaling = Json::array();
@@ -567,8 +565,7 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
                 << std::right << "  " << rate(sp.median) << " (" << rate(sp.min) << "-" << rate(sp.max) << ")    "
                 << rate(sw.median) << " (" << rate(sw.min) << "-" << rate(sw.max) << ")    " << std::setprecision(3)
                 << sp.median / sw.median << "\n"
-                << "           every repeat:  [" << samples_text(p.rates) << "]  [" << samples_text(w.rates)
-                << "]\n";
+                << "           every repeat:  [" << samples_text(p.rates) << "]  [" << samples_text(w.rates) << "]\n";
       scaling.push_back({{"threads", p.scaling_threads},
                          {"crop_threads", p.layout.crop_threads},
                          {"collate_threads", p.layout.collate_threads},
@@ -593,8 +590,8 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
   config["crops_per_epoch"] = n_crops;
   config["crop"] = {kCrop.height, kCrop.width};
   config["mirror_p"] = kMirrorP;
-  config["normalize"] = {{"scale", kNormalization.scale}, {"mean", kNormalization.mean[0]},
-                         {"std", kNormalization.std[0]}};
+  config["normalize"] = {
+      {"scale", kNormalization.scale}, {"mean", kNormalization.mean[0]}, {"std", kNormalization.std[0]}};
   config["shuffle"] = {{"capacity", kShuffle.capacity}, {"min_after_dequeue", kShuffle.min_after_dequeue}};
   config["batch"] = kBatch;
   config["crop_threads"] = opt.crop_threads;
@@ -607,24 +604,29 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
   config["seed"] = opt.seed;
   config["load_s"] = load_s;
   config["figure"] = "crops / seconds for one epoch, data set decode excluded; median over repeats";
-  config["pipeline"] = "IdxReader from memory -> RandomCrops flat_map<DeferredCrop> (draws windows and mirrors) -> "
-                       "shuffle -> batch -> Collate cutting crop+mirror+normalize into the batch; consumer touches "
-                       "each batch";
-  config["pipeline_cut_in_crop_stage"] = "the same with RandomCrops flat_map<Sample> cutting fused "
-                                         "crop+mirror+normalize float32 crops, which Collate copies into the batch";
-  config["pipeline_normalize_at_collate"] = "the same with RandomCrops cutting crop+mirror in uint8 and Collate "
-                                            "normalizing into the float32 batch";
+  config["pipeline"] =
+      "IdxReader from memory -> RandomCrops flat_map<DeferredCrop> (draws windows and mirrors) -> "
+      "shuffle -> batch -> Collate cutting crop+mirror+normalize into the batch; consumer touches "
+      "each batch";
+  config["pipeline_cut_in_crop_stage"] =
+      "the same with RandomCrops flat_map<Sample> cutting fused "
+      "crop+mirror+normalize float32 crops, which Collate copies into the batch";
+  config["pipeline_normalize_at_collate"] =
+      "the same with RandomCrops cutting crop+mirror in uint8 and Collate "
+      "normalizing into the float32 batch";
   config["same_output"] =
       "every pipeline and loop makes the same crops, bit for bit (checked in an untimed first round)";
-  config["plain_loop"] = "tbb::parallel_for: draw windows and mirrors as RandomCrops does, one Fisher-Yates "
-                         "permutation of all crops, then fill each batch in place with crop_mirror_normalize_into";
+  config["plain_loop"] =
+      "tbb::parallel_for: draw windows and mirrors as RandomCrops does, one Fisher-Yates "
+      "permutation of all crops, then fill each batch in place with crop_mirror_normalize_into";
   config["windowed_loop"] =
       "the practical limit: N std::threads, each over a contiguous share of the images (whole batches), with a "
       "shuffle window of its own (the job's capacity and min_after_dequeue, filled to capacity); "
       "RandomCrops::plan draws each image's crops, DeferredCrops go into the thread's ShuffleBuffer, and each time "
       "it is full 255 are taken and cut+mirrored+normalized into the batch by make_batch, as Collate does";
-  config["scaling"] = "for each N of --threads: the pipeline with .threads(N), crops on max(1, ceil(N/4)), collate "
-                      "on N, batch queue max(8, 2N), crops cut at collate; and the windowed loop on N threads";
+  config["scaling"] =
+      "for each N of --threads: the pipeline with .threads(N), crops on max(1, ceil(N/4)), collate "
+      "on N, batch queue max(8, 2N), crops cut at collate; and the windowed loop on N threads";
   Json out;
   out["config"] = std::move(config);
   out["results"] = std::move(results);
@@ -657,14 +659,16 @@ SuiteRun setup_augment(CLI::App& command) {
   command.add_option("--collate-threads", opt->collate_threads, "Threads of the pipeline's collate stage")
       ->check(CLI::Range(1, 256))
       ->capture_default_str();
-  command.add_option("--plain-threads", opt->plain_threads,
-                     "Threads of the plain loop and of the windowed loop (0: every core)")
+  command
+      .add_option("--plain-threads", opt->plain_threads,
+                  "Threads of the plain loop and of the windowed loop (0: every core)")
       ->check(CLI::Range(0, 256))
       ->capture_default_str();
   command.add_option("--seed", opt->seed, "Seed of the crops, mirrors and shuffle")->capture_default_str();
-  command.add_option("--threads", opt->thread_counts,
-                   "Also run, for each N of this list (e.g. 1,2,4,8), the pipeline on N threads (crops on "
-                   "max(1, ceil(N/4)), collate on N) and the windowed loop on N threads, with their ratio")
+  command
+      .add_option("--threads", opt->thread_counts,
+                  "Also run, for each N of this list (e.g. 1,2,4,8), the pipeline on N threads (crops on "
+                  "max(1, ceil(N/4)), collate on N) and the windowed loop on N threads, with their ratio")
       ->delimiter(',')
       ->check(CLI::Range(1, 256));
   return [opt](const CommonOptions& common) { return run_augment(*opt, common); };

@@ -74,7 +74,8 @@ double run_stoker(const std::vector<StageSpec>& specs, const Work& work, std::ui
   std::vector<std::uint64_t> iters;
   for (const auto& s : specs) iters.push_back(work.iterations(s.us));
   auto b = PipelineBuilder{}.threads(threads).epochs(1).source(
-      "source", [n = std::uint64_t{0}, items]() mutable { return n < items ? std::optional<std::uint64_t>(n++) : std::nullopt; },
+      "source",
+      [n = std::uint64_t{0}, items]() mutable { return n < items ? std::optional<std::uint64_t>(n++) : std::nullopt; },
       {.queue = queue});
   // Stages are added at run time here, so build the chain as map stages of one type.
   auto add = [&](auto builder, std::size_t k) {
@@ -160,8 +161,9 @@ Json run_suite(const Config& cfg, const CommonOptions& common) {
   const int threads = cfg.threads > 0 ? cfg.threads : cores;
   const Work work;
 
-  auto slowest = *std::max_element(specs.begin(), specs.end(),
-                                   [](const StageSpec& a, const StageSpec& b) { return a.us / a.threads < b.us / b.threads; });
+  auto slowest = *std::max_element(specs.begin(), specs.end(), [](const StageSpec& a, const StageSpec& b) {
+    return a.us / a.threads < b.us / b.threads;
+  });
   double cpu_us = 0;
   for (const auto& s : specs) cpu_us += s.us;
   const std::uint64_t items = cfg.items ? cfg.items : static_cast<std::uint64_t>(2e6 / (slowest.us / slowest.threads));
@@ -187,20 +189,26 @@ Json run_suite(const Config& cfg, const CommonOptions& common) {
     stoker_ns.push_back(1e9 / s_rate);
     tbb_ns.push_back(1e9 / t_rate);
     ratio.push_back(t_rate / s_rate);
-    std::printf("  repeat %d: efficiency %.3f (%.0f items/s, slowest stage alone %.0f/s); empty stages: stoker %.0f ns/item, "
-                "parallel_pipeline %.0f ns/item (x%.2f)\n",
-                r + 1, rate / alone, rate, alone, 1e9 / s_rate, 1e9 / t_rate, t_rate / s_rate);
+    std::printf(
+        "  repeat %d: efficiency %.3f (%.0f items/s, slowest stage alone %.0f/s); empty stages: stoker %.0f ns/item, "
+        "parallel_pipeline %.0f ns/item (x%.2f)\n",
+        r + 1, rate / alone, rate, alone, 1e9 / s_rate, 1e9 / t_rate, t_rate / s_rate);
   }
   const auto e = spread(eff), pr = spread(pipe_rate), ar = spread(alone_rate), sn = spread(stoker_ns),
              tn = spread(tbb_ns), q = spread(ratio);
-  std::printf("\nmedian of %d: efficiency %.3f (goal >= 0.95); overhead per item stoker %.0f ns vs parallel_pipeline "
-              "%.0f ns: x%.2f (goal <= 1.0)\n",
-              common.repeats, e.median, sn.median, tn.median, q.median);
+  std::printf(
+      "\nmedian of %d: efficiency %.3f (goal >= 0.95); overhead per item stoker %.0f ns vs parallel_pipeline "
+      "%.0f ns: x%.2f (goal <= 1.0)\n",
+      common.repeats, e.median, sn.median, tn.median, q.median);
   auto js = [](const Spread& s) { return Json{{"median", s.median}, {"min", s.min}, {"max", s.max}}; };
   Json stage_list = Json::array();
   for (const auto& s : specs) stage_list.push_back({{"us", s.us}, {"threads", s.threads}});
-  return {{"config", {{"stages", stage_list}, {"items", items}, {"overhead_items", cfg.overhead_items},
-                      {"threads", threads}, {"queue", cfg.queue}}},
+  return {{"config",
+           {{"stages", stage_list},
+            {"items", items},
+            {"overhead_items", cfg.overhead_items},
+            {"threads", threads},
+            {"queue", cfg.queue}}},
           {"efficiency", js(e)},
           {"pipeline_items_per_s", js(pr)},
           {"slowest_stage_alone_items_per_s", js(ar)},
@@ -217,7 +225,9 @@ SuiteRun setup_pipeline(CLI::App& command) {
   command.add_option("--overhead-items", cfg->overhead_items, "Items through the empty-stage chain")
       ->capture_default_str();
   command.add_option("--threads", cfg->threads, "oneTBB threads (default: one per core)");
-  command.add_option("--queue", cfg->queue, "Capacity of every queue")->check(CLI::PositiveNumber)->capture_default_str();
+  command.add_option("--queue", cfg->queue, "Capacity of every queue")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
   return [cfg](const CommonOptions& common) { return run_suite(*cfg, common); };
 }
 

@@ -15,15 +15,15 @@
 #include <oneapi/tbb/concurrent_queue.h>
 #include <sstream>
 #include <stdexcept>
-#include <sys/resource.h>
 #include <string>
+#include <sys/resource.h>
 #include <thread>
 #include <vector>
 
 #include "app_main.h"
 #include "bench_suite.h"
-#include "stoker/core/random_shuffle_queue.h"
 #include "stoker/core/bounded_queue.h"
+#include "stoker/core/random_shuffle_queue.h"
 
 namespace stoker::bench {
 namespace {
@@ -289,9 +289,9 @@ TrialResult measure(const char* queue_name, const TrialSpec& t) {
   if (!finished.wait_for(kTrialDeadline)) {
     std::cout.flush();
     std::lock_guard lock(failure_mutex);
-    std::cerr << "stoker-bench: error: queues: " << describe(queue_name, Bytes, t)
-              << " did not finish within " << kTrialDeadline.count() << " s ("
-              << (failed ? failure : "an item was lost, or the queue deadlocked") << ")\n";
+    std::cerr << "stoker-bench: error: queues: " << describe(queue_name, Bytes, t) << " did not finish within "
+              << kTrialDeadline.count() << " s (" << (failed ? failure : "an item was lost, or the queue deadlocked")
+              << ")\n";
     std::_Exit(1);
   }
   for (auto& thread : threads) thread.join();
@@ -303,10 +303,9 @@ TrialResult measure(const char* queue_name, const TrialSpec& t) {
   const Tally& want = *t.expected;
   if (seen.count != want.count || seen.sum != want.sum || seen.sum_sq != want.sum_sq || seen.torn) {
     std::ostringstream s;
-    s << "queues: broken run, " << describe(queue_name, Bytes, t) << ": popped " << seen.count
-      << " of " << want.count << " items, checksum " << (seen.sum == want.sum ? "ok" : "wrong")
-      << ", sum of squares " << (seen.sum_sq == want.sum_sq ? "ok" : "wrong") << ", "
-      << seen.torn << " torn items";
+    s << "queues: broken run, " << describe(queue_name, Bytes, t) << ": popped " << seen.count << " of " << want.count
+      << " items, checksum " << (seen.sum == want.sum ? "ok" : "wrong") << ", sum of squares "
+      << (seen.sum_sq == want.sum_sq ? "ok" : "wrong") << ", " << seen.torn << " torn items";
     throw std::runtime_error(s.str());
   }
 
@@ -334,8 +333,7 @@ constexpr std::size_t kItemBytes[] = {8, 64};
 constexpr QueueKind kQueueKinds[] = {
     {"stoker::BoundedQueue", "BoundedQueue", &measure<StokerQueue, 8>, &measure<StokerQueue, 64>},
     {"tbb::concurrent_bounded_queue", "tbb::cbq", &measure<TbbQueue, 8>, &measure<TbbQueue, 64>},
-    {"std::mutex+condition_variable", "mutex+cv", &measure<MutexQueue, 8>,
-     &measure<MutexQueue, 64>},
+    {"std::mutex+condition_variable", "mutex+cv", &measure<MutexQueue, 8>, &measure<MutexQueue, 64>},
 };
 constexpr std::size_t kKinds = std::size(kQueueKinds);
 
@@ -400,11 +398,12 @@ Json run_queues(const QueuesOptions& opt, const CommonOptions& common) {
   };
 
   Json results = Json::array(), ratios = Json::array();
-  std::cout << "queues: Mitems/s, median (min-max) of " << common.repeats << " repeats; "
-            << opt.items << " items, capacity " << opt.capacity << "\n\n"
+  std::cout << "queues: Mitems/s, median (min-max) of " << common.repeats << " repeats; " << opt.items
+            << " items, capacity " << opt.capacity << "\n\n"
             << std::left << std::setw(7) << "bytes" << std::setw(7) << "PxC";
   for (const QueueKind& q : kQueueKinds) std::cout << std::setw(22) << q.label;
-  std::cout << std::setw(9) << "vs tbb" << "vs mutex\n";
+  std::cout << std::setw(9) << "vs tbb"
+            << "vs mutex\n";
   for (std::size_t b = 0; b < n_sizes; ++b) {
     for (std::size_t p = 0; p < n_threads; ++p) {
       const int pc = opt.threads[p];
@@ -414,8 +413,7 @@ Json run_queues(const QueuesOptions& opt, const CommonOptions& common) {
         const auto& rs = trials[b][p][k];
         const std::vector<double> rates = pick(rs, &TrialResult::items_per_s);
         s[k] = spread(rates);
-        std::cout << std::setw(22)
-                  << (rate(s[k].median) + " (" + rate(s[k].min) + "-" + rate(s[k].max) + ")");
+        std::cout << std::setw(22) << (rate(s[k].median) + " (" + rate(s[k].min) + "-" + rate(s[k].max) + ")");
         results.push_back(
             {{"queue", kQueueKinds[k].name},
              {"item_bytes", kItemBytes[b]},
@@ -426,8 +424,7 @@ Json run_queues(const QueuesOptions& opt, const CommonOptions& common) {
              {"max", s[k].max},
              {"samples", rates},
              {"cpu_ns_per_item_median", spread(pick(rs, &TrialResult::cpu_ns_per_item)).median},
-             {"context_switches_per_kitem_median",
-              spread(pick(rs, &TrialResult::switches_per_kitem)).median}});
+             {"context_switches_per_kitem_median", spread(pick(rs, &TrialResult::switches_per_kitem)).median}});
       }
       const double vs_tbb = s[0].median / s[1].median, vs_mutex = s[0].median / s[2].median;
       std::cout << std::setw(9) << fixed(vs_tbb, 2) << fixed(vs_mutex, 2) << "\n";

@@ -219,9 +219,10 @@ Json run_transfer(const TransferOptions& opt, const CommonOptions& common) {
   // collate + copy + crops (streaming), collate + copy (ToDevice), or crops alone (resident).
   GpuAugment streaming(device, reference_job(opt.batch_images));
   GpuAugment resident = GpuAugment::resident(device, images, reference_job(opt.batch_images));
-  const gpu::ToDevice to_device(device, {.bytes = Batch::storage_bytes({1, 1, 28, 28, false}, DType::u8, opt.batch_images),
-                                         .staging_buffers = 3,
-                                         .device_buffers = 4});
+  const gpu::ToDevice to_device(device,
+                                {.bytes = Batch::storage_bytes({1, 1, 28, 28, false}, DType::u8, opt.batch_images),
+                                 .staging_buffers = 3,
+                                 .device_buffers = 4});
   const std::size_t n_crops = n_images * 5;
   const StageOptions collate{.threads = opt.collate_threads, .queue = 2};
   const auto streaming_pipeline = [&] {
@@ -268,8 +269,8 @@ Json run_transfer(const TransferOptions& opt, const CommonOptions& common) {
   const std::uint64_t copies = (after.h2d_copies - before.h2d_copies) / 2, d2h = after.d2h_copies - before.d2h_copies;
   const std::size_t copy_bytes = copies ? (after.h2d_bytes - before.h2d_bytes) / (2 * copies) : 0;
   if (copies != opt.batches)
-    throw std::logic_error("transfer: the streaming pipeline copied " + std::to_string(copies) + " times an epoch, for " +
-                           std::to_string(opt.batches) + " batches");
+    throw std::logic_error("transfer: the streaming pipeline copied " + std::to_string(copies) +
+                           " times an epoch, for " + std::to_string(opt.batches) + " batches");
   run_epoch(big, index_batches(big_calls, kBigBatch, kBigImages), *consumer, 0, big_crops);
 
   // ---- the figures, each repeat taking all of them

@@ -17,15 +17,14 @@
 
 namespace stoker::bench {
 
-SuiteRun setup_augment(CLI::App& command);  // bench_augment.cpp
+SuiteRun setup_augment(CLI::App& command);   // bench_augment.cpp
 SuiteRun setup_transfer(CLI::App& command);  // bench_transfer.cpp
 
 namespace {
 
 // Adding a suite (pipeline, augment, transfer, ...) is one row here and one setup function.
 constexpr Suite kSuites[] = {
-    {"queues", "items/s through BoundedQueue vs tbb::concurrent_bounded_queue vs mutex+condvar",
-     &setup_queues},
+    {"queues", "items/s through BoundedQueue vs tbb::concurrent_bounded_queue vs mutex+condvar", &setup_queues},
     {"pipeline", "efficiency against the slowest stage; framework cost per item vs tbb::parallel_pipeline",
      &setup_pipeline},
     {"augment", "the reference job (Fashion-MNIST crops) in crops/s: stoker pipeline vs a plain loop on all cores",
@@ -111,8 +110,7 @@ class BackgroundLoad {
 };
 
 void add_common_options(CLI::App& command, CommonOptions& common) {
-  command.add_flag("--json", common.json,
-                   "Print the result as one JSON object on the last line of stdout");
+  command.add_flag("--json", common.json, "Print the result as one JSON object on the last line of stdout");
   command.add_option("--repeats", common.repeats, "Repeats; every figure is their median")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
@@ -139,9 +137,9 @@ int run(int argc, char** argv) {
   }
 
   // CLI11 would call an unknown suite "a missing subcommand"; name it instead.
-  if (argc > 1 && argv[1][0] != '-' &&
-      std::none_of(std::begin(kSuites), std::end(kSuites),
-                   [&](const Suite& s) { return std::string(argv[1]) == s.name; })) {
+  if (argc > 1 && argv[1][0] != '-' && std::none_of(std::begin(kSuites), std::end(kSuites), [&](const Suite& s) {
+        return std::string(argv[1]) == s.name;
+      })) {
     std::string known;
     for (const Suite& s : kSuites) known += (known.empty() ? "" : ", ") + std::string(s.name);
     std::cerr << "stoker-bench: unknown suite '" << argv[1] << "' (suites: " << known << ")\n";
@@ -158,10 +156,8 @@ int run(int argc, char** argv) {
   out["background_load"] = load.measure();
   if (const Json& background = out["background_load"]; background.contains("other_processes_cpu_pct")) {
     const double pct = background["other_processes_cpu_pct"].get<double>();
-    std::cout << "\nother processes used " << static_cast<int>(pct)
-              << "% of the machine's CPU time during this run"
-              << (pct > 10 ? ": a busy machine, so compare the ratios, not the absolute figures" : "")
-              << "\n";
+    std::cout << "\nother processes used " << static_cast<int>(pct) << "% of the machine's CPU time during this run"
+              << (pct > 10 ? ": a busy machine, so compare the ratios, not the absolute figures" : "") << "\n";
   }
   for (auto& field : figures.items()) out[field.key()] = std::move(field.value());
   if (common.json) std::cout << out.dump() << std::endl;
@@ -171,6 +167,4 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace stoker::bench
 
-int main(int argc, char** argv) {
-  return stoker::apps::guarded_main("stoker-bench", stoker::bench::run, argc, argv);
-}
+int main(int argc, char** argv) { return stoker::apps::guarded_main("stoker-bench", stoker::bench::run, argc, argv); }

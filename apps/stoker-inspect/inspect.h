@@ -45,8 +45,8 @@ struct OccupancyLog {
   std::vector<QueueSeries> queues;
   std::vector<StageCounters> stages;
   std::vector<std::pair<std::string, std::uint64_t>> counters;  ///< kept outside the graph, e.g. copies
-  std::size_t skipped_lines = 0;  ///< malformed lines passed over with skip_bad_lines
-  std::string first_skipped;      ///< "line N: what is wrong" for the first of them
+  std::size_t skipped_lines = 0;                                ///< malformed lines passed over with skip_bad_lines
+  std::string first_skipped;                                    ///< "line N: what is wrong" for the first of them
 };
 
 /// A log that cannot be read or makes no sense. The message names the file, and the line
@@ -71,10 +71,10 @@ struct QueueSummary {
   std::string name, producer, consumer;
   std::size_t capacity = 0;
   std::size_t samples = 0;
-  double mean_fill = 0;  ///< mean of size / capacity
-  double p95_fill = 0;   ///< 95th percentile of size / capacity
-  double empty_pct = 0;  ///< share of samples with the queue empty, %
-  double full_pct = 0;   ///< share of samples with the queue full, %
+  double mean_fill = 0;    ///< mean of size / capacity
+  double p95_fill = 0;     ///< 95th percentile of size / capacity
+  double empty_pct = 0;    ///< share of samples with the queue empty, %
+  double full_pct = 0;     ///< share of samples with the queue full, %
   std::size_t swings = 0;  ///< times it went from empty to full or back
 };
 
@@ -90,12 +90,12 @@ struct Report {
   std::string source;
   double duration_s = 0;  ///< from the first sample to the last
   std::vector<QueueSummary> queues;
-  std::vector<StageSummary> stages;  ///< empty when the log has no stage records
+  std::vector<StageSummary> stages;                             ///< empty when the log has no stage records
   std::vector<std::pair<std::string, std::uint64_t>> counters;  ///< empty when the log has none
-  std::string bottleneck;          ///< a stage's name; "consumer" is the training loop
-  double confidence = 0;           ///< 0..1: how well the run fits the picture of that bottleneck
-  std::string evidence;            ///< the observations behind the verdict
-  std::string suggestion;          ///< the change that should help most
+  std::string bottleneck;                                       ///< a stage's name; "consumer" is the training loop
+  double confidence = 0;   ///< 0..1: how well the run fits the picture of that bottleneck
+  std::string evidence;    ///< the observations behind the verdict
+  std::string suggestion;  ///< the change that should help most
 };
 
 /// Sums up the log and names the bottleneck. The log must hold at least one queue.

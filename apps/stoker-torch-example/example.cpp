@@ -90,9 +90,9 @@ void validate(const ExampleOptions& o) {
   if (o.epochs < 1) fail("--epochs must be at least 1");
   const std::size_t most = kShuffleCapacity - kMinAfterDequeue;
   if (o.batch_size < 1 || o.batch_size > most)
-    fail("--batch-size must be in [1, " + std::to_string(most) +
-         "]: what the shuffle buffer (capacity " + std::to_string(kShuffleCapacity) + ", min_after_dequeue " +
-         std::to_string(kMinAfterDequeue) + ") can hand out at once");
+    fail("--batch-size must be in [1, " + std::to_string(most) + "]: what the shuffle buffer (capacity " +
+         std::to_string(kShuffleCapacity) + ", min_after_dequeue " + std::to_string(kMinAfterDequeue) +
+         ") can hand out at once");
   if (!(o.learning_rate > 0 && std::isfinite(o.learning_rate))) fail("--lr must be positive");
   if (o.intra_op_threads < 0 || o.intra_op_threads > 1024) fail("--intra-op-threads must be in [0, 1024]");
 }
@@ -138,7 +138,8 @@ ExampleReport run_example(const ExampleOptions& o, const ExampleCallbacks& callb
   // The clock starts before the loader is made: stoker's pipeline and libtorch's workers
   // both start working as they are made.
   const auto t_run = Clock::now();
-  const std::unique_ptr<Loader> loader = o.loader == "stoker" ? make_stoker_loader(o, train) : make_torch_loader(o, train);
+  const std::unique_ptr<Loader> loader =
+      o.loader == "stoker" ? make_stoker_loader(o, train) : make_torch_loader(o, train);
   bool first = true;
   for (std::uint32_t epoch = 1; epoch <= o.epochs; ++epoch) {
     EpochReport e{.epoch = epoch};

@@ -31,7 +31,7 @@ struct ExampleOptions {
   int workers = 2;
   std::uint32_t epochs = 1;
   std::size_t batch_size = 255;
-  std::size_t images = 0;  ///< use only the first N training images; 0 = all
+  std::size_t images = 0;       ///< use only the first N training images; 0 = all
   double learning_rate = 1e-3;  ///< Adam's
   std::uint64_t seed = 1;       ///< crops, mirrors, shuffles and initial weights
   std::string steps = "train";  ///< train, or none: only touch each batch (the loader alone)
@@ -44,9 +44,9 @@ void validate(const ExampleOptions& options);
 struct EpochReport {
   std::uint32_t epoch = 0;  ///< from 1
   std::uint64_t samples = 0, batches = 0;
-  double seconds = 0;          ///< from the first batch asked for to the last step done
-  double loss = 0;             ///< mean training cross-entropy (0 with --steps none)
-  double train_accuracy = 0;   ///< on the training crops as they were trained on
+  double seconds = 0;         ///< from the first batch asked for to the last step done
+  double loss = 0;            ///< mean training cross-entropy (0 with --steps none)
+  double train_accuracy = 0;  ///< on the training crops as they were trained on
   double samples_per_s() const { return seconds > 0 ? static_cast<double>(samples) / seconds : 0; }
 };
 
@@ -63,10 +63,10 @@ struct ExampleReport {
   /// The first batch's tensors alias the loader's memory: stoker's batch storage (data_ptr
   /// compared once). Always false for libtorch's DataLoader, whose Stack copies every sample.
   bool zero_copy = false;
-  std::string zero_copy_evidence;        ///< what was compared, for the human-readable output
-  std::string input;                     ///< what the loader does, in one line
-  std::optional<double> test_accuracy;   ///< when trained
-  double checksum = 0;                   ///< --steps none: sum of each batch's first element
+  std::string zero_copy_evidence;       ///< what was compared, for the human-readable output
+  std::string input;                    ///< what the loader does, in one line
+  std::optional<double> test_accuracy;  ///< when trained
+  double checksum = 0;                  ///< --steps none: sum of each batch's first element
 
   std::uint64_t samples() const;
   std::uint64_t batches() const;
@@ -74,7 +74,7 @@ struct ExampleReport {
 };
 
 struct ExampleCallbacks {
-  std::function<void(const ExampleReport&)> on_start;  ///< data loaded, model made
+  std::function<void(const ExampleReport&)> on_start;      ///< data loaded, model made
   std::function<void(const ExampleReport&)> on_zero_copy;  ///< after the first batch
   std::function<void(const EpochReport&)> on_epoch;
 };

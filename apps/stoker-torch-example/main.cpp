@@ -22,7 +22,6 @@ using Json = nlohmann::ordered_json;
 using apps::fixed;
 using apps::one_line;
 
-
 void add_options(CLI::App& app, ExampleOptions& o, bool& json) {
   app.add_option("--loader", o.loader,
                  "Where the batches come from: stoker (a stoker pipeline, handed over through DLPack) or torch "
@@ -117,13 +116,14 @@ int run(int argc, char** argv) {
   callbacks.on_start = [&](const ExampleReport& r) {
     std::cout << "data:   " << r.train_images << " training images (" << r.train_images * kCropsPerImage
               << " crops an epoch), " << r.test_images << " test images from " << o.data << " ("
-              << fixed(r.load_seconds, 1) << " s to load"
-              << (o.steps == "train" ? " and center-crop the test set" : "") << ")\n"
+              << fixed(r.load_seconds, 1) << " s to load" << (o.steps == "train" ? " and center-crop the test set" : "")
+              << ")\n"
               << "model:  CNN conv 1->16 3x3, relu, maxpool 2, conv 16->32 3x3, relu, maxpool 2, linear 512->10 ("
               << r.parameters << " parameters), Adam lr " << o.learning_rate << "; libtorch " << r.torch_version
               << " on the CPU, " << r.intra_op_threads << " intra-op threads\n"
-              << "steps:  " << (o.steps == "train" ? "train" : "none (input only: each batch is touched, not trained on)")
-              << ", " << o.epochs << " epochs\n";
+              << "steps:  "
+              << (o.steps == "train" ? "train" : "none (input only: each batch is touched, not trained on)") << ", "
+              << o.epochs << " epochs\n";
   };
   callbacks.on_zero_copy = [&](const ExampleReport& r) {
     std::cout << "input:  " << r.input << "\n"
@@ -139,9 +139,9 @@ int run(int argc, char** argv) {
 
   try {
     const ExampleReport r = run_example(o, callbacks);
-    std::cout << "result: " << o.loader << " loader, " << o.workers << " workers: "
-              << static_cast<long long>(r.samples_per_s()) << " samples/s over " << r.samples() << " samples in "
-              << fixed(r.seconds, 1) << " s"
+    std::cout << "result: " << o.loader << " loader, " << o.workers
+              << " workers: " << static_cast<long long>(r.samples_per_s()) << " samples/s over " << r.samples()
+              << " samples in " << fixed(r.seconds, 1) << " s"
               << (o.steps == "train" ? ", test accuracy " + fixed(r.test_accuracy.value_or(0.0), 4) : ", input only")
               << ", zero copy " << (r.zero_copy ? "yes" : "no") << "\n";
     if (json) std::cout << to_json(o, r).dump() << std::endl;

@@ -84,11 +84,11 @@ class StokerLoader final : public Loader {
       zero_copy_ = same_memory && same_values;
       std::ostringstream e;
       e << "batch storage " << address(storage) << ", samples tensor data_ptr " << address(t.samples.data_ptr())
-        << (t.samples.data_ptr() == storage ? " (the same)" : " (DIFFERENT)") << "; labels at "
-        << address(labels_at) << ", labels tensor data_ptr " << address(t.labels.data_ptr())
-        << (t.labels.data_ptr() == labels_at ? " (the same)" : " (DIFFERENT)") << "; samples "
-        << t.samples.sizes() << " " << t.samples.dtype() << ", labels " << t.labels.sizes() << " "
-        << t.labels.dtype() << ", " << t.samples.device() << (same_values ? "" : "; values DIFFER");
+        << (t.samples.data_ptr() == storage ? " (the same)" : " (DIFFERENT)") << "; labels at " << address(labels_at)
+        << ", labels tensor data_ptr " << address(t.labels.data_ptr())
+        << (t.labels.data_ptr() == labels_at ? " (the same)" : " (DIFFERENT)") << "; samples " << t.samples.sizes()
+        << " " << t.samples.dtype() << ", labels " << t.labels.sizes() << " " << t.labels.dtype() << ", "
+        << t.samples.device() << (same_values ? "" : "; values DIFFER");
       evidence_ = e.str();
       checked_ = true;
       use(t.samples, t.labels);

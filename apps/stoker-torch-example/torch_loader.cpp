@@ -63,9 +63,7 @@ class TorchLoader final : public Loader {
         epoch_(std::make_shared<std::atomic<std::uint32_t>>(0)),
         loader_(torch::data::make_data_loader<torch::data::samplers::RandomSampler>(
             FashionCrops(std::move(data), o.seed, epoch_).map(torch::data::transforms::Stack<>()),
-            torch::data::DataLoaderOptions()
-                .batch_size(o.batch_size)
-                .workers(static_cast<std::size_t>(o.workers)))) {}
+            torch::data::DataLoaderOptions().batch_size(o.batch_size).workers(static_cast<std::size_t>(o.workers)))) {}
 
   void run_epoch(std::uint32_t epoch, const UseBatch& use) override {
     // Before begin(): its workers start on the epoch's first batches at once.

@@ -26,7 +26,6 @@ using Json = nlohmann::ordered_json;
 using apps::fixed;
 using apps::one_line;
 
-
 std::string megabytes(std::uint64_t bytes) { return fixed(static_cast<double>(bytes) / 1e6, 1) + " MB"; }
 
 std::string layers(const TrainOptions& o) {
@@ -133,7 +132,8 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
       ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 28))
       ->capture_default_str()
       ->group("Pipeline");
-  app.add_option("--seed", o.seed, "Seed of the crops, mirrors, shuffle and initial weights")->capture_default_str()
+  app.add_option("--seed", o.seed, "Seed of the crops, mirrors, shuffle and initial weights")
+      ->capture_default_str()
       ->group("Data");
   app.add_option("--occupancy-log", o.occupancy_log,
                  "Write the queues' fill over time to FILE (JSON Lines) for stoker-inspect; pipelined mode only")
@@ -176,7 +176,9 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
       ->check(CLI::PositiveNumber)
       ->capture_default_str()
       ->group("Model");
-  app.add_option("--momentum", o.momentum, "SGD's momentum")->check(CLI::Range(0.0, 0.999))->capture_default_str()
+  app.add_option("--momentum", o.momentum, "SGD's momentum")
+      ->check(CLI::Range(0.0, 0.999))
+      ->capture_default_str()
       ->group("Model");
   app.add_option("--weight-decay", o.weight_decay, "L2 weight decay")
       ->check(CLI::NonNegativeNumber)
@@ -190,8 +192,7 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
       ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 32))
       ->capture_default_str()
       ->group("Data");
-  app.add_flag("--json", json, "Also print the result as one JSON object on the last line of stdout")
-      ->group("Output");
+  app.add_flag("--json", json, "Also print the result as one JSON object on the last line of stdout")->group("Output");
 }
 
 Json to_json(const TrainOptions& o, const TrainReport& r) {
@@ -302,6 +303,4 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace stoker::train
 
-int main(int argc, char** argv) {
-  return stoker::apps::guarded_main("stoker-train", stoker::train::run, argc, argv);
-}
+int main(int argc, char** argv) { return stoker::apps::guarded_main("stoker-train", stoker::train::run, argc, argv); }

@@ -274,13 +274,14 @@ void train_pipelined_gpu(const TrainOptions& o, std::shared_ptr<const IdxDataset
                     .build();
     return train_from(pipe, o, trainer, test, report);
   }
-  auto pipe = pipeline_builder(o, trainer)
-                  .source("read", IdxReader(std::move(data), {.pool = BufferPool::create()}), {.queue = o.read_queue})
-                  .shuffle("shuffle", shuffle_options(o))
-                  .batch("batch", o.image_batch, {.queue = o.batch_queue})
-                  .map("collate", Collate{.pool = augment.staging()}, {.threads = o.collate_threads, .queue = o.batch_queue})
-                  .flat_map<gpu::DeviceBatch>("gpu_augment", augment, augment_stage)
-                  .build();
+  auto pipe =
+      pipeline_builder(o, trainer)
+          .source("read", IdxReader(std::move(data), {.pool = BufferPool::create()}), {.queue = o.read_queue})
+          .shuffle("shuffle", shuffle_options(o))
+          .batch("batch", o.image_batch, {.queue = o.batch_queue})
+          .map("collate", Collate{.pool = augment.staging()}, {.threads = o.collate_threads, .queue = o.batch_queue})
+          .flat_map<gpu::DeviceBatch>("gpu_augment", augment, augment_stage)
+          .build();
   train_from(pipe, o, trainer, test, report);
 }
 
@@ -335,8 +336,8 @@ void train_sync(const TrainOptions& o, std::shared_ptr<const IdxDataset> data, T
 // device crops, one step after another: each input batch is cropped, then its minibatches are
 // trained on, the host waiting for the device after every step.
 template <class Item, class Read>
-void train_sync_gpu_items(const TrainOptions& o, std::uint64_t n, Read read, gpu::GpuAugment& augment,
-                          Trainer& trainer, const TestSet& test, TrainReport& report) {
+void train_sync_gpu_items(const TrainOptions& o, std::uint64_t n, Read read, gpu::GpuAugment& augment, Trainer& trainer,
+                          const TestSet& test, TrainReport& report) {
   RandomShuffleQueue<Item> shuffle("shuffle", shuffle_options(o));
   std::vector<Item> items;
   std::vector<gpu::DeviceBatch> minibatches;
@@ -384,7 +385,8 @@ void train_sync_gpu(const TrainOptions& o, std::shared_ptr<const IdxDataset> dat
   if (augment.is_resident())
     return train_sync_gpu_items<std::uint64_t>(o, n, std::identity{}, augment, trainer, test, report);
   const IdxReader reader(std::move(data), {.pool = BufferPool::create()});
-  train_sync_gpu_items<Sample>(o, n, [&](std::uint64_t id) { return reader.read(id); }, augment, trainer, test, report);
+  train_sync_gpu_items<Sample>(
+      o, n, [&](std::uint64_t id) { return reader.read(id); }, augment, trainer, test, report);
 }
 
 // A device that is not there is a bad argument for this machine, reported as such.

@@ -105,8 +105,8 @@ struct PipelineCore::Engine {
 StageBase::StageBase(std::string name, int threads, OnError on_error)
     : name_(std::move(name)), threads_(threads), on_error_(on_error) {
   if (threads < 1 || threads > kMaxThreads)
-    throw std::invalid_argument("stage '" + name_ + "': threads must be between 1 and " +
-                                std::to_string(kMaxThreads) + ", not " + std::to_string(threads));
+    throw std::invalid_argument("stage '" + name_ + "': threads must be between 1 and " + std::to_string(kMaxThreads) +
+                                ", not " + std::to_string(threads));
 }
 
 StageBase::~StageBase() = default;
@@ -121,8 +121,11 @@ void StageBase::start(PipelineCore& core, std::size_t position) {
     ctx.body = static_cast<int>(i);
     ctx.stop = core.stop_token();
     ctx.blocked = &bodies_[i].blocked;
-    ctx.helper = {[](const void* stage) { return static_cast<const StageBase*>(stage)->core_->help_after(*static_cast<const StageBase*>(stage)); },
-                  this};
+    ctx.helper = {
+        [](const void* stage) {
+          return static_cast<const StageBase*>(stage)->core_->help_after(*static_cast<const StageBase*>(stage));
+        },
+        this};
   }
 }
 
@@ -337,8 +340,8 @@ class PipelineCore::Monitor {
   void sample() {
     const double t = seconds();
     for (const auto& e : core_.edges_) {
-      nlohmann::json j{{"type", "sample"},        {"t", t},
-                       {"queue", e->name()},      {"size", e->size()},
+      nlohmann::json j{{"type", "sample"},          {"t", t},
+                       {"queue", e->name()},        {"size", e->size()},
                        {"capacity", e->capacity()}, {"producer", e->producer()},
                        {"consumer", e->consumer()}};
       logger_->info(j.dump());
@@ -378,8 +381,7 @@ StageBase& PipelineCore::add_stage(std::unique_ptr<StageBase> stage) {
 void PipelineCore::start(CoreOptions options) {
   options_ = std::move(options);
   if (options_.threads < 0) throw std::invalid_argument("pipeline threads must be at least 1 (or 0 for one per core)");
-  if (options_.sample_interval.count() <= 0)
-    throw std::invalid_argument("occupancy sample interval must be positive");
+  if (options_.sample_interval.count() <= 0) throw std::invalid_argument("occupancy sample interval must be positive");
   for (std::size_t i = 0; i < stages_.size(); ++i) stages_[i]->start(*this, i);
   for (auto& e : edges_) e->start(options_.deterministic, options_.seed);
   if (!options_.occupancy_log.empty())

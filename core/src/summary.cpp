@@ -14,8 +14,8 @@ double pct(std::chrono::nanoseconds part, std::chrono::nanoseconds whole) {
 void print_summary(std::ostream& out, const PipelineSummary& s) {
   char line[256];
   const double wall = std::chrono::duration<double>(s.wall).count();
-  std::snprintf(line, sizeof line, "%-20s %7s %12s %12s %8s %8s %9s %9s\n", "stage", "threads", "items in",
-                "items out", "skipped", "busy %", "starved %", "blocked %");
+  std::snprintf(line, sizeof line, "%-20s %7s %12s %12s %8s %8s %9s %9s\n", "stage", "threads", "items in", "items out",
+                "skipped", "busy %", "starved %", "blocked %");
   out << line;
   for (const auto& st : s.stages) {
     // Busy is summed over threads: divide by them so 100% means every thread busy.

@@ -106,7 +106,8 @@ struct GpuAugment::State {
       throw std::invalid_argument("GpuAugment: option output_buffers = " + std::to_string(options.output_buffers) +
                                   " is fewer than the " + std::to_string(need) +
                                   " minibatches that one call may give at once");
-    outputs = SlotPool::create(device, SlotPool::Kind::device, options.output_buffers != 0 ? options.output_buffers : need + 2,
+    outputs = SlotPool::create(device, SlotPool::Kind::device,
+                               options.output_buffers != 0 ? options.output_buffers : need + 2,
                                Batch::storage_bytes(kernels->crop(), DType::f32, B));
     // The kernels read the crops to cut (resident) and the drain's gather slots from here.
     lists = SlotPool::create(device, SlotPool::Kind::pinned, options.staging_buffers,
@@ -114,9 +115,10 @@ struct GpuAugment::State {
     if (resident()) return;
     // A staging buffer: the collated batch, then the crops to cut, the slots to gather and,
     // with the first batch, the normalization table; all of it in one copy.
-    const std::size_t per_batch = align_up(Batch::storage_bytes(kernels->image(), kernels->dtype(), options.max_images)) +
-                                  align_up(max_jobs * sizeof(CropJob)) +
-                                  align_up((max_jobs + B) * sizeof(std::uint32_t)) + kernels->table_bytes();
+    const std::size_t per_batch =
+        align_up(Batch::storage_bytes(kernels->image(), kernels->dtype(), options.max_images)) +
+        align_up(max_jobs * sizeof(CropJob)) + align_up((max_jobs + B) * sizeof(std::uint32_t)) +
+        kernels->table_bytes();
     host_staging = SlotPool::create(device, SlotPool::Kind::pinned, options.staging_buffers, per_batch);
     device_staging = SlotPool::create(device, SlotPool::Kind::device, options.staging_buffers, per_batch);
     window_slots = mad + B;  // all the window can hold: a minibatch leaves as soon as it can
@@ -218,7 +220,9 @@ struct GpuAugment::State {
   }
 
   float* window_crops() const { return reinterpret_cast<float*>(window_memory.data()); }
-  std::int32_t* window_labels() const { return reinterpret_cast<std::int32_t*>(window_memory.data() + window_labels_at); }
+  std::int32_t* window_labels() const {
+    return reinterpret_cast<std::int32_t*>(window_memory.data() + window_labels_at);
+  }
 
   // Records the end of the work that fills minibatch m in `buffer`, and emits it.
   void finish(Minibatch& m, Buffer buffer, Emitter<DeviceBatch>& emit) {
@@ -356,9 +360,9 @@ struct GpuAugment::State {
                                 std::to_string(dataset->size()));
       const auto label = dataset->labels[i];
       // The real image, for a count_of that looks at it.
-      const Sample view = detail::borrowed_sample(
-          reinterpret_cast<const std::byte*>(dataset->images.pixels.data()) + i * image_bytes, kernels->image(),
-          DType::u8, label, i);
+      const Sample view =
+          detail::borrowed_sample(reinterpret_cast<const std::byte*>(dataset->images.pixels.data()) + i * image_bytes,
+                                  kernels->image(), DType::u8, label, i);
       plans.clear();
       crops.plan(view, ctx, plans);
       for (const auto& p : plans) jobs.push_back(detail::make_job(static_cast<std::uint32_t>(i), p, label));

@@ -25,9 +25,12 @@ class Lender final : public BufferPool {
 
 PixelType pixel_type(DType t) {
   switch (t) {
-    case DType::u8: return PixelType::u8;
-    case DType::u16: return PixelType::u16;
-    case DType::f32: return PixelType::f32;
+    case DType::u8:
+      return PixelType::u8;
+    case DType::u16:
+      return PixelType::u16;
+    case DType::f32:
+      return PixelType::f32;
   }
   throw std::invalid_argument("crop kernels: unsupported dtype " + std::to_string(static_cast<int>(t)));
 }
@@ -38,8 +41,8 @@ float channel_value(const std::vector<float>& values, std::size_t t) { return va
 }  // namespace
 
 CropJob make_job(std::uint32_t image, const PlannedCrop& crop, std::int32_t label, std::uint32_t dst) noexcept {
-  const std::uint32_t flips = (crop.flips.depth ? kFlipDepth : 0) | (crop.flips.height ? kFlipHeight : 0) |
-                              (crop.flips.width ? kFlipWidth : 0);
+  const std::uint32_t flips =
+      (crop.flips.depth ? kFlipDepth : 0) | (crop.flips.height ? kFlipHeight : 0) | (crop.flips.width ? kFlipWidth : 0);
   return CropJob{image, dst, crop.window.z, crop.window.y, crop.window.x, flips, label};
 }
 
@@ -60,14 +63,16 @@ CropKernels::CropKernels(Shape image, DType dtype, CropSize size, Normalizer nor
       dtype_(dtype),
       extent_(center_window(image, size)),
       crop_{image.channels, extent_.depth, extent_.height, extent_.width, image.volume},
-      table_channels_(static_cast<std::uint32_t>(
-          std::max(normalizer.options().mean.size(), normalizer.options().std.size()))),
+      table_channels_(
+          static_cast<std::uint32_t>(std::max(normalizer.options().mean.size(), normalizer.options().std.size()))),
       normalizer_(std::make_shared<const Normalizer>(std::move(normalizer))) {
   (void)pixel_type(dtype);
   normalizer_->check(image, "crop kernels");
 }
 
-std::size_t CropKernels::table_bytes() const noexcept { return (256 + 2) * std::size_t{table_channels_} * sizeof(float); }
+std::size_t CropKernels::table_bytes() const noexcept {
+  return (256 + 2) * std::size_t{table_channels_} * sizeof(float);
+}
 
 // Layout: 256 lookup values per table channel, then the means, then the stds.
 void CropKernels::write_table(std::byte* dst) const noexcept {
@@ -86,8 +91,8 @@ void CropKernels::crop(Stream& stream, const std::byte* images, const CropJob* j
   if (count == 0) return;
   launch(
       stream,
-      [=, normalizer = normalizer_, image = image_, dtype = dtype_, extent = extent_,
-       elements = crop_elements(), bytes = image_bytes()] {
+      [=, normalizer = normalizer_, image = image_, dtype = dtype_, extent = extent_, elements = crop_elements(),
+       bytes = image_bytes()] {
         for (std::size_t i = 0; i < count; ++i) {
           const CropJob job = jobs[i];
           Window w = extent;
@@ -119,8 +124,8 @@ void CropKernels::crop(Stream& stream, const std::byte* images, const CropJob* j
       });
 }
 
-void CropKernels::gather(Stream& stream, const float* from, const std::int32_t* from_labels,
-                         const std::uint32_t* slots, std::size_t count, float* out, std::int32_t* labels) const {
+void CropKernels::gather(Stream& stream, const float* from, const std::int32_t* from_labels, const std::uint32_t* slots,
+                         std::size_t count, float* out, std::int32_t* labels) const {
   if (count == 0) return;
   const std::size_t elements = crop_elements();
   launch(
@@ -132,8 +137,8 @@ void CropKernels::gather(Stream& stream, const float* from, const std::int32_t* 
         }
       },
       [&](void* native) {
-        cuda_gather(native, GatherArgs{from, from_labels, slots, static_cast<std::uint32_t>(count), elements, out,
-                                       labels});
+        cuda_gather(native,
+                    GatherArgs{from, from_labels, slots, static_cast<std::uint32_t>(count), elements, out, labels});
       });
 }
 

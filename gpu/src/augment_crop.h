@@ -19,8 +19,7 @@ CropJob make_job(std::uint32_t image, const PlannedCrop& crop, std::int32_t labe
 
 /// A Sample over memory it does not own (the memory must outlive it): what lets the CPU
 /// transforms read images that sit in staging or (emulated) device memory.
-Sample borrowed_sample(const std::byte* data, Shape shape, DType dtype, std::int32_t label = 0,
-                       std::uint64_t id = 0);
+Sample borrowed_sample(const std::byte* data, Shape shape, DType dtype, std::int32_t label = 0, std::uint64_t id = 0);
 
 /// The kernels for one geometry: images of one shape and dtype, crops of one size, one
 /// normalization. Immutable: safe to share between threads.

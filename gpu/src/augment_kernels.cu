@@ -83,7 +83,8 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(GatherArgs a) {
   const std::size_t n = a.elements * sizeof(float) / sizeof(V);
   const V* from = reinterpret_cast<const V*>(a.from + slot * a.elements);
   V* out = reinterpret_cast<V*>(a.out + blockIdx.x * a.elements);
-  for (std::size_t e = std::size_t{blockIdx.y} * blockDim.x + threadIdx.x; e < n; e += std::size_t{gridDim.y} * blockDim.x)
+  for (std::size_t e = std::size_t{blockIdx.y} * blockDim.x + threadIdx.x; e < n;
+       e += std::size_t{gridDim.y} * blockDim.x)
     out[e] = from[e];
   if (blockIdx.y == 0 && threadIdx.x == 0) a.labels[blockIdx.x] = a.from_labels[slot];
 }
@@ -108,9 +109,15 @@ void cuda_crop(void* stream, const CropArgs& a) {
       crop_kernel<false, T><<<grid, kThreads, 0, s>>>(a);
   };
   switch (a.pixel) {
-    case PixelType::u8: launch(std::uint8_t{}); break;
-    case PixelType::u16: launch(std::uint16_t{}); break;
-    case PixelType::f32: launch(float{}); break;
+    case PixelType::u8:
+      launch(std::uint8_t{});
+      break;
+    case PixelType::u16:
+      launch(std::uint16_t{});
+      break;
+    case PixelType::f32:
+      launch(float{});
+      break;
   }
   STOKER_CUDA_CHECK(cudaGetLastError());
 }

@@ -13,7 +13,8 @@ std::shared_ptr<Device> Device::open(std::string_view backend) {
   if (backend == "auto") return cuda_device_count() > 0 ? detail::open_cuda_device() : detail::open_cpu_device();
   if (backend == "cuda") {
     if (!built_with_cuda())
-      throw std::runtime_error("device 'cuda': this build of stoker has no CUDA backend (configure with STOKER_CUDA=ON)");
+      throw std::runtime_error(
+          "device 'cuda': this build of stoker has no CUDA backend (configure with STOKER_CUDA=ON)");
     if (cuda_device_count() == 0)
       throw std::runtime_error("device 'cuda': no CUDA device is visible (check the driver and CUDA_VISIBLE_DEVICES)");
     return detail::open_cuda_device();
@@ -24,8 +25,10 @@ std::shared_ptr<Device> Device::open(std::string_view backend) {
 CounterSource transfer_counters(std::shared_ptr<const Device> device) {
   return [device = std::move(device)] {
     const auto t = device->transfers();
-    return std::vector<Counter>{
-        {"h2d_copies", t.h2d_copies}, {"h2d_bytes", t.h2d_bytes}, {"d2h_copies", t.d2h_copies}, {"d2h_bytes", t.d2h_bytes}};
+    return std::vector<Counter>{{"h2d_copies", t.h2d_copies},
+                                {"h2d_bytes", t.h2d_bytes},
+                                {"d2h_copies", t.d2h_copies},
+                                {"d2h_bytes", t.d2h_bytes}};
   };
 }
 

@@ -16,8 +16,8 @@ void check_batchable(const std::vector<Sample>& in) {
   for (std::size_t i = 0; i < in.size(); ++i) {
     const Sample& s = in[i];
     if (s.shape != first.shape || s.dtype != first.dtype)
-      throw std::invalid_argument("make_batch: sample " + std::to_string(i) + " (id " + std::to_string(s.id) +
-                                  ") is " + dtype_name(s.dtype) + " " + s.shape.str() + ", but sample 0 (id " +
+      throw std::invalid_argument("make_batch: sample " + std::to_string(i) + " (id " + std::to_string(s.id) + ") is " +
+                                  dtype_name(s.dtype) + " " + s.shape.str() + ", but sample 0 (id " +
                                   std::to_string(first.id) + ") is " + dtype_name(first.dtype) + " " +
                                   first.shape.str() + "; a batch needs one shape and dtype");
     if (s.data.size() != s.shape.elements() * dtype_size(s.dtype))

@@ -27,18 +27,24 @@ void delete_exported(DLManagedTensor* self) noexcept {
 
 DLDataType dl_type(DType t) {
   switch (t) {
-    case DType::u8: return {kDLUInt, 8, 1};
-    case DType::u16: return {kDLUInt, 16, 1};
-    case DType::f32: return {kDLFloat, 32, 1};
+    case DType::u8:
+      return {kDLUInt, 8, 1};
+    case DType::u16:
+      return {kDLUInt, 16, 1};
+    case DType::f32:
+      return {kDLFloat, 32, 1};
   }
   throw std::invalid_argument("to_dlpack: unsupported dtype " + std::to_string(static_cast<int>(t)));
 }
 
 DLDevice dl_device(const BufferPool& pool) noexcept {
   switch (pool.memory_kind()) {
-    case MemoryKind::pinned: return {kDLCUDAHost, pool.device_id()};
-    case MemoryKind::device: return {kDLCUDA, pool.device_id()};
-    case MemoryKind::host: break;
+    case MemoryKind::pinned:
+      return {kDLCUDAHost, pool.device_id()};
+    case MemoryKind::device:
+      return {kDLCUDA, pool.device_id()};
+    case MemoryKind::host:
+      break;
   }
   return {kDLCPU, 0};
 }

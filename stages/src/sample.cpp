@@ -4,9 +4,12 @@ namespace stoker {
 
 const char* dtype_name(DType t) noexcept {
   switch (t) {
-    case DType::u8: return "uint8";
-    case DType::u16: return "uint16";
-    case DType::f32: return "float32";
+    case DType::u8:
+      return "uint8";
+    case DType::u16:
+      return "uint16";
+    case DType::f32:
+      return "float32";
   }
   return "?";
 }

@@ -118,9 +118,12 @@ void normalize_window(const Sample& in, const Window& w, Flips f, const Normaliz
 template <class F>
 decltype(auto) visit_dtype(DType t, F&& f) {
   switch (t) {
-    case DType::u8: return f(std::uint8_t{});
-    case DType::u16: return f(std::uint16_t{});
-    case DType::f32: return f(float{});
+    case DType::u8:
+      return f(std::uint8_t{});
+    case DType::u16:
+      return f(std::uint16_t{});
+    case DType::f32:
+      return f(float{});
   }
   throw std::invalid_argument("unsupported dtype " + std::to_string(static_cast<int>(t)));
 }
@@ -146,9 +149,15 @@ void reverse_axis(Sample& s, Axis axis) {
   // the axis swaps whole inner runs within each block.
   std::size_t outer = 0, length = 0, inner = 0;
   switch (axis) {
-    case Axis::depth: outer = sh.channels, length = sh.depth, inner = std::size_t{sh.height} * sh.width; break;
-    case Axis::height: outer = std::size_t{sh.channels} * sh.depth, length = sh.height, inner = sh.width; break;
-    case Axis::width: outer = std::size_t{sh.channels} * sh.depth * sh.height, length = sh.width, inner = 1; break;
+    case Axis::depth:
+      outer = sh.channels, length = sh.depth, inner = std::size_t{sh.height} * sh.width;
+      break;
+    case Axis::height:
+      outer = std::size_t{sh.channels} * sh.depth, length = sh.height, inner = sh.width;
+      break;
+    case Axis::width:
+      outer = std::size_t{sh.channels} * sh.depth * sh.height, length = sh.width, inner = 1;
+      break;
   }
   for (std::size_t o = 0; o < outer; ++o) {
     T* block = p + o * length * inner;
@@ -192,9 +201,12 @@ std::string CropSize::str() const {
 
 const char* axis_name(Axis a) noexcept {
   switch (a) {
-    case Axis::depth: return "depth";
-    case Axis::height: return "height";
-    case Axis::width: return "width";
+    case Axis::depth:
+      return "depth";
+    case Axis::height:
+      return "height";
+    case Axis::width:
+      return "width";
   }
   return "?";
 }
@@ -327,8 +339,8 @@ void RandomCrops::plan(const Sample& in, const StageContext& ctx, std::vector<Pl
     n = o.count_of(in, rng);
     if (n < 0 || n > o.count)
       throw std::invalid_argument("RandomCrops: count_of gave " + std::to_string(n) + " crops for " +
-                                  sample_desc(in.shape, in.id) + ", outside [0, count = " +
-                                  std::to_string(o.count) + "]");
+                                  sample_desc(in.shape, in.id) + ", outside [0, count = " + std::to_string(o.count) +
+                                  "]");
   }
   const std::uint64_t first_id = in.id * static_cast<std::uint64_t>(o.count);
   for (int k = 0; k < n; ++k) {

@@ -62,8 +62,7 @@ TEST_SUITE("BoundedQueue") {
     check_close_wakes_everyone([] { return std::make_unique<BoundedQueue<std::uint32_t>>("q", 8); });
   }
 
-  TEST_CASE("try_ and timed variants fail on a full or empty queue without waiting forever" *
-            doctest::timeout(30)) {
+  TEST_CASE("try_ and timed variants fail on a full or empty queue without waiting forever" * doctest::timeout(30)) {
     BoundedQueue<int> q("q", 2);
     int out = 0;
     CHECK_FALSE(q.try_pop(out));
@@ -105,8 +104,7 @@ TEST_SUITE("BoundedQueue") {
     CHECK(q.drained());
   }
 
-  TEST_CASE("after close() consumers drain what is left, then get end-of-stream, repeatedly" *
-            doctest::timeout(30)) {
+  TEST_CASE("after close() consumers drain what is left, then get end-of-stream, repeatedly" * doctest::timeout(30)) {
     BoundedQueue<int> q("q", 16);
     for (int i = 0; i < 10; ++i) REQUIRE(q.push(i));
     q.close();

@@ -242,12 +242,15 @@ TEST_SUITE("RandomShuffleQueue") {
     auto sorted_model = tf_model;
     std::sort(sorted_model.begin(), sorted_model.end());
     std::vector<std::int64_t> deciles;
-    for (int d = 1; d < 10; ++d) deciles.push_back(sorted_model[sorted_model.size() * static_cast<std::size_t>(d) / 10]);
+    for (int d = 1; d < 10; ++d)
+      deciles.push_back(sorted_model[sorted_model.size() * static_cast<std::size_t>(d) / 10]);
     const auto chi = [&](const std::vector<std::int64_t>& sample) {
       std::vector<double> bins(10, 0.0);
-      for (auto m : sample) bins[static_cast<std::size_t>(std::upper_bound(deciles.begin(), deciles.end(), m) - deciles.begin())] += 1;
+      for (auto m : sample)
+        bins[static_cast<std::size_t>(std::upper_bound(deciles.begin(), deciles.end(), m) - deciles.begin())] += 1;
       std::vector<double> expected(10, 0.0);
-      for (auto m : tf_model) expected[static_cast<std::size_t>(std::upper_bound(deciles.begin(), deciles.end(), m) - deciles.begin())] += 1;
+      for (auto m : tf_model)
+        expected[static_cast<std::size_t>(std::upper_bound(deciles.begin(), deciles.end(), m) - deciles.begin())] += 1;
       double x = 0;
       for (std::size_t b = 0; b < 10; ++b) x += (bins[b] - expected[b]) * (bins[b] - expected[b]) / expected[b];
       return x;
@@ -290,10 +293,12 @@ TEST_SUITE("RandomShuffleQueue") {
     CHECK(many.size() == 70);
   }
 
-  TEST_CASE("shuffle queue: bursts of pushes and pops, every item exactly once, within the bound" * doctest::timeout(120)) {
+  TEST_CASE("shuffle queue: bursts of pushes and pops, every item exactly once, within the bound" *
+            doctest::timeout(120)) {
     RandomShuffleQueue<std::uint32_t> q("q", {.capacity = 300, .min_after_dequeue = 100, .seed = 3});
     check_exactly_once_in_bursts(
-        q, 3, 3, 200'000, 16, [&](auto first, std::size_t n) { return q.try_push_many(first, first + static_cast<std::ptrdiff_t>(n)); },
+        q, 3, 3, 200'000, 16,
+        [&](auto first, std::size_t n) { return q.try_push_many(first, first + static_cast<std::ptrdiff_t>(n)); },
         [&](std::vector<std::uint32_t>& out, std::size_t max) { return q.try_pop_some(out, max); });
   }
 
@@ -335,14 +340,13 @@ TEST_SUITE("RandomShuffleQueue") {
   }
 
   TEST_CASE("impossible configurations are rejected with a message naming the option") {
-    CHECK_THROWS_WITH_AS(Queue("q", {.capacity = 10, .min_after_dequeue = 10}),
-                         doctest::Contains("min_after_dequeue"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(Queue("q", {.capacity = 10, .min_after_dequeue = 10}), doctest::Contains("min_after_dequeue"),
+                         std::invalid_argument);
     CHECK_THROWS_WITH_AS(Queue("q", {.capacity = 0, .min_after_dequeue = 0}), doctest::Contains("capacity"),
                          std::invalid_argument);
     Queue q("q", {.capacity = 10, .min_after_dequeue = 4});
     std::vector<std::uint32_t> out;
-    CHECK_THROWS_WITH_AS(q.pop_many(out, 7), doctest::Contains("capacity - min_after_dequeue"),
-                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(q.pop_many(out, 7), doctest::Contains("capacity - min_after_dequeue"), std::invalid_argument);
   }
 
   TEST_CASE("move-only elements") {

@@ -134,9 +134,9 @@ class ReadBack {
 Minibatches expected(const Images& data, const GpuAugmentOptions& o, StageContext ctx) {
   const RandomCrops crops(o.crops);
   RandomShuffleQueue<std::string> window(
-      "expected", {o.shuffle.capacity, o.shuffle.min_after_dequeue,
-                   derive_seed(o.shuffle.seed.value_or(derive_seed(ctx.seed, hash_name("gpu_augment window"))),
-                               ctx.epoch)});
+      "expected",
+      {o.shuffle.capacity, o.shuffle.min_after_dequeue,
+       derive_seed(o.shuffle.seed.value_or(derive_seed(ctx.seed, hash_name("gpu_augment window"))), ctx.epoch)});
   Minibatches out;
   for (std::size_t k = 0; k < data.batches(); ++k)
     for (const Sample& image : data.batch(k))
@@ -223,8 +223,7 @@ TEST_SUITE("GpuAugment on the CPU backend") {
     check_epochs(*device, augment, {.images = 150, .per_batch = 16}, 5, 2);
   }
 
-  TEST_CASE("a count that varies per image, a short last input batch and a dropped remainder" *
-            doctest::timeout(60)) {
+  TEST_CASE("a count that varies per image, a short last input batch and a dropped remainder" * doctest::timeout(60)) {
     auto device = gpu::Device::open("cpu");
     auto o = fashion_options();
     o.crops.count = 7;
@@ -381,7 +380,7 @@ TEST_SUITE("GpuAugment on the CPU backend") {
     CHECK_THROWS_WITH_AS(GpuAugment(device, o), doctest::Contains("count"), std::invalid_argument);
 
     o = fashion_options();
-    o.output_buffers = 2;  // 64 images x 5 crops make 10 minibatches of 32
+    o.output_buffers = 2;                          // 64 images x 5 crops make 10 minibatches of 32
     CHECK(GpuAugment::buffers_per_call(o) == 11);  // and the drain up to (300 + 31) / 32
     CHECK_THROWS_WITH_AS(GpuAugment(device, o), doctest::Contains("output_buffers"), std::invalid_argument);
     o = fashion_options(0);
@@ -391,7 +390,8 @@ TEST_SUITE("GpuAugment on the CPU backend") {
     CHECK_THROWS_WITH_AS(GpuAugment(device, o), doctest::Contains("option image"), std::invalid_argument);
     o = fashion_options();
     o.image = Shape{1, 1, 20, 28, false};
-    CHECK_THROWS_WITH_AS(GpuAugment(device, o), doctest::Contains("20"), std::invalid_argument);  // the crop does not fit
+    CHECK_THROWS_WITH_AS(GpuAugment(device, o), doctest::Contains("20"),
+                         std::invalid_argument);  // the crop does not fit
   }
 
   TEST_CASE("a batch must be collated into the staging buffers, of the images' shape" * doctest::timeout(30)) {
@@ -496,8 +496,8 @@ namespace {
 // flips, into outputs poisoned with NaN (and labels with a sentinel) before the run.
 void check_kernels(gpu::Device& device, Shape shape, DType dtype, CropSize size, const Normalization& norm) {
   const auto seed = std::random_device{}();
-  INFO("device " << device.name() << ", images " << shape.str() << " " << dtype_name(dtype) << ", crops "
-                 << size.str() << ", seed " << seed);
+  INFO("device " << device.name() << ", images " << shape.str() << " " << dtype_name(dtype) << ", crops " << size.str()
+                 << ", seed " << seed);
   Rng rng(seed);
   const Normalizer normalizer(norm);
   const gpu::detail::CropKernels kernels(shape, dtype, size, normalizer);
@@ -550,7 +550,8 @@ void check_kernels(gpu::Device& device, Shape shape, DType dtype, CropSize size,
   kernels.crop(*stream, d_images.data(), reinterpret_cast<const gpu::detail::CropJob*>(d_jobs.data()), jobs,
                d_table.data(), out, labels);
   kernels.gather(*stream, out, labels, reinterpret_cast<const std::uint32_t*>(d_slots.data()), jobs,
-                 reinterpret_cast<float*>(d_gathered.data()), reinterpret_cast<std::int32_t*>(d_gathered_labels.data()));
+                 reinterpret_cast<float*>(d_gathered.data()),
+                 reinterpret_cast<std::int32_t*>(d_gathered_labels.data()));
   std::vector<float> got(jobs * elements), gathered(jobs * elements);
   std::vector<std::int32_t> got_labels(jobs), gathered_labels(jobs);
   stream->copy_to_host(got.data(), d_out.data(), got.size() * sizeof(float));

@@ -86,8 +86,7 @@ TEST_CASE("Device::open picks the backend and rejects what it cannot give") {
   }
 }
 
-TEST_CASE("a stream runs its work in order and an event completes when the stream reaches it" *
-          doctest::timeout(30)) {
+TEST_CASE("a stream runs its work in order and an event completes when the stream reaches it" * doctest::timeout(30)) {
   auto device = cpu();
   auto stream = device->make_stream();
   auto event = device->make_event();
@@ -325,9 +324,10 @@ TEST_CASE("ToDevice rejects a batch that was not collated into its staging buffe
   CHECK_THROWS_WITH_AS(stoker::gpu::ToDevice(cpu(), {}), doctest::Contains("bytes"), std::invalid_argument);
 }
 
-TEST_CASE("the README's device pipeline runs on one thread: a stage that waits for a pinned buffer runs the stage "
-          "that gives it back" *
-          doctest::timeout(60)) {
+TEST_CASE(
+    "the README's device pipeline runs on one thread: a stage that waits for a pinned buffer runs the stage "
+    "that gives it back" *
+    doctest::timeout(60)) {
   // Collate fills every staging buffer into its deep output queue, then waits for one; only
   // h2d gives them back. With as many collate bodies as threads, all may wait at once, and h2d
   // must run on a waiting one (StageContext::help_downstream, which SlotPool::acquire calls).
@@ -386,7 +386,7 @@ TEST_CASE("DLPack: a device batch is exported over its device buffer, which retu
     auto pipe = device_pipeline(to_device, 4 * kBatch);
     auto b = pipe.next();
     REQUIRE(b.has_value());
-    stoker::gpu::Event& ready = b->ready();  // before the export: an empty batch has no event
+    stoker::gpu::Event& ready = b->ready();   // before the export: an empty batch has no event
     CHECK(ready.native_handle() == nullptr);  // the CPU backend has no CUDA event to share
     const void* data = b->data();
     const std::int32_t* labels = b->labels();
@@ -432,9 +432,10 @@ TEST_CASE("DLPack: a device batch is exported over its device buffer, which retu
   CHECK_THROWS_AS(stoker::to_dlpack(stoker::gpu::DeviceBatch{}), std::invalid_argument);
 }
 
-TEST_CASE("DLPack: a batch collated into pinned staging is exported as pinned memory on CUDA, host memory on the CPU "
-          "backend" *
-          doctest::timeout(60)) {
+TEST_CASE(
+    "DLPack: a batch collated into pinned staging is exported as pinned memory on CUDA, host memory on the CPU "
+    "backend" *
+    doctest::timeout(60)) {
   std::vector<std::string> backends{"cpu"};
   if (stoker::gpu::cuda_device_count() > 0)
     backends.push_back("cuda");

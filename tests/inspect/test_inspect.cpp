@@ -22,7 +22,6 @@ using namespace stoker::test;
 
 namespace {
 
-
 enum class Slow { source, middle, consumer };
 
 // read -> decode (2 threads) -> augment -> shuffle -> batch -> the loop here, with one part

@@ -6,18 +6,17 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
-#include <numeric>
-#include <thread>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <set>
 #include <sstream>
+#include <thread>
 
-#include "stoker/core/pipeline.h"
 #include "pipeline/pipeline_support.h"
+#include "stoker/core/pipeline.h"
 
 using namespace stoker;
 using namespace stoker::test;
-
 
 TEST_SUITE("Pipeline") {
   TEST_CASE("1 -> 1 and 1 -> k stages deliver every item exactly once, at several thread counts" *
@@ -33,7 +32,10 @@ TEST_SUITE("Pipeline") {
                         .source("read", CountUpTo{kItems}, {.queue = 16})
                         .map("square", [](int x) { return x * 2; }, {.threads = threads, .queue = 16})
                         // x -> x % 3 copies of x: zero, one or two outputs per input
-                        .flat_map<int>("copies", [](int x, Emitter<int>& emit) { for (int i = 0; i < x % 3; ++i) emit(x); },
+                        .flat_map<int>("copies",
+                                       [](int x, Emitter<int>& emit) {
+                                         for (int i = 0; i < x % 3; ++i) emit(x);
+                                       },
                                        {.threads = threads, .queue = 16})
                         .build();
         const auto out = sorted(drain_epoch(pipe));
@@ -78,20 +80,27 @@ TEST_SUITE("Pipeline") {
     SUBCASE("deterministic mode") { deterministic = true; }
     // One call emits many chunks' worth: its emits wait for room, as a file read into records.
     SUBCASE("a flat_map with a fan-out of 1000") { fan_out = 1000, inputs = 20; }
-    SUBCASE("a flat_map with a fan-out of 1000, deterministic mode") { fan_out = 1000, inputs = 20, deterministic = true; }
+    SUBCASE("a flat_map with a fan-out of 1000, deterministic mode") {
+      fan_out = 1000, inputs = 20, deterministic = true;
+    }
     live = 0;
     max_live = 0;
     {
-      auto pipe = PipelineBuilder{}
-                      .threads(4)
-                      .epochs(1)
-                      .deterministic(deterministic)
-                      .source("read", [n = 0, inputs]() mutable { return n < inputs ? std::optional<Item>(Item(n++)) : std::nullopt; },
-                              {.queue = kQueue})
-                      .map("pass", [](Item x) { return x; }, {.threads = kThreads, .queue = kQueue})
-                      .flat_map<Item>("split", [fan_out](Item, Emitter<Item>& emit) { for (int i = 0; i < fan_out; ++i) emit(Item(i)); },
-                                      {.threads = kThreads, .queue = kQueue})
-                      .build();
+      auto pipe =
+          PipelineBuilder{}
+              .threads(4)
+              .epochs(1)
+              .deterministic(deterministic)
+              .source("read",
+                      [n = 0, inputs]() mutable { return n < inputs ? std::optional<Item>(Item(n++)) : std::nullopt; },
+                      {.queue = kQueue})
+              .map("pass", [](Item x) { return x; }, {.threads = kThreads, .queue = kQueue})
+              .flat_map<Item>("split",
+                              [fan_out](Item, Emitter<Item>& emit) {
+                                for (int i = 0; i < fan_out; ++i) emit(Item(i));
+                              },
+                              {.threads = kThreads, .queue = kQueue})
+              .build();
       int n = 0;
       while (auto x = pipe.next()) {
         if (++n % 100 == 0) std::this_thread::sleep_for(1ms);
@@ -143,15 +152,30 @@ TEST_SUITE("Pipeline") {
       };
       auto pipe = PipelineBuilder{}
                       .threads(2)
-                      .source("read", [n = 0, thrower]() mutable -> std::optional<int> {
-                        thrower("read", n);
-                        return n++;
-                      })
-                      .map("decode", [thrower](int x) { thrower("decode", x); return x; }, {.threads = 2})
-                      .flat_map<int>("crops", [thrower](int x, Emitter<int>& emit) { thrower("crops", x); emit(x); emit(x); },
+                      .source("read",
+                              [n = 0, thrower]() mutable -> std::optional<int> {
+                                thrower("read", n);
+                                return n++;
+                              })
+                      .map("decode",
+                           [thrower](int x) {
+                             thrower("decode", x);
+                             return x;
+                           },
+                           {.threads = 2})
+                      .flat_map<int>("crops",
+                                     [thrower](int x, Emitter<int>& emit) {
+                                       thrower("crops", x);
+                                       emit(x);
+                                       emit(x);
+                                     },
                                      {.threads = 2})
                       .shuffle("shuffle", {.capacity = 100, .min_after_dequeue = 10})
-                      .map("late", [thrower](int x) { thrower("late", x); return x; })
+                      .map("late",
+                           [thrower](int x) {
+                             thrower("late", x);
+                             return x;
+                           })
                       .batch("batch", 7)
                       .build();
       std::string caught;
@@ -200,8 +224,7 @@ TEST_SUITE("Pipeline") {
     }
   }
 
-  TEST_CASE("an exception in the consumer's loop unwinds through the pipeline without hanging" *
-            doctest::timeout(30)) {
+  TEST_CASE("an exception in the consumer's loop unwinds through the pipeline without hanging" * doctest::timeout(30)) {
     const auto t0 = Clock::now();
     try {
       auto pipe = PipelineBuilder{}
@@ -232,7 +255,10 @@ TEST_SUITE("Pipeline") {
                              return x;
                            },
                            {.threads = threads, .queue = 8})
-                      .flat_map<int>("crops", [](int x, Emitter<int>& emit) { for (int i = 0; i <= x % 4; ++i) emit(x * 10 + i); },
+                      .flat_map<int>("crops",
+                                     [](int x, Emitter<int>& emit) {
+                                       for (int i = 0; i <= x % 4; ++i) emit(x * 10 + i);
+                                     },
                                      {.threads = threads, .queue = 8})
                       .shuffle("shuffle", {.capacity = 500, .min_after_dequeue = 100, .seed = 9})
                       .batch("batch", 32)
@@ -287,8 +313,10 @@ TEST_SUITE("Pipeline") {
       // that wait for it in the reorder window keep their tokens.
       if (x % 5 == 4) std::this_thread::sleep_for(std::chrono::milliseconds(2));
       std::unique_lock lock(tokens->mutex);
-      if (!tokens->returned.wait_for(lock, std::chrono::seconds(10), [&] { return tokens->free > 0 || ctx.stop.stop_requested(); }))
-        throw std::runtime_error("no token for 10 s: deadlock at item " + std::to_string(x) + ", free " + std::to_string(tokens->free));
+      if (!tokens->returned.wait_for(lock, std::chrono::seconds(10),
+                                     [&] { return tokens->free > 0 || ctx.stop.stop_requested(); }))
+        throw std::runtime_error("no token for 10 s: deadlock at item " + std::to_string(x) + ", free " +
+                                 std::to_string(tokens->free));
       if (tokens->free == 0) throw PipelineStopped();
       --tokens->free;
       return Held(x, tokens);
@@ -323,14 +351,15 @@ TEST_SUITE("Pipeline") {
     std::atomic<Clock::rep> slow_from{0};
     auto pipe = PipelineBuilder{}
                     .epochs(1)
-                    .source("read", [&, n = 0]() mutable -> std::optional<int> {
-                      if (n == kFast + 8) return std::nullopt;
-                      if (n >= kFast) {
-                        if (n == kFast) slow_from = Clock::now().time_since_epoch().count();
-                        std::this_thread::sleep_for(kSlow);
-                      }
-                      return n++;
-                    })
+                    .source("read",
+                            [&, n = 0]() mutable -> std::optional<int> {
+                              if (n == kFast + 8) return std::nullopt;
+                              if (n >= kFast) {
+                                if (n == kFast) slow_from = Clock::now().time_since_epoch().count();
+                                std::this_thread::sleep_for(kSlow);
+                              }
+                              return n++;
+                            })
                     .build();
     std::optional<Clock::duration> last_fast_after_slow_began;
     while (auto x = pipe.next())
@@ -365,11 +394,8 @@ TEST_SUITE("Pipeline") {
   TEST_CASE("a short last batch of an epoch is kept, or dropped by option") {
     for (bool drop : {false, true}) {
       CAPTURE(drop);
-      auto pipe = PipelineBuilder{}
-                      .epochs(2)
-                      .source("read", CountUpTo{10})
-                      .batch("batch", 4, {.drop_remainder = drop})
-                      .build();
+      auto pipe =
+          PipelineBuilder{}.epochs(2).source("read", CountUpTo{10}).batch("batch", 4, {.drop_remainder = drop}).build();
       for (int e = 0; e < 2; ++e) {
         std::vector<std::size_t> sizes;
         for (auto& b : pipe.epoch()) sizes.push_back(b.size());
@@ -386,9 +412,16 @@ TEST_SUITE("Pipeline") {
       auto pipe = PipelineBuilder{}
                       .epochs(1)
                       .occupancy_log(path.string(), 5ms)
-                      .counters([] { return std::vector<Counter>{{"h2d_copies", 7}}; })
+                      .counters([] {
+                        return std::vector<Counter>{{"h2d_copies", 7}};
+                      })
                       .source("read", CountUpTo{3000})
-                      .map("decode", [](int x) { spin_for(20us); return x; }, {.threads = 2})
+                      .map("decode",
+                           [](int x) {
+                             spin_for(20us);
+                             return x;
+                           },
+                           {.threads = 2})
                       .shuffle("shuffle", {.capacity = 200, .min_after_dequeue = 50})
                       .batch("batch", 10)
                       .build();
@@ -430,15 +463,22 @@ TEST_SUITE("Pipeline") {
     const auto file = dir / "not-a-dir";
     std::ofstream(file) << "x";
     const auto bad = (file / "x.jsonl").string();
-    CHECK_THROWS_WITH(PipelineBuilder{}.occupancy_log(bad).source("read", CountUpTo{1}).build(), doctest::Contains(bad.c_str()));
+    CHECK_THROWS_WITH(PipelineBuilder{}.occupancy_log(bad).source("read", CountUpTo{1}).build(),
+                      doctest::Contains(bad.c_str()));
   }
 
   TEST_CASE("the summary counts items per stage and prints a table") {
     auto pipe = PipelineBuilder{}
                     .epochs(1)
-                    .counters([] { return std::vector<Counter>{{"h2d_copies", 4}}; })
+                    .counters([] {
+                      return std::vector<Counter>{{"h2d_copies", 4}};
+                    })
                     .source("read", CountUpTo{100})
-                    .flat_map<int>("twice", [](int x, Emitter<int>& emit) { emit(x); emit(x); })
+                    .flat_map<int>("twice",
+                                   [](int x, Emitter<int>& emit) {
+                                     emit(x);
+                                     emit(x);
+                                   })
                     .batch("batch", 50)
                     .build();
     while (pipe.next()) {

@@ -31,16 +31,16 @@ std::vector<int> flatten(const std::vector<std::vector<int>>& batches) {
   return all;
 }
 
-
 }  // namespace
 
 TEST_SUITE("Pipeline runtime") {
-  TEST_CASE("a shuffle runs to the end at any min_after_dequeue / capacity, TensorFlow's recipe included, "
-            "with a consumer slower than the stages" *
-            doctest::timeout(120)) {
+  TEST_CASE(
+      "a shuffle runs to the end at any min_after_dequeue / capacity, TensorFlow's recipe included, "
+      "with a consumer slower than the stages" *
+      doctest::timeout(120)) {
     // TensorFlow's recipe: capacity = min_after_dequeue + 3 * batch.
-    const std::vector<std::pair<std::size_t, std::size_t>> shapes{
-        {130, 100}, {100, 0}, {100, 50}, {100, 99}, {1000, 990}, {10, 9}, {2, 1}};
+    const std::vector<std::pair<std::size_t, std::size_t>> shapes{{130, 100},  {100, 0}, {100, 50}, {100, 99},
+                                                                  {1000, 990}, {10, 9},  {2, 1}};
     for (const auto& [capacity, min] : shapes) {
       CAPTURE(capacity);
       CAPTURE(min);
@@ -64,9 +64,10 @@ TEST_SUITE("Pipeline runtime") {
     }
   }
 
-  TEST_CASE("a pipeline's shuffle draws from everything it holds in free order, from the oldest window in "
-            "deterministic mode" *
-            doctest::timeout(60)) {
+  TEST_CASE(
+      "a pipeline's shuffle draws from everything it holds in free order, from the oldest window in "
+      "deterministic mode" *
+      doctest::timeout(60)) {
     // The consumer is slower than the stages, so the shuffle holds 600 to 1,000 (chunks of up
     // to 400 come in). Drawing from all held moves an element over 500 places on average; the
     // window of the oldest 201 about 150 (0.74 of min_after_dequeue).
@@ -113,7 +114,12 @@ TEST_SUITE("Pipeline runtime") {
                                return x + n.load() - 8;
                              },
                              {.threads = 3})
-                        .flat_map<int>("twice", [](int x, Emitter<int>& emit) { emit(x); emit(x); }, {.threads = 2})
+                        .flat_map<int>("twice",
+                                       [](int x, Emitter<int>& emit) {
+                                         emit(x);
+                                         emit(x);
+                                       },
+                                       {.threads = 2})
                         .shuffle("mix", {.capacity = 100, .min_after_dequeue = 50})
                         .batch("batch", 16)
                         .build();
@@ -129,9 +135,10 @@ TEST_SUITE("Pipeline runtime") {
     }
   }
 
-  TEST_CASE("a stage function that waits for oneTBB work of its own never has another body run on its thread "
-            "meanwhile" *
-            doctest::timeout(120)) {
+  TEST_CASE(
+      "a stage function that waits for oneTBB work of its own never has another body run on its thread "
+      "meanwhile" *
+      doctest::timeout(120)) {
     // While a thread waits in parallel_for it runs tasks; without isolation they could be the
     // bodies of other stages (or of the same one), nested on its stack.
     static thread_local int inside = 0;
@@ -167,23 +174,26 @@ TEST_SUITE("Pipeline runtime") {
     auto pipe = PipelineBuilder{}
                     .threads(3)
                     .epochs(kEpochs)
-                    .source("read", [n = 0](const StageContext& ctx) mutable -> std::optional<Tagged> {
-                      if (n == 50) {
-                        n = 0;
-                        return std::nullopt;
-                      }
-                      return Tagged{n++, ctx.epoch};
-                    }, {.queue = 4})
+                    .source("read",
+                            [n = 0](const StageContext& ctx) mutable -> std::optional<Tagged> {
+                              if (n == 50) {
+                                n = 0;
+                                return std::nullopt;
+                              }
+                              return Tagged{n++, ctx.epoch};
+                            },
+                            {.queue = 4})
                     .map("check", tag, {.threads = 3, .queue = 4})
-                    .flat_map<Tagged>("copy", [&](Tagged t, Emitter<Tagged>& emit, const StageContext& ctx) {
-                      emit(tag(t, ctx));
-                    }, {.threads = 2, .queue = 4})
+                    .flat_map<Tagged>(
+                        "copy", [&](Tagged t, Emitter<Tagged>& emit, const StageContext& ctx) { emit(tag(t, ctx)); },
+                        {.threads = 2, .queue = 4})
                     .shuffle("mix", {.capacity = 16, .min_after_dequeue = 8})
                     .batch("batch", 7, {.queue = 2})
-                    .map("check again", [&](std::vector<Tagged> b, const StageContext& ctx) {
-                      for (auto& t : b) t = tag(t, ctx);
-                      return b;
-                    })
+                    .map("check again",
+                         [&](std::vector<Tagged> b, const StageContext& ctx) {
+                           for (auto& t : b) t = tag(t, ctx);
+                           return b;
+                         })
                     .build();
     std::uint32_t epochs = 0;
     for (auto epoch : pipe.epochs()) {
@@ -201,9 +211,10 @@ TEST_SUITE("Pipeline runtime") {
     CHECK(epochs == kEpochs);
   }
 
-  TEST_CASE("a stage function that waits for what a later stage gives back runs that stage meanwhile, even on "
-            "one thread" *
-            doctest::timeout(60)) {
+  TEST_CASE(
+      "a stage function that waits for what a later stage gives back runs that stage meanwhile, even on "
+      "one thread" *
+      doctest::timeout(60)) {
     // One token: "take" holds it in its output until "give", a later stage, drops it. With as
     // many bodies of "take" as the pipeline has threads, all of them may wait at once, and
     // "give" can only run on a thread that "take" waits on (StageContext::help_downstream).
@@ -250,9 +261,10 @@ TEST_SUITE("Pipeline runtime") {
     }
   }
 
-  TEST_CASE("a failure while pushing what an emit completed fails the run even with on_error = skip, and delivers "
-            "no moved-from item" *
-            doctest::timeout(60)) {
+  TEST_CASE(
+      "a failure while pushing what an emit completed fails the run even with on_error = skip, and delivers "
+      "no moved-from item" *
+      doctest::timeout(60)) {
     // The item's move throws once it has left the function's hands (the queue's push): not the
     // item's fault, so not a skip; the half-pushed chunk must not be sent again.
     static std::atomic<bool> armed{true};
@@ -276,7 +288,10 @@ TEST_SUITE("Pipeline runtime") {
                     .threads(2)
                     .epochs(1)
                     .source("read", CountUpTo{3})
-                    .flat_map<T>("f", [](int x, Emitter<T>& emit) { for (int j = 0; j < 10; ++j) emit(T(x * 100 + j)); },
+                    .flat_map<T>("f",
+                                 [](int x, Emitter<T>& emit) {
+                                   for (int j = 0; j < 10; ++j) emit(T(x * 100 + j));
+                                 },
                                  {.queue = 8, .on_error = OnError::skip})
                     .build();
     int moved_from = 0;
@@ -296,7 +311,8 @@ TEST_SUITE("Pipeline runtime") {
                      },
                      [] {}});
     {
-      auto pipe = PipelineBuilder{}.threads(2).source("read", CountUpTo{1'000'000}).map("m", [](int x) { return x; }).build();
+      auto pipe =
+          PipelineBuilder{}.threads(2).source("read", CountUpTo{1'000'000}).map("m", [](int x) { return x; }).build();
       CHECK_THROWS_WITH_AS(drain_epoch(pipe), doctest::Contains("tracer failed"), StageError);
     }
     set_body_tracer({});
@@ -325,8 +341,7 @@ TEST_SUITE("Pipeline runtime") {
     CHECK_FALSE(pipe.next());
   }
 
-  TEST_CASE("an item whose move constructor throws ends the run with a StageError, not a hang" *
-            doctest::timeout(60)) {
+  TEST_CASE("an item whose move constructor throws ends the run with a StageError, not a hang" * doctest::timeout(60)) {
     // The n-th move of item 777 throws: into the function's outputs, into the queue, out of it.
     static int throw_at = 0;
     struct Fragile {
@@ -544,8 +559,7 @@ TEST_SUITE("Pipeline runtime") {
     CHECK(f.callers->size() <= 4);
   }
 
-  TEST_CASE("on_error = skip drops the items whose function throws, counts them, and goes on" *
-            doctest::timeout(60)) {
+  TEST_CASE("on_error = skip drops the items whose function throws, counts them, and goes on" * doctest::timeout(60)) {
     const TempDir dir("runtime");
     const auto log = dir / "skips.jsonl";
     std::vector<int> got;

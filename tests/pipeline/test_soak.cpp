@@ -19,10 +19,10 @@
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/parallel_for.h>
 #include <optional>
+#include <spdlog/spdlog.h>
 #include <sstream>
 #include <string>
 #include <thread>
-#include <spdlog/spdlog.h>
 #include <vector>
 
 #include "pipeline/pipeline_support.h"
@@ -98,10 +98,11 @@ struct Spec {
     for (std::size_t i = 0; i < stages.size(); ++i) {
       const auto& st = stages[i];
       s << " | s" << i << (st.flat ? " flat(" + std::to_string(st.max_fanout) + ")" : " map") << " t" << st.threads
-        << " q" << st.queue << " c" << st.max_chunk << (st.copy_per_body ? " copies" : "") << (st.spin_us ? " spin" : "")
-        << (st.sleeps ? " sleep" : "") << (st.uses_tbb ? " tbb" : "")
-        << (st.fault == Fault::fail ? " fail@" + std::to_string(st.fault_id)
-                                     : st.fault == Fault::skip ? " skip@" + std::to_string(st.fault_id) : "");
+        << " q" << st.queue << " c" << st.max_chunk << (st.copy_per_body ? " copies" : "")
+        << (st.spin_us ? " spin" : "") << (st.sleeps ? " sleep" : "") << (st.uses_tbb ? " tbb" : "")
+        << (st.fault == Fault::fail   ? " fail@" + std::to_string(st.fault_id)
+            : st.fault == Fault::skip ? " skip@" + std::to_string(st.fault_id)
+                                      : "");
     }
     if (shuffle) s << " | shuffle " << shuffle->capacity << "/" << shuffle->min_after_dequeue;
     if (batch) s << " | batch " << batch << " q" << batch_queue;
@@ -246,7 +247,8 @@ long bound(const Spec& s) {
   for (std::size_t i = 0; i < s.stages.size(); ++i) {
     const bool last = i + 1 == s.stages.size();
     if (last && s.shuffle)
-      edges.emplace_back(static_cast<long>(s.shuffle->capacity), chunk(s.shuffle->capacity, s.shuffle->min_after_dequeue));
+      edges.emplace_back(static_cast<long>(s.shuffle->capacity),
+                         chunk(s.shuffle->capacity, s.shuffle->min_after_dequeue));
     else
       edges.emplace_back(static_cast<long>(s.stages[i].queue), chunk(s.stages[i].queue, 0));
   }
@@ -256,11 +258,11 @@ long bound(const Spec& s) {
     total += s.stages[i].threads * (edges[i].second + 2 * edges[i + 1].second);
   const long b = static_cast<long>(s.batch);
   if (s.batch) {
-    total += static_cast<long>(s.batch_queue) * b;             // its queue, in items
-    total += edges.back().second + b + b;                      // its input chunk, the batch it fills, its output
-    total += chunk(s.batch_queue, 0) * b;                      // the consumer's chunk
+    total += static_cast<long>(s.batch_queue) * b;  // its queue, in items
+    total += edges.back().second + b + b;           // its input chunk, the batch it fills, its output
+    total += chunk(s.batch_queue, 0) * b;           // the consumer's chunk
   } else {
-    total += edges.back().second;                              // the consumer's chunk
+    total += edges.back().second;  // the consumer's chunk
   }
   return total;
 }

@@ -50,9 +50,15 @@ Batch filled_batch(BufferPool& pool, Shape shape, DType dtype) {
   Batch b = Batch::allocate(pool, shape, dtype, kCount);
   const std::size_t n = kCount * shape.elements();
   for (std::size_t i = 0; i < n; ++i) switch (dtype) {
-      case DType::u8: b.as<std::uint8_t>()[i] = static_cast<std::uint8_t>(i); break;
-      case DType::u16: b.as<std::uint16_t>()[i] = static_cast<std::uint16_t>(i); break;
-      case DType::f32: b.as<float>()[i] = static_cast<float>(i); break;
+      case DType::u8:
+        b.as<std::uint8_t>()[i] = static_cast<std::uint8_t>(i);
+        break;
+      case DType::u16:
+        b.as<std::uint16_t>()[i] = static_cast<std::uint16_t>(i);
+        break;
+      case DType::f32:
+        b.as<float>()[i] = static_cast<float>(i);
+        break;
     }
   for (std::size_t i = 0; i < kCount; ++i) b.label_values()[i] = 3 * static_cast<std::int32_t>(i) - 5;
   return b;
@@ -114,9 +120,15 @@ TEST_CASE("DLPack: a batch's samples and labels are exported in place, with shap
     CHECK(s.data == storage);  // the batch's own memory: nothing was copied
     const std::size_t last = kCount * c.shape.elements() - 1;
     switch (c.dtype) {
-      case DType::u8: CHECK(static_cast<const std::uint8_t*>(s.data)[last] == static_cast<std::uint8_t>(last)); break;
-      case DType::u16: CHECK(static_cast<const std::uint16_t*>(s.data)[last] == last); break;
-      case DType::f32: CHECK(static_cast<const float*>(s.data)[last] == static_cast<float>(last)); break;
+      case DType::u8:
+        CHECK(static_cast<const std::uint8_t*>(s.data)[last] == static_cast<std::uint8_t>(last));
+        break;
+      case DType::u16:
+        CHECK(static_cast<const std::uint16_t*>(s.data)[last] == last);
+        break;
+      case DType::f32:
+        CHECK(static_cast<const float*>(s.data)[last] == static_cast<float>(last));
+        break;
     }
 
     const DLTensor& l = t.labels->dl_tensor;

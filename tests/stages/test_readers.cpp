@@ -22,7 +22,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-
 using Bytes = std::vector<std::byte>;
 
 template <class... T>

@@ -362,8 +362,8 @@ TEST_SUITE("transforms") {
     CHECK(sizes.size() == 7);
 
     const RandomCrops too_many({.size = {4, 4}, .count = 3, .count_of = [](const Sample&, Rng&) { return 4; }});
-    CHECK_THROWS_WITH_AS(too_many.apply(noise(*pool, {1, 1, 8, 8}, DType::u8, 0)),
-                         doctest::Contains("count_of gave 4"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(too_many.apply(noise(*pool, {1, 1, 8, 8}, DType::u8, 0)), doctest::Contains("count_of gave 4"),
+                         std::invalid_argument);
   }
 
   TEST_CASE("center crop takes the middle, for evaluation") {
@@ -402,16 +402,15 @@ TEST_SUITE("transforms") {
     CHECK_THROWS_WITH_AS(Normalizer({.mean = {1, 2}, .std = {1, 2, 3}}), doctest::Contains("2 means but 3 stds"),
                          std::invalid_argument);
     CHECK_THROWS_WITH_AS(Normalize({.mean = {1, 2}, .std = {1, 2}})(noise(*pool, {3, 1, 4, 4}, DType::u8, 0)),
-                         doctest::Contains("values for 2 channels, but the sample 3x4x4 has 3"),
-                         std::invalid_argument);
+                         doctest::Contains("values for 2 channels, but the sample 3x4x4 has 3"), std::invalid_argument);
     CHECK_THROWS_WITH_AS(CenterCrop({.size = {30, 30}})(noise(*pool, {1, 1, 28, 28}, DType::u8, 4)),
                          "CenterCrop: crop size 30x30 is larger than sample 1x28x28 (id 4)", std::invalid_argument);
     CHECK_THROWS_WITH_AS(crop(img, {0, 10, 10, 1, 24, 24}, *pool),
                          "crop: window 1x24x24 at (0, 10, 10) does not fit in sample 1x28x28 (id 9)",
                          std::invalid_argument);
     Rng rng(1);
-    CHECK_THROWS_WITH_AS(random_window({1, 1, 20, 20}, {24, 24}, rng),
-                         doctest::Contains("24x24 is larger"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(random_window({1, 1, 20, 20}, {24, 24}, rng), doctest::Contains("24x24 is larger"),
+                         std::invalid_argument);
     std::vector<float> small(10);
     CHECK_THROWS_WITH_AS(crop_mirror_normalize_into(img, {0, 0, 0, 1, 24, 24}, {}, Normalizer(kFashion), small),
                          doctest::Contains("holds 10 floats, the crop needs 576"), std::invalid_argument);
@@ -548,7 +547,11 @@ TEST_SUITE("batch") {
         {"2D uint8, normalized", {1, 1, 28, 28}, DType::u8, {24, 24}, Axis::width, kFashion},
         {"2D uint8, raw", {1, 1, 28, 28}, DType::u8, {24, 24}, Axis::height, std::nullopt},
         {"3D uint16 with 2 channels, raw", {2, 6, 10, 12, true}, DType::u16, {4, 5, 6}, Axis::depth, std::nullopt},
-        {"3D float32, normalized", {1, 5, 9, 9, true}, DType::f32, {3, 4, 4}, Axis::width,
+        {"3D float32, normalized",
+         {1, 5, 9, 9, true},
+         DType::f32,
+         {3, 4, 4},
+         Axis::width,
          Normalization{.scale = 2, .mean = {10}, .std = {3}}},
     };
     for (const Case& c : cases) {
@@ -624,8 +627,8 @@ TEST_SUITE("batch") {
   TEST_CASE("crop and batch buffers are reused: allocations stop growing") {
     auto images = BufferPool::create();
     auto crops_pool = BufferPool::create();
-    const RandomCrops crops({.size = {24, 24}, .count = 5, .mirror = MirrorOptions{}, .normalize = kFashion,
-                             .pool = crops_pool});
+    const RandomCrops crops(
+        {.size = {24, 24}, .count = 5, .mirror = MirrorOptions{}, .normalize = kFashion, .pool = crops_pool});
     const Collate collate{};
     std::vector<Sample> inputs;
     for (std::uint64_t id = 0; id < 51; ++id) inputs.push_back(noise(*images, {1, 1, 28, 28}, DType::u8, id));
@@ -653,19 +656,21 @@ TEST_SUITE("batch") {
     auto crops_pool = BufferPool::create();
     const Collate collate{};
     constexpr int kImages = 2000;
-    auto pipe =
-        PipelineBuilder{}
-            .seed(5)
-            .epochs(4)
-            .source("read", cycling_images(images, kImages), {.queue = 16})
-            .flat_map<Sample>("crops",
-                              RandomCrops({.size = {24, 24}, .count = 5, .mirror = MirrorOptions{},
-                                           .normalize = kFashion, .pool = crops_pool}),
-                              {.threads = 2, .queue = 64})
-            .shuffle("shuffle", {.capacity = 1000, .min_after_dequeue = 200, .seed = 3})
-            .batch("batch", 100, {.queue = 4})
-            .map("collate", collate, {.queue = 4})
-            .build();
+    auto pipe = PipelineBuilder{}
+                    .seed(5)
+                    .epochs(4)
+                    .source("read", cycling_images(images, kImages), {.queue = 16})
+                    .flat_map<Sample>("crops",
+                                      RandomCrops({.size = {24, 24},
+                                                   .count = 5,
+                                                   .mirror = MirrorOptions{},
+                                                   .normalize = kFashion,
+                                                   .pool = crops_pool}),
+                                      {.threads = 2, .queue = 64})
+                    .shuffle("shuffle", {.capacity = 1000, .min_after_dequeue = 200, .seed = 3})
+                    .batch("batch", 100, {.queue = 4})
+                    .map("collate", collate, {.queue = 4})
+                    .build();
     std::vector<std::uint64_t> allocations;
     for (int epoch = 0; epoch < 4; ++epoch) {
       std::int64_t labels = 0;
@@ -689,17 +694,17 @@ TEST_SUITE("batch") {
   TEST_CASE("in a pipeline, deferred crops keep a bounded number of images alive" * doctest::timeout(120)) {
     auto images = BufferPool::create();
     constexpr int kImages = 2000;
-    auto pipe = PipelineBuilder{}
-                    .seed(5)
-                    .epochs(4)
-                    .source("read", cycling_images(images, kImages), {.queue = 16})
-                    .flat_map<DeferredCrop>("crops",
-                                            RandomCrops({.size = {24, 24}, .count = 5, .mirror = MirrorOptions{}}),
-                                            {.threads = 2, .queue = 64})
-                    .shuffle("shuffle", {.capacity = 1000, .min_after_dequeue = 200, .seed = 3})
-                    .batch("batch", 100, {.queue = 4})
-                    .map("collate", Collate{.normalize = Normalizer(kFashion)}, {.queue = 4})
-                    .build();
+    auto pipe =
+        PipelineBuilder{}
+            .seed(5)
+            .epochs(4)
+            .source("read", cycling_images(images, kImages), {.queue = 16})
+            .flat_map<DeferredCrop>("crops", RandomCrops({.size = {24, 24}, .count = 5, .mirror = MirrorOptions{}}),
+                                    {.threads = 2, .queue = 64})
+            .shuffle("shuffle", {.capacity = 1000, .min_after_dequeue = 200, .seed = 3})
+            .batch("batch", 100, {.queue = 4})
+            .map("collate", Collate{.normalize = Normalizer(kFashion)}, {.queue = 4})
+            .build();
     for (int epoch = 0; epoch < 4; ++epoch) {
       std::set<std::uint64_t> ids;
       for (auto& b : pipe.epoch()) {

@@ -325,8 +325,10 @@ TEST_CASE("sync mode sees the same samples as pipelined mode and learns as well"
   CHECK(std::abs(sync.test_accuracy() - pipelined.test_accuracy()) < 0.05);
 }
 
-TEST_CASE("--augment gpu: streaming, sync and resident runs see the same samples, make the copies they promise, "
-          "and learn" * doctest::timeout(240)) {
+TEST_CASE(
+    "--augment gpu: streaming, sync and resident runs see the same samples, make the copies they promise, "
+    "and learn" *
+    doctest::timeout(240)) {
   if (!have_fashion_mnist()) {
     MESSAGE("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped");
     return;
@@ -353,7 +355,7 @@ TEST_CASE("--augment gpu: streaming, sync and resident runs see the same samples
       CHECK(e.samples == images * 5);
       CHECK(e.batches == (images * 5 + 254) / 255);
     }
-    CHECK(r->test_accuracy() > 0.6);  // chance is 0.1
+    CHECK(r->test_accuracy() > 0.6);      // chance is 0.1
     CHECK(r->transfers.d2h_copies == 2);  // the counters, once per epoch
   }
   // Setup: the weights and the test set; then one copy per 300 images, or the data set once.

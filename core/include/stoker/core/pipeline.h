@@ -58,10 +58,10 @@ struct PipelineOptions {
   /// Threads of the pipeline's own for all stages; 0 = one per core. They run its flow graph
   /// in a oneTBB arena of their own, whatever tbb::global_control the host holds.
   int threads = 0;
-  std::uint64_t seed = 0;         ///< given to every stage function through StageContext
-  bool deterministic = false;     ///< same output, in the same order, whatever the threads
-  std::uint32_t epochs = 0;       ///< epochs to run; 0 = until stopped
-  std::string occupancy_log;      ///< JSON Lines file of queue samples; empty = none
+  std::uint64_t seed = 0;      ///< given to every stage function through StageContext
+  bool deterministic = false;  ///< same output, in the same order, whatever the threads
+  std::uint32_t epochs = 0;    ///< epochs to run; 0 = until stopped
+  std::string occupancy_log;   ///< JSON Lines file of queue samples; empty = none
   std::chrono::milliseconds sample_interval{50};
   /// Counters kept outside the graph, reported in summary() and at the end of the occupancy
   /// log, e.g. stoker::gpu::transfer_counters(device).
@@ -79,8 +79,8 @@ namespace detail {
 struct Assembly {
   PipelineOptions options;
   std::unique_ptr<PipelineCore> core = std::make_unique<PipelineCore>();
-  StageBase* last = nullptr;    // the stage whose output is not yet connected
-  std::size_t last_queue = 64;  // capacity asked for that output
+  StageBase* last = nullptr;                                      // the stage whose output is not yet connected
+  std::size_t last_queue = 64;                                    // capacity asked for that output
   std::optional<std::pair<std::string, ShuffleOptions>> shuffle;  // asked for that output
 };
 
@@ -88,6 +88,8 @@ struct Assembly {
 template <class Self>
 class BuilderOptions {
  public:
+  // One line per setter: clang-format 14 splits those that hold a lambda.
+  // clang-format off
   Self& threads(int n) & { return set([&](auto& o) { o.threads = n; }); }
   Self&& threads(int n) && { return std::move(threads(n)); }
   Self& seed(std::uint64_t s) & { return set([&](auto& o) { o.seed = s; }); }
@@ -109,6 +111,7 @@ class BuilderOptions {
   Self&& counters(CounterSource source) && { return std::move(counters(std::move(source))); }
   Self& options(PipelineOptions o) & { return set([&](auto& x) { x = std::move(o); }); }
   Self&& options(PipelineOptions o) && { return std::move(options(std::move(o))); }
+  // clang-format on
 
  protected:
   explicit BuilderOptions(std::unique_ptr<Assembly> a) : a_(std::move(a)) {}
@@ -161,7 +164,10 @@ class PipelineBuilder : public detail::BuilderOptions<PipelineBuilder> {
   template <class F>
   auto source(std::string name, F fn, SourceOptions options = {}) {
     using R = typename detail::result_with_context_t<F>::type;
+    // Kept as written: clang-format 14 mangles requires-expressions.
+    // clang-format off
     static_assert(requires(R r) { r.has_value(); *r; }, "a source returns std::optional<T>");
+    // clang-format on
     using T = std::remove_cvref_t<decltype(*std::declval<R>())>;
     detail::check_capacity(name, "queue", options.queue);
     auto a = take();
@@ -204,7 +210,8 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
   /// producers ran ahead (ShuffleRule::oldest_window).
   Builder& shuffle(std::string name, ShuffleOptions options) & {
     auto& a = this->assembly();
-    if (a.shuffle) throw std::invalid_argument("shuffle '" + name + "' directly follows shuffle '" + a.shuffle->first + "'");
+    if (a.shuffle)
+      throw std::invalid_argument("shuffle '" + name + "' directly follows shuffle '" + a.shuffle->first + "'");
     if (options.capacity == 0) throw std::invalid_argument("shuffle '" + name + "': capacity must be at least 1");
     if (options.min_after_dequeue >= options.capacity)
       throw std::invalid_argument("shuffle '" + name + "': min_after_dequeue (" +
@@ -213,7 +220,9 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
     a.shuffle.emplace(std::move(name), options);
     return *this;
   }
-  Builder&& shuffle(std::string name, ShuffleOptions options) && { return std::move(shuffle(std::move(name), options)); }
+  Builder&& shuffle(std::string name, ShuffleOptions options) && {
+    return std::move(shuffle(std::move(name), options));
+  }
 
   /// Groups `size` consecutive items into a std::vector<T>.
   auto batch(std::string name, std::size_t size, BatchOptions options = {}) {
@@ -245,10 +254,10 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
     detail::check_capacity(name, "queue", options.queue);
     auto a = this->take();
     using Stage = detail::TransformStage<T, U, F, Flat>;
-    auto stage = std::make_unique<Stage>(
-        name, std::move(fn),
-        typename Stage::Options{options.threads, detail::max_chunk_or_any(options.max_chunk), options.on_error,
-                                options.copy_per_body});
+    auto stage =
+        std::make_unique<Stage>(name, std::move(fn),
+                                typename Stage::Options{options.threads, detail::max_chunk_or_any(options.max_chunk),
+                                                        options.on_error, options.copy_per_body});
     connect(*a, *stage);
     a->last = &a->core->add_stage(std::move(stage));
     a->last_queue = options.queue;

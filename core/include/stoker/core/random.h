@@ -66,9 +66,7 @@ class Rng {
   }
 
   /// True with probability p.
-  constexpr bool bernoulli(double p) noexcept {
-    return static_cast<double>((*this)() >> 11) * 0x1.0p-53 < p;
-  }
+  constexpr bool bernoulli(double p) noexcept { return static_cast<double>((*this)() >> 11) * 0x1.0p-53 < p; }
 
  private:
   static constexpr std::uint64_t rotl(std::uint64_t x, int k) noexcept { return (x << k) | (x >> (64 - k)); }

@@ -204,6 +204,7 @@ class RandomShuffleQueue : public QueueMeter {
     closed_ = false;
     buffer_.reseed(seed);
   }
+
  private:
   static std::size_t checked(const ShuffleOptions& o) {
     if (o.capacity == 0) throw std::invalid_argument("shuffle capacity must be at least 1");
@@ -214,9 +215,9 @@ class RandomShuffleQueue : public QueueMeter {
   }
   void check_batch(std::size_t n) const {
     if (n == 0 || n > capacity() - min_after_dequeue())
-      throw std::invalid_argument("pop_many of " + std::to_string(n) + " from shuffle queue '" + name() +
-                                  "' must be between 1 and capacity - min_after_dequeue = " +
-                                  std::to_string(capacity() - min_after_dequeue()));
+      throw std::invalid_argument(
+          "pop_many of " + std::to_string(n) + " from shuffle queue '" + name() +
+          "' must be between 1 and capacity - min_after_dequeue = " + std::to_string(capacity() - min_after_dequeue()));
   }
 
   std::size_t held() const { return buffer_.size(); }
@@ -244,8 +245,7 @@ class RandomShuffleQueue : public QueueMeter {
     return true;
   }
 
-  std::size_t take_many(std::unique_lock<std::mutex>& lock, std::vector<T>& out, std::size_t n,
-                        bool allow_partial) {
+  std::size_t take_many(std::unique_lock<std::mutex>& lock, std::vector<T>& out, std::size_t n, bool allow_partial) {
     if (held() < n) {
       if (!allow_partial || held() == 0) return 0;
       n = held();

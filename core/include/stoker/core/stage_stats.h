@@ -47,7 +47,7 @@ struct PipelineSummary {
   std::chrono::nanoseconds wall{0};
   std::chrono::nanoseconds consumer_wait{0};  ///< time the consumer spent waiting for input
   std::uint64_t consumed = 0;                 ///< items handed to the consumer
-  int threads = 0;  ///< threads the stages run on (PipelineOptions::threads, 0 resolved)
+  int threads = 0;                            ///< threads the stages run on (PipelineOptions::threads, 0 resolved)
   std::vector<StageStats> stages;
   std::vector<QueueReport> queues;
   std::vector<Counter> counters;  ///< from PipelineOptions::counters

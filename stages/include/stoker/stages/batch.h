@@ -122,7 +122,8 @@ struct Collate {
   std::optional<Normalizer> normalize{};  ///< cast to float32 and normalize while collating
 
   Batch operator()(std::vector<Sample> samples, const StageContext& ctx = {}) const {
-    return normalize ? make_batch(std::move(samples), *normalize, *pool, ctx) : make_batch(std::move(samples), *pool, ctx);
+    return normalize ? make_batch(std::move(samples), *normalize, *pool, ctx)
+                     : make_batch(std::move(samples), *pool, ctx);
   }
   Batch operator()(std::vector<DeferredCrop> crops, const StageContext& ctx = {}) const {
     return normalize ? make_batch(std::move(crops), *normalize, *pool, ctx) : make_batch(std::move(crops), *pool, ctx);

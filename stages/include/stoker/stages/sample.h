@@ -5,8 +5,8 @@
 #include <cstdint>
 #include <span>
 #include <stdexcept>
-#include <type_traits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "stoker/stages/buffer_pool.h"
@@ -21,18 +21,25 @@ const char* dtype_name(DType t) noexcept;
 template <class T>
 constexpr DType dtype_of();
 template <>
-constexpr DType dtype_of<std::uint8_t>() { return DType::u8; }
+constexpr DType dtype_of<std::uint8_t>() {
+  return DType::u8;
+}
 template <>
-constexpr DType dtype_of<std::uint16_t>() { return DType::u16; }
+constexpr DType dtype_of<std::uint16_t>() {
+  return DType::u16;
+}
 template <>
-constexpr DType dtype_of<float>() { return DType::f32; }
+constexpr DType dtype_of<float>() {
+  return DType::f32;
+}
 
 /// Throws std::invalid_argument unless T is `held`, the element type of a `holder`.
 template <class T>
 void check_dtype(DType held, const char* holder) {
   using U = std::remove_const_t<T>;
   if (dtype_of<U>() != held)
-    throw std::invalid_argument(std::string(holder) + " holds " + dtype_name(held) + ", not " + dtype_name(dtype_of<U>()));
+    throw std::invalid_argument(std::string(holder) + " holds " + dtype_name(held) + ", not " +
+                                dtype_name(dtype_of<U>()));
 }
 
 /// Channels, depth, height, width. A 2D image has depth 1 and `volume == false`.

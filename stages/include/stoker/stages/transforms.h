@@ -60,9 +60,7 @@ const char* axis_name(Axis a) noexcept;
 /// Which axes a fused crop reverses.
 struct Flips {
   bool depth = false, height = false, width = false;
-  static constexpr Flips along(Axis a) noexcept {
-    return {a == Axis::depth, a == Axis::height, a == Axis::width};
-  }
+  static constexpr Flips along(Axis a) noexcept { return {a == Axis::depth, a == Axis::height, a == Axis::width}; }
   bool operator==(const Flips&) const = default;
 };
 
@@ -146,7 +144,7 @@ void crop_mirror_into(const Sample& in, const Window& window, Flips flips, std::
 // Randomness
 
 /// Salts that keep the draws of different transforms of one sample independent.
-inline constexpr std::uint64_t kCropSalt = 0x63726f70;      // "crop"
+inline constexpr std::uint64_t kCropSalt = 0x63726f70;        // "crop"
 inline constexpr std::uint64_t kMirrorSalt = 0x6d6972726f72;  // "mirror"
 
 /// The generator a transform with `salt` uses for the sample `id` in the call `ctx`.

@@ -3,9 +3,9 @@
 
 #include <algorithm>
 #include <atomic>
-#include <ctime>
 #include <chrono>
 #include <cstdint>
+#include <ctime>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -153,7 +153,8 @@ class StageBase {
   /// Inputs for the next chunk: kChunkTime of work at the measured cost per input, 1 to `cap`.
   std::size_t chunk_size(std::size_t cap) const {
     const auto per_item = std::max<std::int64_t>(item_ns_.load(std::memory_order_relaxed), 1);
-    return std::clamp<std::size_t>(static_cast<std::size_t>(kChunkTime.count() / per_item), 1, std::max<std::size_t>(cap, 1));
+    return std::clamp<std::size_t>(static_cast<std::size_t>(kChunkTime.count() / per_item), 1,
+                                   std::max<std::size_t>(cap, 1));
   }
   /// Records that `items` inputs took `work` (waits excluded).
   void measured(std::size_t items, std::chrono::nanoseconds work) {

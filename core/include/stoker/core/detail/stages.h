@@ -36,10 +36,13 @@ decltype(auto) call_with_context(F& f, const StageContext& ctx, Args&&... args) 
 /// that waits for buffers its own outputs would hold (a pool), so that its body holds none.
 template <class F>
 std::size_t function_max_chunk(const F& f) {
+  // Kept as written: clang-format 14 mangles requires-expressions.
+  // clang-format off
   if constexpr (requires { { f.max_chunk() } -> std::convertible_to<std::size_t>; })
     return std::max<std::size_t>(f.max_chunk(), 1);
   else
     return std::numeric_limits<std::size_t>::max();
+  // clang-format on
 }
 
 /// A stage's output: its queue, and the chunks that cannot go into it yet.
@@ -249,7 +252,9 @@ class SourceStage final : public Producer<T> {
 
  public:
   SourceStage(std::string name, F fn, std::size_t max_chunk, OnError on_error)
-      : Producer<T>(std::move(name), 1, on_error), fn_(std::move(fn)), max_chunk_(std::min(max_chunk, function_max_chunk(fn_))) {}
+      : Producer<T>(std::move(name), 1, on_error),
+        fn_(std::move(fn)),
+        max_chunk_(std::min(max_chunk, function_max_chunk(fn_))) {}
 
   void begin_epoch(std::uint32_t epoch) override {
     Producer<T>::begin_epoch(epoch);
@@ -282,8 +287,8 @@ class SourceStage final : public Producer<T> {
       items.push_back(std::move(*v));
       if (coarse_ticks() != tick && Clock::now() - t0 > this->kChunkTime) break;  // slow: hand on what is made
     }
-    this->measured(calls_ - first, std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0) -
-                                       (body.blocked - blocked0));
+    this->measured(calls_ - first,
+                   std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0) - (body.blocked - blocked0));
     this->count_out(items.size());
     this->put(Key{first, 0}, std::move(items), calls_ - first);
     if (!ended) return Step::progressed;
@@ -302,8 +307,11 @@ class SourceStage final : public Producer<T> {
 /// A flat_map function that holds outputs back until its input ends (a shuffle window):
 /// `end_epoch(Emitter<Out>&)`, or with a StageContext last, emits them.
 template <class F, class Out>
+// Kept as written: clang-format 14 mangles requires-expressions.
+// clang-format off
 concept EndsEpoch = requires(F& f, Emitter<Out>& emit, const StageContext& ctx) { f.end_epoch(emit, ctx); } ||
                     requires(F& f, Emitter<Out>& emit) { f.end_epoch(emit); };
+// clang-format on
 
 /// 1 -> 1 (`map`) or 1 -> k (`flat_map`) on up to `threads` bodies at once.
 template <class In, class Out, class F, bool Flat>
@@ -369,12 +377,15 @@ class TransformStage final : public Consumer<In, Out> {
     std::size_t n = this->chunk_size(std::min(max_chunk_, std::max<std::size_t>(1, this->out_.cap() / per_output)));
     if (this->threads() > 1) {
       const std::size_t queued = this->in_->capacity() - std::min(this->in_->room(), this->in_->capacity());
-      n = std::min(n, std::max<std::size_t>(1, (queued + this->threads() - 1) / static_cast<std::size_t>(this->threads())));
+      n = std::min(
+          n, std::max<std::size_t>(1, (queued + this->threads() - 1) / static_cast<std::size_t>(this->threads())));
     }
     return n;
   }
 
-  F& fn(const StageBase::Body& body) { return fns_.size() == 1 ? fns_[0] : fns_[static_cast<std::size_t>(body.ctx.body)]; }
+  F& fn(const StageBase::Body& body) {
+    return fns_.size() == 1 ? fns_[0] : fns_[static_cast<std::size_t>(body.ctx.body)];
+  }
 
   // Outputs past a chunk, from inside a flat_map call: they are sent as a piece, and the call
   // goes on once the piece has gone (the emit waits; see Emitter).
@@ -438,11 +449,12 @@ class TransformStage final : public Consumer<In, Out> {
       if (i + 1 < inputs.size() && !outputs.empty() && coarse_ticks() != tick && Clock::now() - t0 > this->kChunkTime)
         spill.send(false);
     }
-    this->measured(inputs.size(), std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0) -
-                                      (body.blocked - blocked0));
+    this->measured(inputs.size(),
+                   std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0) - (body.blocked - blocked0));
     const std::size_t made = spill.spilled + outputs.size();
-    if constexpr (Flat) fanout_.store((fanout_.load(std::memory_order_relaxed) + 16 * made / inputs.size()) / 2,
-                                      std::memory_order_relaxed);
+    if constexpr (Flat)
+      fanout_.store((fanout_.load(std::memory_order_relaxed) + 16 * made / inputs.size()) / 2,
+                    std::memory_order_relaxed);
     this->count_out(made);
     this->put(spill.key, std::move(outputs), inputs.size());
   }
@@ -477,10 +489,10 @@ class TransformStage final : public Consumer<In, Out> {
   }
 
   const std::size_t max_chunk_;
-  std::vector<F> fns_;                     // one, or one per body
-  std::vector<std::vector<In>> inputs_;    // per body slot
-  std::atomic<std::size_t> fanout_{16};    // outputs per input, times 16, averaged over chunks
-  std::atomic<int> processing_{0};         // chunks taken and not yet put
+  std::vector<F> fns_;                   // one, or one per body
+  std::vector<std::vector<In>> inputs_;  // per body slot
+  std::atomic<std::size_t> fanout_{16};  // outputs per input, times 16, averaged over chunks
+  std::atomic<int> processing_{0};       // chunks taken and not yet put
   std::atomic<bool> finished_{false};
 };
 
