@@ -139,6 +139,11 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
                  "Write the queues' fill over time to FILE (JSON Lines) for stoker-inspect; pipelined mode only")
       ->type_name("FILE")
       ->group("Output");
+  app.add_option("--trace", o.trace,
+                 "Write the run's timeline to FILE (Chrome trace events: open it in ui.perfetto.dev or "
+                 "chrome://tracing); pipelined mode only")
+      ->type_name("FILE")
+      ->group("Output");
 
   app.add_option("--device", o.device, "Where to train: auto (CUDA when a GPU is visible, else the CPU), cpu or cuda")
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
@@ -249,6 +254,8 @@ int run(int argc, char** argv) {
 
   if (o.mode == "sync" && !o.occupancy_log.empty())
     std::cerr << "stoker-train: warning: --occupancy-log is ignored in sync mode, which has no pipeline\n";
+  if (o.mode == "sync" && !o.trace.empty())
+    std::cerr << "stoker-train: warning: --trace is ignored in sync mode, which has no pipeline\n";
 
   ProgressBar bar(o.epochs);
   TrainCallbacks callbacks;

@@ -185,6 +185,7 @@ PipelineBuilder pipeline_builder(const TrainOptions& o, Trainer& trainer) {
   PipelineBuilder builder;
   builder.threads(o.threads).seed(o.seed).epochs(o.epochs).counters(gpu::transfer_counters(trainer.device_ptr()));
   if (!o.occupancy_log.empty()) builder.occupancy_log(o.occupancy_log);
+  if (!o.trace.empty()) builder.trace(o.trace);
   return builder;
 }
 

@@ -43,6 +43,7 @@ struct TrainOptions {
   /// and the data set takes at most a quarter of its free memory), yes or no.
   std::string resident = "auto";
   std::string occupancy_log;  ///< JSON Lines file for stoker-inspect; empty = none
+  std::string trace;          ///< Chrome trace event file of the pipeline; empty = none
 
   std::uint64_t seed = 1;          ///< crops, mirrors, shuffle and initial weights
   std::string device = "auto";     ///< auto, cpu or cuda

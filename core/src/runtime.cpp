@@ -121,6 +121,8 @@ void StageBase::start(PipelineCore& core, std::size_t position) {
     ctx.body = static_cast<int>(i);
     ctx.stop = core.stop_token();
     ctx.blocked = &bodies_[i].blocked;
+    if (core.trace_)
+      bodies_[i].track = &core.trace_->add_track(threads_ > 1 ? name_ + " #" + std::to_string(i) : name_, name_);
     ctx.helper = {
         [](const void* stage) {
           return static_cast<const StageBase*>(stage)->core_->help_after(*static_cast<const StageBase*>(stage));
@@ -194,8 +196,16 @@ void StageBase::run_body(int slot) noexcept {
     // Isolated: a stage function that waits for oneTBB work of its own (parallel_for, a
     // task_group) runs only that work meanwhile, never another body on the same thread.
     tbb::this_task_arena::isolate([&] {
-      do last = step(body);
-      while (last == Step::progressed && !core_->stopping());
+      if (body.track == nullptr) {
+        do last = step(body);
+        while (last == Step::progressed && !core_->stopping());
+        return;
+      }
+      do {  // traced: a span per chunk moved
+        const auto begin = Clock::now();
+        last = step(body);
+        if (last == Step::progressed) body.track->span(begin, Clock::now());
+      } while (last == Step::progressed && !core_->stopping());
     });
   } catch (const RuntimeFailure& f) {
     last = Step::done;
@@ -256,27 +266,26 @@ StageStats StageBase::stats() const {
 }
 
 // ---------------------------------------------------------------------------------------
-// Monitor: samples every queue at a fixed interval into a JSON Lines file, through an
-// spdlog asynchronous logger so that the sampling thread never waits on the disk.
+// Monitor: samples every queue at a fixed interval into the occupancy log, a JSON Lines file
+// written through an spdlog asynchronous logger so that the sampling thread never waits on the
+// disk, and into the trace, whose tracks it also writes out.
 
 class PipelineCore::Monitor {
  public:
-  Monitor(const PipelineCore& core, const std::string& path, std::chrono::milliseconds interval)
-      : core_(core), interval_(interval) {
-    try {
-      pool_ = std::make_shared<spdlog::details::thread_pool>(8192, 1);
-      auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/true);
-      logger_ = std::make_shared<spdlog::async_logger>("stoker-occupancy", std::move(sink), pool_,
-                                                       spdlog::async_overflow_policy::block);
-      logger_->set_pattern("%v");
-    } catch (const std::exception& e) {
-      throw std::runtime_error("occupancy log '" + path + "': cannot open for writing: " + e.what());
-    }
+  /// Writes the occupancy log to `path` (none if empty) and the trace to `trace` (none if null).
+  Monitor(const PipelineCore& core, const std::string& path, TraceFile* trace, std::chrono::milliseconds interval)
+      : core_(core), trace_(trace), interval_(interval) {
+    if (!path.empty()) open_log(path);
     thread_ = std::thread([this] { loop(); });
   }
   ~Monitor() { finish(); }
 
-  // Takes a last sample, writes the per-stage counters, and flushes the file. Called from a
+  /// Records that epoch `epoch` begins now. Any thread.
+  void epoch(std::uint32_t epoch) {
+    if (logger_) logger_->info(nlohmann::json{{"type", "epoch"}, {"t", seconds()}, {"epoch", epoch}}.dump());
+  }
+
+  // Takes a last sample, writes the per-stage counters, and closes the files. Called from a
   // destructor: what fails is logged, not thrown.
   void finish() noexcept {
     {
@@ -288,30 +297,16 @@ class PipelineCore::Monitor {
     thread_.join();
     try {
       sample();
-      const auto summary = core_.summary();
-      for (const auto& s : summary.stages) {
-        nlohmann::json j{{"type", "stage"},
-                         {"t", seconds()},
-                         {"stage", s.name},
-                         {"threads", s.threads},
-                         {"items_in", s.items_in},
-                         {"items_out", s.items_out},
-                         {"skipped", s.skipped},
-                         {"busy_s", to_s(s.busy)},
-                         {"starved_s", to_s(s.starved)},
-                         {"blocked_s", to_s(s.blocked)}};
-        logger_->info(j.dump());
-      }
-      if (!summary.counters.empty()) {
-        nlohmann::json j{{"type", "counters"}, {"t", seconds()}};
-        for (const auto& c : summary.counters) j["counters"][c.name] = c.value;
-        logger_->info(j.dump());
-      }
-      logger_->flush();
+      if (logger_) write_totals();
     } catch (const std::exception& e) {
-      spdlog::error("occupancy log: the final records could not be written: {}", e.what());
+      spdlog::error("occupancy log or trace: the final records could not be written: {}", e.what());
     } catch (...) {
-      spdlog::error("occupancy log: the final records could not be written");
+      spdlog::error("occupancy log or trace: the final records could not be written");
+    }
+    try {
+      if (trace_) trace_->close();
+    } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
     }
     logger_.reset();
     pool_.reset();  // joins the logging thread after it has written everything
@@ -321,6 +316,18 @@ class PipelineCore::Monitor {
   static double to_s(std::chrono::nanoseconds d) { return std::chrono::duration<double>(d).count(); }
   double seconds() const { return std::chrono::duration<double>(Clock::now() - born_).count(); }
 
+  void open_log(const std::string& path) {
+    try {
+      pool_ = std::make_shared<spdlog::details::thread_pool>(8192, 1);
+      auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path, /*truncate=*/true);
+      logger_ = std::make_shared<spdlog::async_logger>("stoker-occupancy", std::move(sink), pool_,
+                                                       spdlog::async_overflow_policy::block);
+      logger_->set_pattern("%v");
+    } catch (const std::exception& e) {
+      throw std::runtime_error("occupancy log '" + path + "': cannot open for writing: " + e.what());
+    }
+  }
+
   void loop() {
     std::unique_lock lock(mutex_);
     auto next = Clock::now();
@@ -329,7 +336,7 @@ class PipelineCore::Monitor {
       try {
         sample();
       } catch (const std::exception& e) {
-        spdlog::error("occupancy log: a sample could not be written: {}", e.what());
+        spdlog::error("occupancy log or trace: a sample could not be written: {}", e.what());
       }
       lock.lock();
       next += interval_;
@@ -338,19 +345,51 @@ class PipelineCore::Monitor {
   }
 
   void sample() {
-    const double t = seconds();
+    const auto now = Clock::now();
+    const double t = std::chrono::duration<double>(now - born_).count();
+    fills_.clear();
     for (const auto& e : core_.edges_) {
-      nlohmann::json j{{"type", "sample"},          {"t", t},
-                       {"queue", e->name()},        {"size", e->size()},
-                       {"capacity", e->capacity()}, {"producer", e->producer()},
-                       {"consumer", e->consumer()}};
+      const std::size_t size = e->size();
+      fills_.emplace_back(e->name(), size);
+      if (logger_) {
+        nlohmann::json j{{"type", "sample"},          {"t", t},
+                         {"queue", e->name()},        {"size", size},
+                         {"capacity", e->capacity()}, {"producer", e->producer()},
+                         {"consumer", e->consumer()}};
+        logger_->info(j.dump());
+      }
+    }
+    if (trace_) trace_->write(now, fills_);
+  }
+
+  void write_totals() {
+    const auto summary = core_.summary();
+    for (const auto& s : summary.stages) {
+      nlohmann::json j{{"type", "stage"},
+                       {"t", seconds()},
+                       {"stage", s.name},
+                       {"threads", s.threads},
+                       {"items_in", s.items_in},
+                       {"items_out", s.items_out},
+                       {"skipped", s.skipped},
+                       {"busy_s", to_s(s.busy)},
+                       {"starved_s", to_s(s.starved)},
+                       {"blocked_s", to_s(s.blocked)}};
       logger_->info(j.dump());
     }
+    if (!summary.counters.empty()) {
+      nlohmann::json j{{"type", "counters"}, {"t", seconds()}};
+      for (const auto& c : summary.counters) j["counters"][c.name] = c.value;
+      logger_->info(j.dump());
+    }
+    logger_->flush();
   }
 
   const PipelineCore& core_;
+  TraceFile* const trace_;
   const std::chrono::milliseconds interval_;
   const Clock::time_point born_ = Clock::now();
+  std::vector<std::pair<std::string, std::size_t>> fills_;  // the sampling thread's
   std::shared_ptr<spdlog::details::thread_pool> pool_;
   std::shared_ptr<spdlog::async_logger> logger_;
   std::mutex mutex_;
@@ -382,10 +421,12 @@ void PipelineCore::start(CoreOptions options) {
   options_ = std::move(options);
   if (options_.threads < 0) throw std::invalid_argument("pipeline threads must be at least 1 (or 0 for one per core)");
   if (options_.sample_interval.count() <= 0) throw std::invalid_argument("occupancy sample interval must be positive");
-  for (std::size_t i = 0; i < stages_.size(); ++i) stages_[i]->start(*this, i);
+  if (!options_.trace.empty()) trace_ = std::make_unique<TraceFile>(options_.trace, Clock::now());
+  for (std::size_t i = 0; i < stages_.size(); ++i) stages_[i]->start(*this, i);  // their tracks, in order
+  if (trace_) consumer_track_ = &trace_->add_track("consumer (waiting)", "wait");
   for (auto& e : edges_) e->start(options_.deterministic, options_.seed);
-  if (!options_.occupancy_log.empty())
-    monitor_ = std::make_unique<Monitor>(*this, options_.occupancy_log, options_.sample_interval);
+  if (!options_.occupancy_log.empty() || trace_)
+    monitor_ = std::make_unique<Monitor>(*this, options_.occupancy_log, trace_.get(), options_.sample_interval);
   threads_ = options_.threads == 0 ? tbb::info::default_concurrency() : options_.threads;
   engine_ = std::make_unique<Engine>(threads_);
   started_ = Clock::now();
@@ -432,6 +473,8 @@ void PipelineCore::wait_for(const StageBase& from, const std::function<bool()>& 
 void PipelineCore::begin_epoch(std::uint32_t epoch) {
   for (auto& e : edges_) e->begin_epoch(epoch);
   for (auto& s : stages_) s->begin_epoch(epoch);
+  if (consumer_track_) consumer_track_->epoch(Clock::now(), epoch);
+  if (monitor_) monitor_->epoch(epoch);
 }
 
 void PipelineCore::fail(const std::string& stage, std::exception_ptr error) noexcept {

@@ -404,13 +404,15 @@ TEST_SUITE("Pipeline") {
     }
   }
 
-  TEST_CASE("the occupancy log is JSON Lines naming every queue, with each stage's counters at the end" *
-            doctest::timeout(60)) {
+  TEST_CASE(
+      "the occupancy log is JSON Lines naming every queue, marking each epoch, with each stage's counters "
+      "at the end" *
+      doctest::timeout(60)) {
     const TempDir dir("pipeline");
     const auto path = dir / "occupancy.jsonl";
     {
       auto pipe = PipelineBuilder{}
-                      .epochs(1)
+                      .epochs(2)
                       .occupancy_log(path.string(), 5ms)
                       .counters([] {
                         return std::vector<Counter>{{"h2d_copies", 7}};
@@ -425,12 +427,14 @@ TEST_SUITE("Pipeline") {
                       .shuffle("shuffle", {.capacity = 200, .min_after_dequeue = 50})
                       .batch("batch", 10)
                       .build();
-      while (pipe.next()) {
-      }
+      for (auto epoch : pipe.epochs())
+        for ([[maybe_unused]] auto& batch : epoch) {
+        }
     }
     std::ifstream in(path);
     REQUIRE(in);
     std::set<std::string> queues, stages;
+    std::vector<int> epochs;
     std::string line;
     int samples = 0, counter_records = 0;
     while (std::getline(in, line)) {
@@ -445,12 +449,16 @@ TEST_SUITE("Pipeline") {
       } else if (j.at("type") == "counters") {
         ++counter_records;
         CHECK(j.at("counters").at("h2d_copies") == 7);
+      } else if (j.at("type") == "epoch") {
+        CHECK(stages.empty());  // the stage records come at the end
+        epochs.push_back(j.at("epoch").get<int>());
       } else {
         CHECK(j.at("type") == "stage");
         stages.insert(j.at("stage").get<std::string>());
-        if (j.at("stage") == "decode") CHECK(j.at("items_in").get<int>() == 3000);
+        if (j.at("stage") == "decode") CHECK(j.at("items_in").get<int>() == 6000);
       }
     }
+    CHECK(epochs == std::vector<int>{0, 1});
     CHECK(samples >= 4);
     CHECK(counter_records == 1);
     CHECK(queues == std::set<std::string>{"read->decode", "shuffle", "batch->consumer"});

@@ -62,6 +62,10 @@ struct PipelineOptions {
   bool deterministic = false;  ///< same output, in the same order, whatever the threads
   std::uint32_t epochs = 0;    ///< epochs to run; 0 = until stopped
   std::string occupancy_log;   ///< JSON Lines file of queue samples; empty = none
+  /// Chrome trace event file (Perfetto's UI, chrome://tracing) of the run; empty = none. A
+  /// track per stage body with a span per chunk of work, the consumer's waits, queue fills
+  /// as counters at every sample_interval, and epoch marks.
+  std::string trace;
   std::chrono::milliseconds sample_interval{50};
   /// Counters kept outside the graph, reported in summary() and at the end of the occupancy
   /// log, e.g. stoker::gpu::transfer_counters(device).
@@ -107,6 +111,8 @@ class BuilderOptions {
   Self&& occupancy_log(std::string path, std::chrono::milliseconds interval = std::chrono::milliseconds(50)) && {
     return std::move(occupancy_log(std::move(path), interval));
   }
+  Self& trace(std::string path) & { return set([&](auto& o) { o.trace = std::move(path); }); }
+  Self&& trace(std::string path) && { return std::move(trace(std::move(path))); }
   Self& counters(CounterSource source) & { return set([&](auto& o) { o.counters = std::move(source); }); }
   Self&& counters(CounterSource source) && { return std::move(counters(std::move(source))); }
   Self& options(PipelineOptions o) & { return set([&](auto& x) { x = std::move(o); }); }
@@ -244,7 +250,7 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
     auto& final_edge = make_edge(*a, "consumer");
     static_cast<detail::Producer<T>*>(a->last)->connect_output(&final_edge, nullptr);
     const auto& o = a->options;
-    a->core->start({o.threads, o.seed, o.deterministic, o.occupancy_log, o.sample_interval, o.counters});
+    a->core->start({o.threads, o.seed, o.deterministic, o.occupancy_log, o.trace, o.sample_interval, o.counters});
     return Pipeline<T>(std::move(a->core), final_edge, *a->last, o.epochs);
   }
 
@@ -328,7 +334,7 @@ class Pipeline {
       if (r == detail::Pop::empty) {
         const auto t0 = std::chrono::steady_clock::now();
         r = final_->pop_wait(chunk_, final_->max_chunk(), first);
-        core_->add_consumer_wait(std::chrono::steady_clock::now() - t0);
+        core_->consumer_waited(t0, std::chrono::steady_clock::now());
       }
       if (r == detail::Pop::items) {
         continue;

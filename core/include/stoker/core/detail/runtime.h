@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "stoker/core/detail/edges.h"
+#include "stoker/core/detail/trace.h"
 #include "stoker/core/stage.h"
 #include "stoker/core/stage_stats.h"
 
@@ -113,6 +114,7 @@ class StageBase {
   struct alignas(64) Body {
     StageContext ctx;
     std::chrono::nanoseconds blocked{0};  ///< through ctx.blocked
+    TraceFile::Track* track = nullptr;    ///< the slot's track when the run is traced
   };
   /// Moves one chunk. Never waits for a queue, except inside a flat_map call (Emitter).
   virtual Step step(Body& body) = 0;
@@ -197,6 +199,7 @@ struct CoreOptions {
   std::uint64_t seed = 0;
   bool deterministic = false;
   std::string occupancy_log;
+  std::string trace;
   std::chrono::milliseconds sample_interval{50};
   CounterSource counters;
 };
@@ -251,7 +254,11 @@ class PipelineCore {
   /// destructor.
   void stop() noexcept;
 
-  void add_consumer_wait(std::chrono::nanoseconds d) { consumer_wait_ += d; }
+  /// The consumer's thread waited for the last queue from `begin` to `end`.
+  void consumer_waited(std::chrono::steady_clock::time_point begin, std::chrono::steady_clock::time_point end) {
+    consumer_wait_ += end - begin;
+    if (consumer_track_) consumer_track_->span(begin, end);
+  }
   void count_consumed(std::uint64_t n = 1) { consumed_ += n; }
   PipelineSummary summary() const;
 
@@ -260,8 +267,11 @@ class PipelineCore {
   struct Engine;
   class Monitor;
 
-  // Destroyed bottom-up: the monitor reads edges and stages; the engine's tasks run stages.
+  // Destroyed bottom-up: the monitor reads edges and stages and writes the trace; the engine's
+  // tasks run stages, whose bodies write the trace's tracks.
   CoreOptions options_;
+  std::unique_ptr<TraceFile> trace_;
+  TraceFile::Track* consumer_track_ = nullptr;
   std::vector<std::unique_ptr<EdgeBase>> edges_;
   std::vector<std::unique_ptr<StageBase>> stages_;
   std::unique_ptr<Engine> engine_;
