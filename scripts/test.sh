@@ -29,7 +29,7 @@ export STOKER_BUILD_DIR="$build_dir"
 
 # libtorch's CPU build, for the example client (apps/stoker-torch-example), which is tested
 # when it is found; the demo does not need it.
-export STOKER_EXTRA_PACKAGES="${STOKER_EXTRA_PACKAGES:-} libtorch-dev"
+export STOKER_EXTRA_PACKAGES="${STOKER_EXTRA_PACKAGES:-} libtorch-dev chromium"
 bash "$root/scripts/build.sh"
 
 ctest_args=()

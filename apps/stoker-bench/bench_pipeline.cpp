@@ -26,28 +26,6 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// Work of a known length. It counts iterations, calibrated once, rather than watching the
-// clock: a body that loses its core must take longer, as real work would.
-class Work {
- public:
-  Work() {
-    constexpr std::uint64_t kProbe = 20'000'000;
-    const auto t0 = Clock::now();
-    sink_ = spin(kProbe);
-    per_us_ = static_cast<double>(kProbe) / (seconds_since(t0) * 1e6);
-  }
-  std::uint64_t iterations(double us) const { return static_cast<std::uint64_t>(us * per_us_); }
-  static std::uint64_t spin(std::uint64_t n) {
-    std::uint64_t x = 0x9E3779B97F4A7C15ull;
-    for (std::uint64_t i = 0; i < n; ++i) x = x * 6364136223846793005ull + 1442695040888963407ull;
-    return x;
-  }
-  std::uint64_t sink_ = 0;
-
- private:
-  double per_us_ = 0;
-};
-
 struct StageSpec {
   double us;
   int threads;

@@ -4,6 +4,8 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
@@ -36,6 +38,30 @@ struct Suite {
 
 SuiteRun setup_queues(CLI::App& command);
 SuiteRun setup_pipeline(CLI::App& command);
+SuiteRun setup_autotune(CLI::App& command);
+
+// Work of a known length. It counts iterations, calibrated once, rather than watching the
+// clock: a body that loses its core must take longer, as real work would.
+class Work {
+ public:
+  Work() {
+    constexpr std::uint64_t kProbe = 20'000'000;
+    const auto t0 = std::chrono::steady_clock::now();
+    sink_ = spin(kProbe);
+    per_us_ = static_cast<double>(kProbe) /
+              (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() * 1e6);
+  }
+  std::uint64_t iterations(double us) const { return static_cast<std::uint64_t>(us * per_us_); }
+  static std::uint64_t spin(std::uint64_t n) {
+    std::uint64_t x = 0x9E3779B97F4A7C15ull;
+    for (std::uint64_t i = 0; i < n; ++i) x = x * 6364136223846793005ull + 1442695040888963407ull;
+    return x;
+  }
+  volatile std::uint64_t sink_ = 0;  // a volatile write: the probe cannot be optimized away
+
+ private:
+  double per_us_ = 0;
+};
 
 /// Median, minimum and maximum of one figure over the repeats.
 struct Spread {

@@ -29,6 +29,8 @@ constexpr Suite kSuites[] = {
      &setup_pipeline},
     {"augment", "the reference job (Fashion-MNIST crops) in crops/s: stoker pipeline vs a plain loop on all cores",
      &setup_augment},
+    {"autotune", "the autotuner from a bad thread split against the best hand-chosen one; its cost when well set",
+     &setup_autotune},
     {"transfer", "host-to-device GB/s pinned vs pageable; copy + crop overlap; crop kernel vs device-to-device copy",
      &setup_transfer},
 };

@@ -1,6 +1,6 @@
 // Reads a pipeline's occupancy log (the JSON Lines that `.occupancy_log()` writes), sums
-// up each queue and stage, and names the stage that limits the pipeline. Kept apart from
-// main.cpp so that the tests can feed it logs of real runs.
+// up each queue and stage, names the stage that limits the pipeline, and draws the run.
+// Kept apart from main.cpp so that the tests can feed it logs of real runs.
 #pragma once
 
 #include <cstddef>
@@ -39,11 +39,26 @@ struct StageCounters {
   double t = 0;          ///< when the record was written: the length of the run
 };
 
+/// The start of an epoch, from the log's `epoch` record.
+struct EpochMark {
+  double t = 0;             ///< seconds since the pipeline started
+  std::uint64_t epoch = 0;  ///< the epoch's number as the pipeline counts it, the first is 0
+};
+
+/// A move of the autotuner (PipelineBuilder::autotune), from the log's `autotune` record.
+struct TuningMove {
+  double t = 0;          ///< seconds since the pipeline started
+  std::string what;      ///< "crops 1 -> 2 threads, collate 3 -> 2"
+  std::string evidence;  ///< the busy shares that called for it
+};
+
 /// A parsed log. Queues are in pipeline order, source first.
 struct OccupancyLog {
   std::string source;  ///< the file, for messages
   std::vector<QueueSeries> queues;
   std::vector<StageCounters> stages;
+  std::vector<EpochMark> epochs;                                ///< in the order of the log; empty when it has none
+  std::vector<TuningMove> moves;                                ///< the autotuner's, in order; empty when it was off
   std::vector<std::pair<std::string, std::uint64_t>> counters;  ///< kept outside the graph, e.g. copies
   std::size_t skipped_lines = 0;                                ///< malformed lines passed over with skip_bad_lines
   std::string first_skipped;                                    ///< "line N: what is wrong" for the first of them
@@ -93,9 +108,10 @@ struct Report {
   std::vector<StageSummary> stages;                             ///< empty when the log has no stage records
   std::vector<std::pair<std::string, std::uint64_t>> counters;  ///< empty when the log has none
   std::string bottleneck;                                       ///< a stage's name; "consumer" is the training loop
-  double confidence = 0;   ///< 0..1: how well the run fits the picture of that bottleneck
-  std::string evidence;    ///< the observations behind the verdict
-  std::string suggestion;  ///< the change that should help most
+  double confidence = 0;          ///< 0..1: how well the run fits the picture of that bottleneck
+  std::string evidence;           ///< the observations behind the verdict
+  std::string suggestion;         ///< the change that should help most
+  std::vector<TuningMove> moves;  ///< the autotuner's, from the log
 };
 
 /// Sums up the log and names the bottleneck. The log must hold at least one queue.
@@ -105,12 +121,18 @@ Report analyze(const OccupancyLog& log);
 void print_report(std::ostream& out, const Report& report);
 
 /// The report as one JSON object: queues, stages, counters, bottleneck, confidence, evidence,
-/// suggestion.
+/// suggestion, autotune (the moves).
 nlohmann::json to_json(const Report& report);
 
-/// Each queue's fill over time, one polyline per queue, as a standalone SVG document.
-std::string plot_svg(const OccupancyLog& log);
-/// The same SVG in a minimal HTML page.
-std::string plot_html(const OccupancyLog& log);
+/// The run as one picture, a standalone SVG document: the verdict on top, then one lane per
+/// queue in pipeline order, source at the top, with each stage's row between the queue that
+/// feeds it and the queue it fills (its busy, starved and blocked shares as a bar), the
+/// epochs and the autotuner's moves across the lanes, and the counters. `report` is `analyze(log)`
+/// (std::invalid_argument for a report with other queues).
+std::string plot_svg(const OccupancyLog& log, const Report& report);
+/// The same picture in a self-contained HTML page that can zoom into a time range and shows
+/// each queue's fill under the pointer. It carries each queue's fill at a finer resolution
+/// than the picture, but never more than a few MiB of it, however long the run.
+std::string plot_html(const OccupancyLog& log, const Report& report);
 
 }  // namespace stoker::inspect

@@ -27,11 +27,11 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-void write_plot(const OccupancyLog& log, const std::string& path) {
+void write_plot(const OccupancyLog& log, const Report& report, const std::string& path) {
   const bool html = ends_with(path, ".html") || ends_with(path, ".htm");
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) throw UsageError("--plot " + path + ": cannot open for writing: " + std::strerror(errno));
-  out << (html ? plot_html(log) : plot_svg(log));
+  out << (html ? plot_html(log, report) : plot_svg(log, report));
   out.close();
   if (!out) throw UsageError("--plot " + path + ": write failed");
 }
@@ -50,8 +50,9 @@ int run(int argc, char** argv) {
                "Also print the report as one JSON object on the last line of stdout (queues, stages, "
                "bottleneck, confidence, evidence, suggestion)");
   app.add_option("--plot", plot_path,
-                 "Draw each queue's fill over time into FILE: an SVG image for FILE.svg, the same image "
-                 "in an HTML page for FILE.html")
+                 "Draw the run into FILE: a lane per queue with its fill over time, each stage's busy, starved "
+                 "and blocked shares, the epochs and the verdict; an SVG image for FILE.svg, or for FILE.html the "
+                 "same in a page that zooms into a time range and reads each queue's fill under the pointer")
       ->type_name("FILE");
   app.add_flag("--skip-bad-lines", skip_bad_lines,
                "Skip malformed lines (counting them in a warning) instead of stopping at the first; "
@@ -71,7 +72,7 @@ int run(int argc, char** argv) {
                 << (log.skipped_lines == 1 ? "" : "s") << " (first: " << log.first_skipped << ")\n";
 
     const Report report = analyze(log);
-    if (!plot_path.empty()) write_plot(log, plot_path);  // first, so that a failure prints no report
+    if (!plot_path.empty()) write_plot(log, report, plot_path);  // first, so that a failure prints no report
     print_report(std::cout, report);
     if (!plot_path.empty()) std::cout << "plot:       " << plot_path << "\n";
     if (json) std::cout << to_json(report).dump() << std::endl;

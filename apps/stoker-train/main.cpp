@@ -100,6 +100,11 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
       ->check(CLI::Range(0, 1024))
       ->capture_default_str()
       ->group("Pipeline");
+  app.add_flag("--autotune", o.autotune,
+               "Move threads between the crop and collate stages as the run goes, within --threads; each move is "
+               "logged with its evidence (and written to the occupancy log). They start at --crop-threads and "
+               "--collate-threads, 1 each unless given")
+      ->group("Pipeline");
   app.add_option("--crop-threads", o.crop_threads, "Threads of the crop stage (draws each crop's window and mirror)")
       ->check(CLI::Range(1, 1024))
       ->capture_default_str()
@@ -254,6 +259,12 @@ int run(int argc, char** argv) {
 
   if (o.mode == "sync" && !o.occupancy_log.empty())
     std::cerr << "stoker-train: warning: --occupancy-log is ignored in sync mode, which has no pipeline\n";
+  if (o.autotune) {  // start small: the tuner adds threads where they are needed
+    if (app.count("--crop-threads") == 0) o.crop_threads = 1;
+    if (app.count("--collate-threads") == 0) o.collate_threads = 1;
+  }
+  if (o.mode == "sync" && o.autotune)
+    std::cerr << "stoker-train: warning: --autotune is ignored in sync mode, which has no pipeline\n";
   if (o.mode == "sync" && !o.trace.empty())
     std::cerr << "stoker-train: warning: --trace is ignored in sync mode, which has no pipeline\n";
 

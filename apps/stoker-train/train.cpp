@@ -186,6 +186,7 @@ PipelineBuilder pipeline_builder(const TrainOptions& o, Trainer& trainer) {
   builder.threads(o.threads).seed(o.seed).epochs(o.epochs).counters(gpu::transfer_counters(trainer.device_ptr()));
   if (!o.occupancy_log.empty()) builder.occupancy_log(o.occupancy_log);
   if (!o.trace.empty()) builder.trace(o.trace);
+  if (o.autotune) builder.autotune();  // the pipeline's threads are the budget
   return builder;
 }
 
@@ -222,7 +223,7 @@ void train_pipelined(const TrainOptions& o, std::shared_ptr<const IdxDataset> da
           .batch("batch", o.batch_size, {.queue = o.batch_queue})
           .map("collate", Collate{.pool = to_device.staging(), .normalize = Normalizer(fashion_normalization())},
                {.threads = o.collate_threads, .queue = o.batch_queue})
-          .map("h2d", to_device, {.queue = o.batch_queue})
+          .map("h2d", to_device, {.queue = o.batch_queue, .autotune = false})
           .build();
   train_from(pipe, o, trainer, test, report);
 }
@@ -265,7 +266,7 @@ void train_pipelined_gpu(const TrainOptions& o, std::shared_ptr<const IdxDataset
                          const TestSet& test, TrainReport& report) {
   gpu::GpuAugment augment = make_gpu_augment(o, data, trainer.device(), trainer.device_ptr());
   report.resident = augment.is_resident();
-  const StageOptions augment_stage{.threads = 1, .queue = o.batch_queue};
+  const StageOptions augment_stage{.threads = 1, .queue = o.batch_queue, .autotune = false};
   if (augment.is_resident()) {
     auto pipe = pipeline_builder(o, trainer)
                     .source("ids", IdSource(IdxReader(data)), {.queue = o.read_queue})

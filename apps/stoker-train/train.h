@@ -31,6 +31,7 @@ struct TrainOptions {
   int threads = 0;                  ///< oneTBB threads for all stages; 0 = one per core
   int crop_threads = 2;             ///< bodies of the crop stage
   int collate_threads = 1;          ///< bodies of the collate stage
+  bool autotune = false;            ///< move threads between crops and collate as it runs, within `threads`
   std::size_t read_queue = 64;      ///< images between the reader and the crop stage
   std::size_t batch_queue = 4;      ///< batches between batcher, collate, copy and trainer
   std::size_t staging_buffers = 4;  ///< pinned buffers batches are collated into

@@ -103,7 +103,7 @@ struct PipelineCore::Engine {
 // StageBase
 
 StageBase::StageBase(std::string name, int threads, OnError on_error)
-    : name_(std::move(name)), threads_(threads), on_error_(on_error) {
+    : name_(std::move(name)), threads_(threads), limit_(threads), on_error_(on_error) {
   if (threads < 1 || threads > kMaxThreads)
     throw std::invalid_argument("stage '" + name_ + "': threads must be between 1 and " + std::to_string(kMaxThreads) +
                                 ", not " + std::to_string(threads));
@@ -114,7 +114,13 @@ StageBase::~StageBase() = default;
 void StageBase::start(PipelineCore& core, std::size_t position) {
   core_ = &core;
   position_ = position;
-  bodies_ = std::vector<Body>(static_cast<std::size_t>(threads_));  // never resized: ctx.blocked points in
+  // Under autotune a tunable stage gets a slot for every thread of the budget.
+  const auto& tune = core.options().autotune;
+  const int slots = tune && tunable() ? std::max(threads_, tune->threads) : threads_;
+  if (slots > kMaxThreads)
+    throw std::invalid_argument("autotune: a budget of " + std::to_string(slots) + " threads is more than a stage's " +
+                                std::to_string(kMaxThreads));
+  bodies_ = std::vector<Body>(static_cast<std::size_t>(slots));  // never resized: ctx.blocked points in
   for (std::size_t i = 0; i < bodies_.size(); ++i) {
     auto& ctx = bodies_[i].ctx;
     ctx.seed = core.options().seed;
@@ -122,7 +128,7 @@ void StageBase::start(PipelineCore& core, std::size_t position) {
     ctx.stop = core.stop_token();
     ctx.blocked = &bodies_[i].blocked;
     if (core.trace_)
-      bodies_[i].track = &core.trace_->add_track(threads_ > 1 ? name_ + " #" + std::to_string(i) : name_, name_);
+      bodies_[i].track = &core.trace_->add_track(slots > 1 ? name_ + " #" + std::to_string(i) : name_, name_);
     ctx.helper = {
         [](const void* stage) {
           return static_cast<const StageBase*>(stage)->core_->help_after(*static_cast<const StageBase*>(stage));
@@ -138,8 +144,8 @@ void StageBase::begin_epoch(std::uint32_t epoch) {
 int StageBase::claim() noexcept {
   auto s = slots_.load();
   for (;;) {
-    if (std::popcount(s) >= threads_) return -1;
-    const int i = std::countr_one(s);  // the lowest free slot: below threads_, as no higher one is taken
+    if (std::popcount(s) >= threads()) return -1;
+    const int i = std::countr_one(s);  // the lowest free slot: below threads() <= slots()
     if (slots_.compare_exchange_weak(s, s | (std::uint64_t{1} << i))) return i;
   }
 }
@@ -148,7 +154,7 @@ void StageBase::wake() noexcept {
   std::atomic_thread_fence(std::memory_order_seq_cst);  // see the class comment
   int queued = queued_.load(std::memory_order_relaxed);
   do {
-    if (std::popcount(slots_.load(std::memory_order_relaxed)) + queued >= threads_) return;
+    if (std::popcount(slots_.load(std::memory_order_relaxed)) + queued >= threads()) return;
     if (core_->stopping() || !has_work()) return;
   } while (!queued_.compare_exchange_weak(queued, queued + 1));
   if (!core_->spawn(*this)) queued_.fetch_sub(1);
@@ -177,7 +183,17 @@ bool StageBase::run() noexcept {
 void StageBase::run_body(int slot) noexcept {
   Body& body = bodies_[static_cast<std::size_t>(slot)];
   body.blocked = {};
-  const auto started = Clock::now();
+  // Busy time is counted after every chunk, not when the body leaves (which may be seconds
+  // later): the autotuner reads it as the stage runs.
+  auto mark = Clock::now();
+  std::chrono::nanoseconds blocked_mark{0};
+  auto count_busy = [&] {
+    const auto now = Clock::now();
+    const auto busy = std::chrono::duration_cast<std::chrono::nanoseconds>(now - mark) - (body.blocked - blocked_mark);
+    busy_ns_.fetch_add(busy.count(), std::memory_order_relaxed);
+    mark = now;
+    blocked_mark = body.blocked;
+  };
   Step last = Step::done;
   try {
     body_started();
@@ -196,15 +212,11 @@ void StageBase::run_body(int slot) noexcept {
     // Isolated: a stage function that waits for oneTBB work of its own (parallel_for, a
     // task_group) runs only that work meanwhile, never another body on the same thread.
     tbb::this_task_arena::isolate([&] {
-      if (body.track == nullptr) {
-        do last = step(body);
-        while (last == Step::progressed && !core_->stopping());
-        return;
-      }
-      do {  // traced: a span per chunk moved
-        const auto begin = Clock::now();
+      do {
+        const auto begin = mark;
         last = step(body);
-        if (last == Step::progressed) body.track->span(begin, Clock::now());
+        count_busy();
+        if (body.track != nullptr && last == Step::progressed) body.track->span(begin, mark);  // a span per chunk
       } while (last == Step::progressed && !core_->stopping());
     });
   } catch (const RuntimeFailure& f) {
@@ -214,8 +226,7 @@ void StageBase::run_body(int slot) noexcept {
     last = Step::done;
     core_->fail(name_, std::current_exception());
   }
-  const auto busy = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - started) - body.blocked;
-  busy_ns_.fetch_add(busy.count(), std::memory_order_relaxed);
+  count_busy();  // what a step that threw had done
   body_left(last, body.blocked);
 }
 
@@ -239,7 +250,7 @@ void StageBase::body_started() {
 
 void StageBase::body_left(Step why, std::chrono::nanoseconds blocked_inside) {
   std::lock_guard lock(idle_mutex_);
-  blocked_ += blocked_inside / threads_;  // thread-averaged, as busy % is
+  blocked_ += blocked_inside / threads();  // thread-averaged, as busy % is
   if (--running_ == 0) {
     idle_since_ = Clock::now();
     idle_reason_ = why;
@@ -249,7 +260,7 @@ void StageBase::body_left(Step why, std::chrono::nanoseconds blocked_inside) {
 StageStats StageBase::stats() const {
   StageStats s;
   s.name = name_;
-  s.threads = threads_;
+  s.threads = threads();
   s.items_in = items_in_.load();
   s.items_out = items_out_.load();
   s.skipped = skipped_.load();
@@ -280,9 +291,11 @@ class PipelineCore::Monitor {
   }
   ~Monitor() { finish(); }
 
-  /// Records that epoch `epoch` begins now. Any thread.
-  void epoch(std::uint32_t epoch) {
-    if (logger_) logger_->info(nlohmann::json{{"type", "epoch"}, {"t", seconds()}, {"epoch", epoch}}.dump());
+  /// Writes `record` to the occupancy log, with the time ("t") added. Any thread.
+  void note(nlohmann::json record) {
+    if (!logger_) return;
+    record["t"] = seconds();
+    logger_->info(record.dump());
   }
 
   // Takes a last sample, writes the per-stage counters, and closes the files. Called from a
@@ -399,6 +412,134 @@ class PipelineCore::Monitor {
 };
 
 // ---------------------------------------------------------------------------------------
+// Tuner: moves threads between the tunable stages (AutotuneOptions has the rule).
+
+class PipelineCore::Tuner {
+ public:
+  Tuner(PipelineCore& core, AutotuneOptions options) : core_(core), options_(options) {
+    for (auto& s : core.stages_)
+      if (s->tunable()) stages_.push_back({s.get(), s->busy()});
+    last_ = Clock::now();
+    thread_ = std::thread([this] { loop(); });
+  }
+  ~Tuner() { finish(); }
+
+  void finish() noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      if (done_) return;
+      done_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  static constexpr double kBusy = 0.85;   // a stage this busy gets a thread...
+  static constexpr double kSpare = 0.70;  // ...from one that stays at most this busy without it
+
+  struct Watched {
+    StageBase* stage;
+    std::chrono::nanoseconds ran{0};  // busy() at the last decision
+    double busy = 0;                  // its threads' busy share since then
+  };
+
+  void loop() {
+    std::unique_lock lock(mutex_);
+    while (!wake_.wait_for(lock, options_.interval, [&] { return done_; })) {
+      lock.unlock();
+      try {
+        decide();
+      } catch (const std::exception& e) {
+        spdlog::error("autotune: {}", e.what());
+      }
+      lock.lock();
+    }
+  }
+
+  void decide() {
+    const auto now = Clock::now();
+    const double dt = std::chrono::duration<double>(now - last_).count();
+    last_ = now;
+    int used = 0;
+    for (Watched& w : stages_) {
+      const auto ran = w.stage->busy();
+      w.busy = std::chrono::duration<double>(ran - w.ran).count() / (dt * w.stage->threads());
+      w.ran = ran;
+      used += w.stage->threads();
+    }
+    if (rest_) {  // the first measurement after a move straddles it
+      rest_ = false;
+      return;
+    }
+    Watched* need = nullptr;
+    for (Watched& w : stages_)
+      if (w.stage->threads() < w.stage->slots() && (need == nullptr || w.busy > need->busy)) need = &w;
+    Watched* spare = nullptr;  // none: a thread of the budget not in use
+    if (need != nullptr && used >= options_.threads) {
+      double least = kSpare;
+      for (Watched& w : stages_) {
+        const int t = w.stage->threads();
+        if (&w == need || t < 2) continue;
+        const double without_one = w.busy * t / (t - 1);
+        if (without_one <= least) least = without_one, spare = &w;
+      }
+    }
+    if (need == nullptr || need->busy < kBusy || (spare == nullptr && used >= options_.threads)) {
+      pending_ = {};
+      return;
+    }
+    const std::pair<StageBase*, StageBase*> move{need->stage, spare != nullptr ? spare->stage : nullptr};
+    if (pending_ != move) {  // the same move at two decisions in a row, or none
+      pending_ = move;
+      return;
+    }
+    pending_ = {};
+    rest_ = true;
+    apply(*need, spare, used);
+  }
+
+  void apply(Watched& need, Watched* spare, int used) {
+    auto busy = [](const Watched& w) {
+      return w.stage->name() + " " + std::to_string(static_cast<int>(100 * w.busy + 0.5)) + "% busy on " +
+             std::to_string(w.stage->threads()) + (w.stage->threads() == 1 ? " thread" : " threads");
+    };
+    std::string evidence = busy(need);
+    nlohmann::json changes = nlohmann::json::array();
+    changes.push_back(
+        {{"stage", need.stage->name()}, {"from", need.stage->threads()}, {"to", need.stage->threads() + 1}});
+    if (spare != nullptr) {
+      evidence += "; " + busy(*spare);
+      changes.push_back(
+          {{"stage", spare->stage->name()}, {"from", spare->stage->threads()}, {"to", spare->stage->threads() - 1}});
+      spare->stage->set_threads(spare->stage->threads() - 1);
+    } else {
+      evidence += "; " + std::to_string(options_.threads - used) + " of the budget's " +
+                  std::to_string(options_.threads) + " threads unused";
+    }
+    need.stage->set_threads(need.stage->threads() + 1);
+    std::string what = need.stage->name() + " " + std::to_string(need.stage->threads() - 1) + " -> " +
+                       std::to_string(need.stage->threads()) + " threads";
+    if (spare != nullptr)
+      what += ", " + spare->stage->name() + " " + std::to_string(spare->stage->threads() + 1) + " -> " +
+              std::to_string(spare->stage->threads());
+    spdlog::info("autotune: {} ({})", what, evidence);
+    if (core_.monitor_) core_.monitor_->note({{"type", "autotune"}, {"changes", changes}, {"evidence", evidence}});
+  }
+
+  PipelineCore& core_;
+  const AutotuneOptions options_;
+  std::vector<Watched> stages_;
+  Clock::time_point last_;
+  std::pair<StageBase*, StageBase*> pending_{};  // the move the last decision called for
+  bool rest_ = false;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool done_ = false;
+  std::thread thread_;
+};
+
+// ---------------------------------------------------------------------------------------
 // PipelineCore
 
 PipelineCore::PipelineCore() = default;
@@ -421,6 +562,22 @@ void PipelineCore::start(CoreOptions options) {
   options_ = std::move(options);
   if (options_.threads < 0) throw std::invalid_argument("pipeline threads must be at least 1 (or 0 for one per core)");
   if (options_.sample_interval.count() <= 0) throw std::invalid_argument("occupancy sample interval must be positive");
+  if (options_.autotune) {
+    AutotuneOptions& tune = *options_.autotune;
+    if (tune.threads < 0) throw std::invalid_argument("autotune: threads must be at least 1 (or 0 for the pipeline's)");
+    if (tune.threads > 0 && options_.threads > 0 && options_.threads != tune.threads)
+      throw std::invalid_argument("autotune: its budget of " + std::to_string(tune.threads) +
+                                  " threads is the pipeline's threads, which are set to " +
+                                  std::to_string(options_.threads) + "; set one of them");
+    if (tune.interval.count() <= 0) throw std::invalid_argument("autotune: the interval must be positive");
+    if (tune.threads == 0) tune.threads = options_.threads > 0 ? options_.threads : tbb::info::default_concurrency();
+    int tuned = 0;
+    for (const auto& s : stages_) tuned += s->tunable() ? s->threads() : 0;
+    if (tuned > tune.threads)
+      throw std::invalid_argument("autotune: the stages it tunes start with " + std::to_string(tuned) +
+                                  " threads in all, more than the budget of " + std::to_string(tune.threads));
+    options_.threads = tune.threads;
+  }
   if (!options_.trace.empty()) trace_ = std::make_unique<TraceFile>(options_.trace, Clock::now());
   for (std::size_t i = 0; i < stages_.size(); ++i) stages_[i]->start(*this, i);  // their tracks, in order
   if (trace_) consumer_track_ = &trace_->add_track("consumer (waiting)", "wait");
@@ -430,6 +587,7 @@ void PipelineCore::start(CoreOptions options) {
   threads_ = options_.threads == 0 ? tbb::info::default_concurrency() : options_.threads;
   engine_ = std::make_unique<Engine>(threads_);
   started_ = Clock::now();
+  if (options_.autotune) tuner_ = std::make_unique<Tuner>(*this, *options_.autotune);
 }
 
 bool PipelineCore::spawn(StageBase& stage) noexcept {
@@ -474,7 +632,7 @@ void PipelineCore::begin_epoch(std::uint32_t epoch) {
   for (auto& e : edges_) e->begin_epoch(epoch);
   for (auto& s : stages_) s->begin_epoch(epoch);
   if (consumer_track_) consumer_track_->epoch(Clock::now(), epoch);
-  if (monitor_) monitor_->epoch(epoch);
+  if (monitor_) monitor_->note({{"type", "epoch"}, {"epoch", epoch}});
 }
 
 void PipelineCore::fail(const std::string& stage, std::exception_ptr error) noexcept {
@@ -518,6 +676,7 @@ void PipelineCore::rethrow_if_failed() const {
 
 void PipelineCore::stop() noexcept {
   if (stopped_.exchange(true)) return;
+  if (tuner_) tuner_->finish();
   request_stop();
   wait_idle();
   if (monitor_) monitor_->finish();

@@ -15,6 +15,7 @@
 #include "inspect.h"
 #include "stoker/core/pipeline.h"
 #include "support.h"
+#include "synthetic_log.h"
 
 using namespace stoker;
 using namespace stoker::inspect;
@@ -120,7 +121,8 @@ OccupancyLog parse_text(const std::string& text, ReadOptions options = {}) {
 }
 
 // Enough of an XML parser to prove that a document is well-formed: every tag closed in
-// order, attribute values quoted, and every '&' the start of an entity.
+// order, attribute values quoted, every '&' the start of an entity, and what is neither
+// (the page's scripts) in CDATA sections.
 struct Markup {
   std::vector<std::string> errors;
   std::vector<std::string> elements;  // names of the opening tags, in order
@@ -140,6 +142,10 @@ struct Markup {
       }
       if (doc.compare(i, 4, "<!--") == 0) {
         i = skip_past(doc, i, "-->");
+        continue;
+      }
+      if (doc.compare(i, 9, "<![CDATA[") == 0) {  // the page's scripts
+        i = skip_past(doc, i, "]]>");
         continue;
       }
       if (doc.compare(i, 2, "<!") == 0 || doc.compare(i, 2, "<?") == 0) {
@@ -209,6 +215,56 @@ struct Markup {
     errors.push_back("bare '&' at " + std::to_string(at));
   }
 };
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
+// The values of every `name="..."` attribute, in the order of the document.
+std::vector<std::string> attribute_values(const std::string& doc, const std::string& name) {
+  std::vector<std::string> out;
+  const std::string open = " " + name + "=\"";
+  for (auto at = doc.find(open); at != std::string::npos; at = doc.find(open, at + 1)) {
+    const auto begin = at + open.size();
+    out.push_back(doc.substr(begin, doc.find('"', begin) - begin));
+  }
+  return out;
+}
+
+// The group `<g class="name" ...>...</g>` (holding no groups of its own).
+std::string group(const std::string& svg, const std::string& name) {
+  const auto begin = svg.find("<g class=\"" + name + "\"");
+  if (begin == std::string::npos) return "";
+  return svg.substr(begin, svg.find("</g>", begin) - begin);
+}
+
+// The y of the first text in the group whose opening tag holds `attribute`: where it sits in
+// the picture.
+double row_top(const std::string& svg, const std::string& attribute) {
+  const auto group = svg.find(attribute);
+  REQUIRE(group != std::string::npos);
+  const auto text = svg.find("<text ", group);
+  return std::stod(svg.substr(svg.find(" y=\"", text) + 4));
+}
+
+// The data the page's script draws from: `const data = {...};`.
+nlohmann::json page_data(const std::string& html) {
+  const std::string start = "const data = ";
+  const auto begin = html.find(start);
+  REQUIRE(begin != std::string::npos);
+  const auto end = html.find(";\n", begin);
+  return nlohmann::json::parse(html.substr(begin + start.size(), end - begin - start.size()));
+}
+
+// The y of every point of an SVG path written as "Mx,y x,y ... Z".
+std::vector<double> path_ys(const std::string& d) {
+  std::vector<double> ys;
+  for (auto comma = d.find(','); comma != std::string::npos; comma = d.find(',', comma + 1))
+    ys.push_back(std::stod(d.substr(comma + 1)));
+  return ys;
+}
 
 }  // namespace
 
@@ -388,14 +444,63 @@ TEST_SUITE("stoker-inspect") {
                          doctest::Contains("test.jsonl:3: counter 'x' must be a non-negative integer"), LogError);
   }
 
+  TEST_CASE("epoch records are read as the epochs' start times") {
+    const std::string log = R"({"type":"epoch","t":0.001,"epoch":0})"
+                            "\n" +
+                            sample(0.5, "a->consumer", 2, 4, "a", "consumer") + "\n" +
+                            R"({"type":"epoch","t":1.25,"epoch":1})"
+                            "\n" +
+                            sample(1.5, "a->consumer", 2, 4, "a", "consumer") + "\n";
+    const OccupancyLog parsed = parse_text(log);
+    REQUIRE(parsed.epochs.size() == 2);
+    CHECK(parsed.epochs[0].t == doctest::Approx(0.001));
+    CHECK(parsed.epochs[0].epoch == 0);
+    CHECK(parsed.epochs[1].t == doctest::Approx(1.25));
+    CHECK(parsed.epochs[1].epoch == 1);
+    CHECK(parse_text(sample(0, "a->consumer", 2, 4, "a", "consumer") + "\n").epochs.empty());
+    CHECK_THROWS_WITH_AS(parse_text(log + R"({"type":"epoch","t":2})" + "\n"),
+                         doctest::Contains("test.jsonl:5: epoch record has no 'epoch'"), LogError);
+    CHECK_THROWS_WITH_AS(parse_text(log + R"({"type":"epoch","t":2,"epoch":-1})" + "\n"),
+                         doctest::Contains("test.jsonl:5: 'epoch' must be a non-negative integer, not -1"), LogError);
+  }
+
+  TEST_CASE("the autotuner's moves are read, listed in the report and the JSON, and marked on the plot") {
+    const std::string move =
+        R"({"type":"autotune","t":1.25,"changes":[{"stage":"crops","from":1,"to":2},{"stage":"collate","from":3,"to":2}],)"
+        R"("evidence":"crops 98% busy on 1 thread; collate 20% busy on 3 threads"})";
+    const std::string log = sample(0.5, "a->consumer", 2, 4, "a", "consumer") + "\n" + move + "\n" +
+                            sample(1.5, "a->consumer", 2, 4, "a", "consumer") + "\n";
+    const OccupancyLog parsed = parse_text(log);
+    REQUIRE(parsed.moves.size() == 1);
+    CHECK(parsed.moves[0].t == doctest::Approx(1.25));
+    CHECK(parsed.moves[0].what == "crops 1 -> 2 threads, collate 3 -> 2");
+    CHECK(parsed.moves[0].evidence == "crops 98% busy on 1 thread; collate 20% busy on 3 threads");
+
+    const Report report = analyze(parsed);
+    std::ostringstream text;
+    print_report(text, report);
+    CHECK(text.str().find("autotune: 1 move\n  at 1.25 s: crops 1 -> 2 threads, collate 3 -> 2 (crops 98% busy") !=
+          std::string::npos);
+    CHECK(to_json(report).at("autotune").at(0).at("what") == "crops 1 -> 2 threads, collate 3 -> 2");
+
+    const std::string svg = plot_svg(parsed, report);
+    CHECK(count(group(svg, "moves"), "<line") == 1);
+    CHECK(group(svg, "moves").find("<title>crops 1 -&gt; 2 threads") != std::string::npos);
+    CHECK(page_data(plot_html(parsed, report)).at("marks").at(1).at("marks").size() == 1);
+
+    CHECK_THROWS_WITH_AS(parse_text(R"({"type":"autotune","t":1,"changes":[],"evidence":"x"})"
+                                    "\n"),
+                         doctest::Contains("'changes' must be a non-empty array"), LogError);
+  }
+
   TEST_CASE("record types the inspector does not know are passed over") {
-    const std::string log = R"({"type":"epoch","t":0.5,"epoch":1})"
+    const std::string log = R"({"type":"heartbeat","t":0.5,"beat":1})"
                             "\n" +
                             sample(0, "a->consumer", 2, 4, "a", "consumer") + "\n";
     CHECK(parse_text(log).queues.size() == 1);
   }
 
-  TEST_CASE("the plot is well-formed SVG, and HTML, with one polyline per queue and escaped names") {
+  TEST_CASE("the plot is well-formed SVG, and HTML, with one lane per queue and escaped names") {
     // Names with every character XML reserves, which a stage name may well hold.
     std::string log;
     for (int i = 0; i < 50; ++i)
@@ -403,53 +508,206 @@ TEST_SUITE("stoker-inspect") {
              sample(0.02 * i, "shuffle", 16, 32, "decode \"fast\"", "batch'") + "\n" +
              sample(0.02 * i, "batch'->consumer", 1, 4, "batch'", "consumer") + "\n";
     const OccupancyLog parsed = parse_text(log);
+    const Report report = analyze(parsed);
 
-    const std::string svg = plot_svg(parsed);
+    const std::string svg = plot_svg(parsed, report);
     CHECK(svg.rfind("<svg ", 0) == 0);
     const Markup svg_markup(svg);
     CHECK(svg_markup.errors.empty());
     for (const std::string& e : svg_markup.errors) MESSAGE(e);
-    CHECK(svg_markup.count("polyline") == 3 + 1);  // the queues and the axes
-    CHECK(std::count(svg.begin(), svg.end(), '\n') > 10);
-    CHECK(svg.find("class=\"queue\"") != std::string::npos);
+    CHECK(count(svg, "<g class=\"lane\"") == 3);
+    CHECK(count(svg, "<path class=\"band\"") == 3);
+    CHECK(count(svg, "<path class=\"mean\"") == 3);
+    CHECK(svg.find("<script") == std::string::npos);
     CHECK(svg.find("read&amp;&lt;x&gt; -&gt; decode &quot;fast&quot;") != std::string::npos);
     CHECK(svg.find("decode &quot;fast&quot; -&gt; batch&apos;") != std::string::npos);
     CHECK(svg.find("batch&apos; -&gt; consumer") != std::string::npos);
     CHECK(svg.find("time (s)") != std::string::npos);
-    CHECK(svg.find("fill (size / capacity)") != std::string::npos);
 
-    const std::string html = plot_html(parsed);
+    const std::string html = plot_html(parsed, report);
     CHECK(html.rfind("<!DOCTYPE html>", 0) == 0);
     const Markup html_markup(html);
     CHECK(html_markup.errors.empty());
     for (const std::string& e : html_markup.errors) MESSAGE(e);
     CHECK(html_markup.count("html") == 1);
     CHECK(html_markup.count("svg") == 1);
-    CHECK(html_markup.count("polyline") == 3 + 1);
-    CHECK(html.find(svg) != std::string::npos);
+    CHECK(html.find(svg) != std::string::npos);  // the same picture
 
     // A control character, which XML cannot carry at all, comes out replaced.
-    const std::string control = plot_svg(parse_text(sample(0, "a\u0001b", 1, 2, "a\u0001b", "consumer") + "\n"));
-    CHECK(control.find("a?b -&gt; consumer") != std::string::npos);
-    CHECK(control.find('\x01') == std::string::npos);
+    const OccupancyLog control = parse_text(sample(0, "a\u0001b", 1, 2, "a\u0001b", "consumer") + "\n");
+    const std::string control_svg = plot_svg(control, analyze(control));
+    CHECK(control_svg.find("a?b -&gt; consumer") != std::string::npos);
+    CHECK(control_svg.find('\x01') == std::string::npos);
 
     // The checker itself catches what it is there to catch.
     CHECK(!Markup("<svg><g></svg>").errors.empty());
     CHECK(!Markup("<svg><text>a & b</text></svg>").errors.empty());
     CHECK(!Markup("<svg><text>a <b> c</text></svg>").errors.empty());
+    CHECK(!Markup("<script>if (a < b && c) f();</script>").errors.empty());
+    CHECK(Markup("<script>//<![CDATA[\nif (a < b && c) f();\n//]]></script>").errors.empty());
   }
 
-  TEST_CASE("a long log is thinned to a few points per pixel, keeping the extremes") {
-    std::string log;
+  TEST_CASE(
+      "the plot shows the lanes in pipeline order, the stages' shares, the bottleneck, the epochs and the "
+      "counters") {
+    const OccupancyLog log = parse_text(to_jsonl(synthetic_log({.seconds = 60, .epochs = 3, .bottleneck = 3})));
+    const Report report = analyze(log);
+    REQUIRE(report.bottleneck == "collate");
+    const std::string svg = plot_svg(log, report);
+    CHECK(Markup(svg).errors.empty());
+
+    // Source at the top, and each stage's row between the lane it empties and the lane it fills.
+    CHECK(attribute_values(svg, "data-queue") == std::vector<std::string>{"read-&gt;crops", "shuffle",
+                                                                          "batch-&gt;collate", "collate-&gt;h2d",
+                                                                          "h2d-&gt;consumer"});
+    CHECK(attribute_values(svg, "data-stage") == synthetic_stages());
+    std::vector<std::string> rows;  // stages and queues as they come down the picture
+    for (const std::string& g : attribute_values(svg, "class"))
+      if (g == "stage" || g == "stage bottleneck" || g == "lane") rows.push_back(g);
+    CHECK(rows == std::vector<std::string>{"stage", "lane", "stage", "lane", "stage", "lane", "stage bottleneck",
+                                           "lane", "stage", "lane", "stage"});
+    for (std::size_t k = 0; k + 1 < synthetic_stages().size(); ++k) {
+      CAPTURE(k);
+      const double stage = row_top(svg, "data-stage=\"" + synthetic_stages()[k] + "\"");
+      const double lane = row_top(svg, "data-queue=\"" + attribute_values(svg, "data-queue")[k] + "\"");
+      const double next = row_top(svg, "data-stage=\"" + synthetic_stages()[k + 1] + "\"");
+      CHECK(stage < lane);
+      CHECK(lane < next);
+    }
+    CHECK(svg.find("read -&gt; crops (read-&gt;crops, capacity 64)") != std::string::npos);
+
+    // The verdict, its evidence and its suggestion; the bottleneck's row is marked.
+    CHECK(svg.find("bottleneck: </tspan>collate (fit ") != std::string::npos);
+    CHECK(svg.find("the queues before &apos;collate&apos; sit near full") != std::string::npos);
+    CHECK(svg.find("give &apos;collate&apos; more threads") != std::string::npos);
+    CHECK(count(svg, "class=\"stage bottleneck\"") == 1);
+    CHECK(svg.find("class=\"stage bottleneck\" data-stage=\"collate\"") != std::string::npos);
+    CHECK(count(svg, "the bottleneck</tspan>") == 1);
+
+    // A bar per stage with counters (the training loop keeps none), in shares of the run.
+    CHECK(count(svg, "<rect class=\"busy\"") == 5);
+    CHECK(count(svg, "<rect class=\"starved\"") == 5);
+    CHECK(count(svg, "<rect class=\"blocked\"") == 5);
+    CHECK(svg.find("busy 96% \xc2\xb7 starved 1% \xc2\xb7 blocked 1%") != std::string::npos);
+    CHECK(svg.find("the training loop keeps none") != std::string::npos);
+
+    // One mark per epoch across the lanes, labelled, and the counters.
+    const std::string epochs = group(svg, "epochs");
+    CHECK(count(epochs, "<line") == 3);
+    for (const char* label : {">epoch 0<", ">epoch 1<", ">epoch 2<"}) CHECK(epochs.find(label) != std::string::npos);
+    CHECK(svg.find(">counters: </tspan>") != std::string::npos);
+    CHECK(svg.find("h2d_bytes 1652747624 (1.65 GB)") != std::string::npos);
+    CHECK(svg.find("h2d_copies 2356") != std::string::npos);
+    CHECK(svg.find("mean fill 0.03") != std::string::npos);  // collate->h2d, after the bottleneck
+  }
+
+  TEST_CASE("the page carries the picture, its data and its script, and loads nothing from elsewhere") {
+    const OccupancyLog log = synthetic_log({.seconds = 60, .epochs = 3});
+    const std::string html = plot_html(log, analyze(log));
+    CHECK(Markup(html).errors.empty());
+    CHECK(count(html, "<script>") == 2);
+    CHECK(html.find("window.onerror") < html.find("const data = "));
+    CHECK(html.find("<body data-plot=\"loading\">") != std::string::npos);
+    for (const char* outside : {" src=", " href=", "<link", "@import", "url(http", "fetch(", "XMLHttpRequest"}) {
+      CAPTURE(outside);
+      CHECK(html.find(outside) == std::string::npos);
+    }
+
+    const nlohmann::json data = page_data(html);
+    REQUIRE(data.at("lanes").size() == 5);
+    const nlohmann::json& epochs = data.at("marks").at(0);
+    CHECK(epochs.at("cls") == "epochs");
+    CHECK(epochs.at("marks").size() == 3);
+    CHECK(epochs.at("marks").at(1).at(1) == "epoch 1");
+    CHECK(data.at("marks").at(1).at("marks").empty());  // no autotune moves
+    const std::size_t bins = data.at("bins");
+    CHECK(bins == 1200);  // as many as the samples: nothing to merge yet
+    for (const nlohmann::json& lane : data.at("lanes")) {
+      for (const char* key : {"lo", "mean", "hi", "n"}) CHECK(lane.at(key).size() == bins);
+      std::size_t samples = 0;
+      for (std::size_t n : lane.at("n")) samples += n;
+      CHECK(samples == 1200);
+    }
+    // The first queue swings between half full and full, so its bins span that.
+    const nlohmann::json& first = data.at("lanes").at(0);
+    CHECK(*std::max_element(first.at("hi").begin(), first.at("hi").end()) == 1000);
+    CHECK(*std::min_element(first.at("lo").begin(), first.at("lo").end()) <= 500);
+
+    // Names cannot end the script or its CDATA section: the data holds no '<', '>' or '&'.
+    std::string hostile;
+    for (int i = 0; i < 5; ++i) hostile += sample(0.1 * i, "]]></script><!--&", 1, 2, "</script>", "consumer") + "\n";
+    const OccupancyLog parsed = parse_text(hostile);
+    const std::string page = plot_html(parsed, analyze(parsed));
+    CHECK(Markup(page).errors.empty());
+    const std::string script = page.substr(page.find("const data = "));
+    CHECK(script.find("</script>") == script.rfind("</script>"));  // only the script's own end
+  }
+
+  TEST_CASE("a log without stage records, epochs or counters still plots") {
+    const OccupancyLog log = parse_text(two_queue_log(10, 9, 0));
+    const Report report = analyze(log);
+    const std::string svg = plot_svg(log, report);
+    CHECK(Markup(svg).errors.empty());
+    CHECK(count(svg, "<g class=\"lane\"") == 2);
+    CHECK(count(svg, "<rect class=\"busy\"") == 0);
+    CHECK(count(svg, "the log has no stage records") == 2);  // a and b; the training loop keeps none anyway
+    CHECK(count(group(svg, "epochs"), "<line") == 0);
+    CHECK(svg.find(">counters: </tspan>") == std::string::npos);
+    CHECK(svg.find("class=\"stage bottleneck\" data-stage=\"b\"") != std::string::npos);
+    const std::string html = plot_html(log, report);
+    CHECK(Markup(html).errors.empty());
+    for (const nlohmann::json& group : page_data(html).at("marks")) CHECK(group.at("marks").empty());
+
+    // A single sample: one instant, still an axis and a lane.
+    const OccupancyLog one = parse_text(sample(0, "a->consumer", 1, 2, "a", "consumer") + "\n");
+    CHECK(Markup(plot_svg(one, analyze(one))).errors.empty());
+    CHECK(Markup(plot_html(one, analyze(one))).errors.empty());
+  }
+
+  TEST_CASE("an hour's log makes a page under 4 MiB that keeps its swings") {
+    // 5 queues sampled every 50 ms for an hour: 72,000 samples each.
+    const OccupancyLog log = synthetic_log({.seconds = 3600, .epochs = 20});
+    REQUIRE(log.queues.front().samples.size() == 72000);
+    const Report report = analyze(log);
+    const std::string html = plot_html(log, report);
+    MESSAGE("the page of an hour's log: " << html.size() << " bytes");
+    CHECK(html.size() < 4u * 1024 * 1024);
+    CHECK(plot_svg(log, report).size() < 512u * 1024);
+
+    const nlohmann::json data = page_data(html);
+    const std::size_t bins = data.at("bins");
+    CHECK(bins >= 10000);  // a zoom into a minute still has ~170 bins
+    CHECK(bins <= 20000);
+    const nlohmann::json& first = data.at("lanes").at(0);
+    std::size_t samples = 0;
+    for (std::size_t n : first.at("n")) samples += n;
+    CHECK(samples == 72000);
+    CHECK(*std::max_element(first.at("hi").begin(), first.at("hi").end()) == 1000);
+    CHECK(count(group(plot_svg(log, report), "epochs"), "<line") == 20);
+  }
+
+  TEST_CASE("a long log is binned to a point per pixel column, keeping the extremes") {
+    // One sample in a hundred shows the queue full, the others a quarter full.
+    std::string text;
     for (int i = 0; i < 20000; ++i)
-      log += sample(0.001 * i, "a->consumer", i % 100 == 0 ? 4 : 1, 4, "a", "consumer") + "\n";
-    const std::string svg = plot_svg(parse_text(log));
-    const auto start = svg.find("points=\"", svg.find("class=\"queue\""));
-    const auto end = svg.find('"', start + 8);
-    const std::string points = svg.substr(start + 8, end - start - 8);
-    const auto pairs = std::count(points.begin(), points.end(), ',');
-    CHECK(pairs <= 2 * 721);
-    CHECK(pairs >= 100);
-    CHECK(points.find(",24.0") != std::string::npos);  // a full sample: the top of the frame
+      text += sample(0.001 * i, "a->consumer", i % 100 == 0 ? 4 : 1, 4, "a", "consumer") + "\n";
+    const OccupancyLog log = parse_text(text);
+    const std::string svg = plot_svg(log, analyze(log));
+
+    const std::vector<double> band = path_ys(attribute_values(svg, "d").at(1));  // area, band, mean
+    const std::vector<double> mean = path_ys(attribute_values(svg, "d").at(2));
+    CHECK(mean.size() <= 720);
+    CHECK(mean.size() >= 700);
+    // Where the lane's fill 1 and 0 are: its background, 40 pixels high.
+    const auto top = svg.find("height=\"40\"");
+    const double lane_top = std::stod(svg.substr(svg.rfind("y=\"", top) + 3));
+    const double lane_bottom = lane_top + 40;
+    // Every full sample is kept by the band (200 of them, 0.1 s apart: each in a column of its
+    // own); the means stay near a quarter.
+    CHECK(*std::min_element(band.begin(), band.end()) == doctest::Approx(lane_top));
+    CHECK(std::count_if(band.begin(), band.end(), [&](double y) { return y == doctest::Approx(lane_top); }) >= 190);
+    const auto [low, high] = std::minmax_element(mean.begin(), mean.end());
+    CHECK((lane_bottom - *high) / 40 == doctest::Approx(0.25).epsilon(0.02));
+    CHECK((lane_bottom - *low) / 40 <= 0.3);
   }
 }

@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "stoker/core/autotune.h"
 #include "stoker/core/detail/stages.h"
 #include "stoker/core/random_shuffle_queue.h"
 #include "stoker/core/stage.h"
@@ -36,6 +37,9 @@ struct StageOptions {
   /// function object, at the same time when threads > 1: it must then be safe to call
   /// concurrently.
   bool copy_per_body = false;
+  /// Whether the autotuner (PipelineBuilder::autotune) may change this stage's threads. Off
+  /// for a stage whose speed is not its threads' (one that waits for a device, say).
+  bool autotune = true;
 };
 
 /// Options of the source stage.
@@ -67,6 +71,9 @@ struct PipelineOptions {
   /// as counters at every sample_interval, and epoch marks.
   std::string trace;
   std::chrono::milliseconds sample_interval{50};
+  /// Moves threads between the map and flat_map stages as the pipeline runs (AutotuneOptions);
+  /// none = off.
+  std::optional<AutotuneOptions> autotune;
   /// Counters kept outside the graph, reported in summary() and at the end of the occupancy
   /// log, e.g. stoker::gpu::transfer_counters(device).
   CounterSource counters;
@@ -111,6 +118,8 @@ class BuilderOptions {
   Self&& occupancy_log(std::string path, std::chrono::milliseconds interval = std::chrono::milliseconds(50)) && {
     return std::move(occupancy_log(std::move(path), interval));
   }
+  Self& autotune(AutotuneOptions a = {}) & { return set([&](auto& o) { o.autotune = a; }); }
+  Self&& autotune(AutotuneOptions a = {}) && { return std::move(autotune(a)); }
   Self& trace(std::string path) & { return set([&](auto& o) { o.trace = std::move(path); }); }
   Self&& trace(std::string path) && { return std::move(trace(std::move(path))); }
   Self& counters(CounterSource source) & { return set([&](auto& o) { o.counters = std::move(source); }); }
@@ -250,7 +259,8 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
     auto& final_edge = make_edge(*a, "consumer");
     static_cast<detail::Producer<T>*>(a->last)->connect_output(&final_edge, nullptr);
     const auto& o = a->options;
-    a->core->start({o.threads, o.seed, o.deterministic, o.occupancy_log, o.trace, o.sample_interval, o.counters});
+    a->core->start(
+        {o.threads, o.seed, o.deterministic, o.occupancy_log, o.trace, o.sample_interval, o.autotune, o.counters});
     return Pipeline<T>(std::move(a->core), final_edge, *a->last, o.epochs);
   }
 
@@ -263,7 +273,7 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
     auto stage =
         std::make_unique<Stage>(name, std::move(fn),
                                 typename Stage::Options{options.threads, detail::max_chunk_or_any(options.max_chunk),
-                                                        options.on_error, options.copy_per_body});
+                                                        options.on_error, options.copy_per_body, options.autotune});
     connect(*a, *stage);
     a->last = &a->core->add_stage(std::move(stage));
     a->last_queue = options.queue;

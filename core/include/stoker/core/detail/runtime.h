@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "stoker/core/autotune.h"
 #include "stoker/core/detail/edges.h"
 #include "stoker/core/detail/trace.h"
 #include "stoker/core/stage.h"
@@ -83,7 +84,20 @@ class StageBase {
   StageBase& operator=(const StageBase&) = delete;
 
   const std::string& name() const { return name_; }
-  int threads() const { return threads_; }
+  /// Bodies that may run at once now: the stage's threads, or what the autotuner set.
+  int threads() const { return limit_.load(std::memory_order_relaxed); }
+  /// Body slots made at start(): threads() never exceeds it.
+  int slots() const { return static_cast<int>(bodies_.size()); }
+  /// Whether the autotuner may move threads to and from this stage (map and flat_map).
+  virtual bool tunable() const { return false; }
+  /// The autotuner's: `n` bodies may run at once from now on, 1 to slots(). Bodies beyond it
+  /// finish their chunk; the stage's own wake-ups start new ones up to it.
+  void set_threads(int n) noexcept { limit_.store(n, std::memory_order_relaxed); }
+  /// Time its bodies ran so far, waits for pools excluded, summed over its threads; counted
+  /// after every chunk.
+  std::chrono::nanoseconds busy() const noexcept {
+    return std::chrono::nanoseconds(busy_ns_.load(std::memory_order_relaxed));
+  }
   std::size_t position() const { return position_; }  ///< in the pipeline, from the source
 
   /// Makes sure a body will look for work, if the stage has some and a free slot. Any thread.
@@ -175,7 +189,8 @@ class StageBase {
   PipelineCore* core_ = nullptr;
   std::size_t position_ = 0;
   const std::string name_;
-  const int threads_;
+  const int threads_;       // as built
+  std::atomic<int> limit_;  // threads(): threads_, or what the autotuner set
   const OnError on_error_;
   std::vector<Body> bodies_;  // one per slot; set up by start() and begin_epoch()
 
@@ -201,6 +216,7 @@ struct CoreOptions {
   std::string occupancy_log;
   std::string trace;
   std::chrono::milliseconds sample_interval{50};
+  std::optional<AutotuneOptions> autotune;
   CounterSource counters;
 };
 
@@ -266,6 +282,7 @@ class PipelineCore {
   friend class StageBase;
   struct Engine;
   class Monitor;
+  class Tuner;
 
   // Destroyed bottom-up: the monitor reads edges and stages and writes the trace; the engine's
   // tasks run stages, whose bodies write the trace's tracks.
@@ -276,6 +293,7 @@ class PipelineCore {
   std::vector<std::unique_ptr<StageBase>> stages_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Monitor> monitor_;
+  std::unique_ptr<Tuner> tuner_;
   std::stop_source stop_;
   // stop_.stop_requested(), on a line of its own that only a stop writes: bodies read it for
   // every item, and stop tokens' reference counts live beside the stop_source's flag.

@@ -199,7 +199,7 @@ class Producer : public StageBase {
 
   void start(PipelineCore& core, std::size_t position) override {
     StageBase::start(core, position);
-    out_.start(core.options().deterministic, threads());
+    out_.start(core.options().deterministic, slots());
   }
   void begin_epoch(std::uint32_t epoch) override {
     StageBase::begin_epoch(epoch);
@@ -210,13 +210,13 @@ class Producer : public StageBase {
   /// Output::put, and a wake-up for a sibling if the chunk gave its claim back.
   bool put(typename Output<T>::Key key, std::vector<T>&& items, std::uint64_t span) {
     const bool sent = out_.put(key, std::move(items), span);
-    if (threads() > 1) wake();
+    if (slots() > 1) wake();
     return sent;
   }
   /// Sends what waits; false when something still does.
   bool flush() {
     const bool clear = out_.flush();
-    if (threads() > 1) wake();
+    if (slots() > 1) wake();
     return clear;
   }
 
@@ -325,14 +325,26 @@ class TransformStage final : public Consumer<In, Out> {
     std::size_t max_chunk = std::numeric_limits<std::size_t>::max();
     OnError on_error = OnError::fail;
     bool copy_per_body = false;
+    bool tunable = true;
   };
 
   TransformStage(std::string name, F fn, Options o)
       : Consumer<In, Out>(std::move(name), o.threads, o.on_error),
         max_chunk_(std::min(o.max_chunk, function_max_chunk(fn))),
-        fns_(o.copy_per_body ? static_cast<std::size_t>(o.threads) : 1, fn),
-        inputs_(static_cast<std::size_t>(o.threads)) {}
+        copy_per_body_(o.copy_per_body),
+        tunable_(o.tunable),
+        fns_(1, std::move(fn)) {}
 
+  bool tunable() const override { return tunable_; }
+  void start(PipelineCore& core, std::size_t position) override {
+    Consumer<In, Out>::start(core, position);
+    const auto slots = static_cast<std::size_t>(this->slots());
+    inputs_.resize(slots);
+    if (copy_per_body_) {
+      fns_.reserve(slots);  // copies of the first, made before any body calls one
+      while (fns_.size() < slots) fns_.push_back(fns_.front());
+    }
+  }
   void begin_epoch(std::uint32_t epoch) override {
     Consumer<In, Out>::begin_epoch(epoch);
     finished_.store(false);
@@ -361,7 +373,7 @@ class TransformStage final : public Consumer<In, Out> {
       maybe_finish(body);
       return r == Pop::empty ? Step::starved : Step::done;
     }
-    if (this->threads() > 1) this->wake();  // a sibling may take the next chunk
+    if (this->slots() > 1) this->wake();  // a sibling may take the next chunk
     this->count_in(inputs.size());
     process(body, inputs, first);
     processing_.fetch_sub(1);
@@ -489,6 +501,7 @@ class TransformStage final : public Consumer<In, Out> {
   }
 
   const std::size_t max_chunk_;
+  const bool copy_per_body_, tunable_;
   std::vector<F> fns_;                   // one, or one per body
   std::vector<std::vector<In>> inputs_;  // per body slot
   std::atomic<std::size_t> fanout_{16};  // outputs per input, times 16, averaged over chunks
