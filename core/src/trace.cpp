@@ -30,6 +30,9 @@ TraceFile::Track& TraceFile::add_track(const std::string& name, std::string span
   Track& t = tracks_.emplace_back();
   t.span_name_ = std::move(span_name);
   t.tid_ = static_cast<int>(tracks_.size());
+  // Spans are the bulk of the file: their JSON is put together from a head made once.
+  t.span_head_ = "{\"ph\":\"X\",\"pid\":" + std::to_string(kPid) + ",\"tid\":" + std::to_string(t.tid_) +
+                 ",\"name\":" + Json(t.span_name_).dump() + ",\"ts\":";
   emit(Json{{"ph", "M"}, {"pid", kPid}, {"tid", t.tid_}, {"name", "thread_name"}, {"args", {{"name", name}}}}.dump());
   emit(Json{
       {"ph", "M"}, {"pid", kPid}, {"tid", t.tid_}, {"name", "thread_sort_index"}, {"args", {{"sort_index", t.tid_}}}}
@@ -41,10 +44,11 @@ double TraceFile::micros(Clock::time_point t) const {
   return std::chrono::duration<double, std::micro>(t - origin_).count();
 }
 
-void TraceFile::emit(const std::string& json_object) {
+void TraceFile::emit(const std::string& head, const char* tail) {
   if (!first_) std::fputs(",\n", file_);
   first_ = false;
-  std::fputs(json_object.c_str(), file_);
+  std::fputs(head.c_str(), file_);
+  std::fputs(tail, file_);
 }
 
 void TraceFile::write(Clock::time_point t, const std::vector<std::pair<std::string, std::size_t>>& fills) {
@@ -55,15 +59,12 @@ void TraceFile::write(Clock::time_point t, const std::vector<std::pair<std::stri
       std::swap(taken_, track.events_);
     }
     for (const Track::Event& e : taken_) {
-      if (e.kind == Track::Kind::span)
-        emit(Json{{"ph", "X"},
-                  {"pid", kPid},
-                  {"tid", track.tid_},
-                  {"name", track.span_name_},
-                  {"ts", micros(e.begin)},
-                  {"dur", micros(e.end) - micros(e.begin)}}
-                 .dump());
-      else
+      if (e.kind == Track::Kind::span) {
+        char tail[64];
+        const double begin = micros(e.begin);
+        std::snprintf(tail, sizeof tail, "%.3f,\"dur\":%.3f}", begin, micros(e.end) - begin);
+        emit(track.span_head_, tail);
+      } else {
         emit(Json{{"ph", "i"},
                   {"pid", kPid},
                   {"tid", track.tid_},
@@ -71,11 +72,17 @@ void TraceFile::write(Clock::time_point t, const std::vector<std::pair<std::stri
                   {"name", "epoch " + std::to_string(e.value)},
                   {"ts", micros(e.begin)}}
                  .dump());
+      }
     }
   }
-  for (const auto& [queue, size] : fills)
-    emit(Json{{"ph", "C"}, {"pid", kPid}, {"name", "queue " + queue}, {"ts", micros(t)}, {"args", {{"items", size}}}}
-             .dump());
+  for (std::size_t i = 0; i < fills.size(); ++i) {
+    if (i == counter_heads_.size())
+      counter_heads_.push_back("{\"ph\":\"C\",\"pid\":" + std::to_string(kPid) +
+                               ",\"name\":" + Json("queue " + fills[i].first).dump() + ",\"ts\":");
+    char tail[64];
+    std::snprintf(tail, sizeof tail, "%.3f,\"args\":{\"items\":%zu}}", micros(t), fills[i].second);
+    emit(counter_heads_[i], tail);
+  }
 }
 
 void TraceFile::close() {

@@ -45,6 +45,7 @@ class TraceFile {
     }
 
     std::string span_name_;  // the stage's name, or "wait"
+    std::string span_head_;  // a span's JSON up to its "ts" value, made once
     int tid_ = 0;
     SpinLock mutex_;
     std::vector<Event> events_;  // under mutex_
@@ -68,7 +69,8 @@ class TraceFile {
 
  private:
   double micros(Clock::time_point t) const;
-  void emit(const std::string& json_object);
+  /// Appends one event, `head` then `tail`, to the array.
+  void emit(const std::string& head, const char* tail = "");
 
   std::string path_;
   Clock::time_point origin_;
@@ -76,6 +78,7 @@ class TraceFile {
   bool first_ = true;
   std::deque<Track> tracks_;  // stable addresses
   std::vector<Track::Event> taken_;
+  std::vector<std::string> counter_heads_;  // per queue, a counter's JSON up to its "ts" value
 };
 
 }  // namespace stoker::detail
