@@ -656,7 +656,8 @@ TEST_SUITE("stoker-inspect") {
     CHECK(svg.find("class=\"stage bottleneck\" data-stage=\"b\"") != std::string::npos);
     const std::string html = plot_html(log, report);
     CHECK(Markup(html).errors.empty());
-    for (const nlohmann::json& group : page_data(html).at("marks")) CHECK(group.at("marks").empty());
+    const nlohmann::json data = page_data(html);
+    for (const nlohmann::json& group : data.at("marks")) CHECK(group.at("marks").empty());
 
     // A single sample: one instant, still an axis and a lane.
     const OccupancyLog one = parse_text(sample(0, "a->consumer", 1, 2, "a", "consumer") + "\n");
