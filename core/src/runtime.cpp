@@ -277,6 +277,58 @@ StageStats StageBase::stats() const {
 }
 
 // ---------------------------------------------------------------------------------------
+// Ticker: the monitor's and the tuner's thread.
+
+// A thread that calls `tick` every `interval` (the first time at once when `at_start`) until
+// stop(); what a tick throws is logged under `what`, and the ticks go on.
+class Ticker {
+ public:
+  Ticker(std::chrono::milliseconds interval, bool at_start, const char* what, std::function<void()> tick)
+      : interval_(interval), what_(what), tick_(std::move(tick)), thread_([this, at_start] { loop(at_start); }) {}
+  ~Ticker() { stop(); }
+  Ticker(const Ticker&) = delete;
+  Ticker& operator=(const Ticker&) = delete;
+
+  /// Returns once the thread has ended, after the tick in progress. False if it had already.
+  bool stop() noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      if (done_) return false;
+      done_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+    return true;
+  }
+
+ private:
+  void loop(bool at_start) {
+    std::unique_lock lock(mutex_);
+    auto next = Clock::now() + (at_start ? Clock::duration::zero() : Clock::duration(interval_));
+    while (!wake_.wait_until(lock, next, [&] { return done_; })) {
+      lock.unlock();
+      try {
+        tick_();
+      } catch (const std::exception& e) {
+        spdlog::error("{}: {}", what_, e.what());
+      } catch (...) {
+        spdlog::error("{}: an unknown error", what_);
+      }
+      lock.lock();
+      next += interval_;
+    }
+  }
+
+  const std::chrono::milliseconds interval_;
+  const char* const what_;
+  const std::function<void()> tick_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool done_ = false;
+  std::thread thread_;  // last: starts once the rest is made
+};
+
+// ---------------------------------------------------------------------------------------
 // Monitor: samples every queue at a fixed interval into the occupancy log, a JSON Lines file
 // written through an spdlog asynchronous logger so that the sampling thread never waits on the
 // disk, and into the trace, whose tracks it also writes out.
@@ -285,9 +337,10 @@ class PipelineCore::Monitor {
  public:
   /// Writes the occupancy log to `path` (none if empty) and the trace to `trace` (none if null).
   Monitor(const PipelineCore& core, const std::string& path, TraceFile* trace, std::chrono::milliseconds interval)
-      : core_(core), trace_(trace), interval_(interval) {
+      : core_(core), trace_(trace) {
     if (!path.empty()) open_log(path);
-    thread_ = std::thread([this] { loop(); });
+    ticker_.emplace(interval, /*at_start=*/true, "occupancy log or trace: a sample could not be written",
+                    [this] { sample(); });
   }
   ~Monitor() { finish(); }
 
@@ -301,13 +354,7 @@ class PipelineCore::Monitor {
   // Takes a last sample, writes the per-stage counters, and closes the files. Called from a
   // destructor: what fails is logged, not thrown.
   void finish() noexcept {
-    {
-      std::lock_guard lock(mutex_);
-      if (done_) return;
-      done_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
+    if (!ticker_->stop()) return;
     try {
       sample();
       if (logger_) write_totals();
@@ -338,22 +385,6 @@ class PipelineCore::Monitor {
       logger_->set_pattern("%v");
     } catch (const std::exception& e) {
       throw std::runtime_error("occupancy log '" + path + "': cannot open for writing: " + e.what());
-    }
-  }
-
-  void loop() {
-    std::unique_lock lock(mutex_);
-    auto next = Clock::now();
-    while (!done_) {
-      lock.unlock();
-      try {
-        sample();
-      } catch (const std::exception& e) {
-        spdlog::error("occupancy log or trace: a sample could not be written: {}", e.what());
-      }
-      lock.lock();
-      next += interval_;
-      wake_.wait_until(lock, next, [&] { return done_; });
     }
   }
 
@@ -400,15 +431,11 @@ class PipelineCore::Monitor {
 
   const PipelineCore& core_;
   TraceFile* const trace_;
-  const std::chrono::milliseconds interval_;
   const Clock::time_point born_ = Clock::now();
   std::vector<std::pair<std::string, std::size_t>> fills_;  // the sampling thread's
   std::shared_ptr<spdlog::details::thread_pool> pool_;
   std::shared_ptr<spdlog::async_logger> logger_;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool done_ = false;
-  std::thread thread_;
+  std::optional<Ticker> ticker_;  // started once the log is open
 };
 
 // ---------------------------------------------------------------------------------------
@@ -420,19 +447,10 @@ class PipelineCore::Tuner {
     for (auto& s : core.stages_)
       if (s->tunable()) stages_.push_back({s.get(), s->busy()});
     last_ = Clock::now();
-    thread_ = std::thread([this] { loop(); });
+    ticker_.emplace(options_.interval, /*at_start=*/false, "autotune", [this] { decide(); });
   }
-  ~Tuner() { finish(); }
 
-  void finish() noexcept {
-    {
-      std::lock_guard lock(mutex_);
-      if (done_) return;
-      done_ = true;
-    }
-    wake_.notify_all();
-    thread_.join();
-  }
+  void finish() noexcept { ticker_->stop(); }
 
  private:
   static constexpr double kBusy = 0.85;   // a stage this busy gets a thread...
@@ -443,19 +461,6 @@ class PipelineCore::Tuner {
     std::chrono::nanoseconds ran{0};  // busy() at the last decision
     double busy = 0;                  // its threads' busy share since then
   };
-
-  void loop() {
-    std::unique_lock lock(mutex_);
-    while (!wake_.wait_for(lock, options_.interval, [&] { return done_; })) {
-      lock.unlock();
-      try {
-        decide();
-      } catch (const std::exception& e) {
-        spdlog::error("autotune: {}", e.what());
-      }
-      lock.lock();
-    }
-  }
 
   void decide() {
     const auto now = Clock::now();
@@ -533,10 +538,7 @@ class PipelineCore::Tuner {
   Clock::time_point last_;
   std::pair<StageBase*, StageBase*> pending_{};  // the move the last decision called for
   bool rest_ = false;
-  std::mutex mutex_;
-  std::condition_variable wake_;
-  bool done_ = false;
-  std::thread thread_;
+  std::optional<Ticker> ticker_;  // last: started once the rest is made
 };
 
 // ---------------------------------------------------------------------------------------
