@@ -19,6 +19,7 @@ namespace stoker::bench {
 
 SuiteRun setup_augment(CLI::App& command);   // bench_augment.cpp
 SuiteRun setup_transfer(CLI::App& command);  // bench_transfer.cpp
+SuiteRun setup_resume(CLI::App& command);    // bench_resume.cpp
 
 namespace {
 
@@ -31,6 +32,9 @@ constexpr Suite kSuites[] = {
      &setup_augment},
     {"autotune", "the autotuner from a bad thread split against the best hand-chosen one; its cost when well set",
      &setup_autotune},
+    {"resume",
+     "exact resume of the reference job mid-epoch: time to the first batch vs fresh and fast-forward; state()'s cost",
+     &setup_resume},
     {"transfer", "host-to-device GB/s pinned vs pageable; copy + crop overlap; crop kernel vs device-to-device copy",
      &setup_transfer},
 };

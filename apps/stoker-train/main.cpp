@@ -15,6 +15,7 @@
 
 #include "app_main.h"
 #include "stoker/core/stage_error.h"
+#include "stoker/core/state.h"
 #include "stoker/stages/reader.h"
 #include "train.h"
 
@@ -202,6 +203,23 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
       ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 32))
       ->capture_default_str()
       ->group("Data");
+  app.add_flag("--deterministic", o.deterministic,
+               "Make the pipeline yield the same batches in the same order whatever its threads; needed by "
+               "--checkpoint and --resume")
+      ->group("Pipeline");
+  app.add_option("--checkpoint", o.checkpoint,
+                 "Write the model, its optimizer and the pipeline's state to DIR/checkpoint at the end, and every "
+                 "--checkpoint-every steps; each write replaces the last whole (needs --deterministic)")
+      ->type_name("DIR")
+      ->group("Output");
+  app.add_option("--checkpoint-every", o.checkpoint_every, "Training steps between checkpoints (0: only at the end)")
+      ->capture_default_str()
+      ->group("Output");
+  app.add_option("--resume", o.resume,
+                 "Go on from DIR/checkpoint exactly where that run stood, mid-epoch included: the rest of the run "
+                 "is the same as without the stop (same options, --deterministic)")
+      ->type_name("DIR")
+      ->group("Data");
   app.add_flag("--json", json, "Also print the result as one JSON object on the last line of stdout")->group("Output");
 }
 
@@ -312,6 +330,10 @@ int run(int argc, char** argv) {
     std::cerr << "stoker-train: " << one_line(e.what()) << '\n';
     return 2;
   } catch (const DataError& e) {
+    bar.clear();
+    std::cerr << "stoker-train: " << one_line(e.what()) << '\n';
+    return 2;
+  } catch (const StateError& e) {
     bar.clear();
     std::cerr << "stoker-train: " << one_line(e.what()) << '\n';
     return 2;

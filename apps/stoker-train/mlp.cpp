@@ -128,4 +128,25 @@ MlpCounters Mlp::read_counters(gpu::Stream& stream) {
   return {host_counters_.train_loss_sum, host_counters_.train_correct, host_counters_.test_correct};
 }
 
+std::vector<std::byte> Mlp::save(gpu::Stream& stream) {
+  const std::size_t bytes = parameter_count_ * sizeof(float);
+  std::vector<std::byte> state(2 * bytes + sizeof(DeviceCounters));
+  stream.copy_to_host(state.data(), params_.data(), bytes);
+  stream.copy_to_host(state.data() + bytes, velocity_.data(), bytes);
+  stream.copy_to_host(state.data() + 2 * bytes, counters_.data(), sizeof(DeviceCounters));
+  stream.synchronize();
+  return state;
+}
+
+void Mlp::restore(gpu::Stream& stream, std::span<const std::byte> state) {
+  const std::size_t bytes = parameter_count_ * sizeof(float);
+  if (state.size() != 2 * bytes + sizeof(DeviceCounters))
+    throw std::invalid_argument("mlp: a saved state of " + std::to_string(state.size()) +
+                                " bytes, but this model's is " + std::to_string(2 * bytes + sizeof(DeviceCounters)));
+  stream.copy_to_device(params_.data(), state.data(), bytes);
+  stream.copy_to_device(velocity_.data(), state.data() + bytes, bytes);
+  stream.copy_to_device(counters_.data(), state.data() + 2 * bytes, sizeof(DeviceCounters));
+  stream.synchronize();  // `state` may go on return
+}
+
 }  // namespace stoker::train

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "stoker/gpu/device.h"
@@ -45,6 +46,13 @@ class Mlp {
   void reset_counters(gpu::Stream& stream);
   /// The counters, through one device-to-host copy; waits for the work issued to `stream`.
   MlpCounters read_counters(gpu::Stream& stream);
+
+  /// Everything training changes: the parameters, the optimizer's momenta and the counters, as
+  /// bytes (read back through `stream`, after the work issued to it).
+  std::vector<std::byte> save(gpu::Stream& stream);
+  /// Puts back what save() returned; throws std::invalid_argument when its size is not this
+  /// model's.
+  void restore(gpu::Stream& stream, std::span<const std::byte> state);
 
   std::size_t parameter_count() const noexcept { return parameter_count_; }
   const MlpOptions& options() const noexcept { return options_; }

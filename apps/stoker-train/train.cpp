@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <utility>
 
+#include "checkpoint.h"
 #include "mlp.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/core/random_shuffle_queue.h"
@@ -78,6 +79,30 @@ class Trainer {
     for (int i = 0; i < o.in_flight; ++i) step_done_.push_back(device_->make_event());
   }
 
+  // Checkpoints.
+  Checkpoint checkpoint(PipelineState pipeline) {
+    return {step_,
+            current_.samples,
+            current_.batches,
+            Checkpoint::options_of(o_),
+            std::move(pipeline),
+            model_.save(*compute_)};
+  }
+  /// Goes on from `c`, inside the epoch its pipeline state is in.
+  void resume(Checkpoint c) {
+    model_.restore(*compute_, c.model);
+    step_ = c.step;
+    current_ = EpochReport{};
+    current_.epoch = c.pipeline.epoch + 1;
+    current_.samples = c.samples;
+    current_.batches = c.batches;
+    started_ = Clock::now();
+    resume_ = std::move(c.pipeline);
+  }
+  /// Where the pipeline goes on from, after resume().
+  const std::optional<PipelineState>& resume_point() const { return resume_; }
+  std::uint64_t steps() const { return step_; }
+
   gpu::Device& device() { return *device_; }
   const std::shared_ptr<gpu::Device>& device_ptr() { return device_; }
   gpu::Stream& compute() { return *compute_; }
@@ -95,8 +120,8 @@ class Trainer {
   // (without it, a trainer that outruns the device would seem starved, its next batch held
   // up by device buffers that the queued steps still use).
   void step(gpu::DeviceBatch& batch) {
-    gpu::Event& done = *step_done_[step_ % step_done_.size()];
-    if (step_ >= step_done_.size()) {
+    gpu::Event& done = *step_done_[issued_ % step_done_.size()];
+    if (issued_ >= step_done_.size()) {
       const auto t0 = Clock::now();
       done.synchronize();
       current_.device_wait_seconds += seconds_since(t0);
@@ -106,6 +131,7 @@ class Trainer {
                       learning_rate());
     batch.release_after(*compute_);
     compute_->record(done);
+    ++issued_;
     ++step_;
     ++current_.batches;
     current_.samples += batch.count;
@@ -159,7 +185,9 @@ class Trainer {
   Mlp model_;
   std::vector<std::unique_ptr<gpu::Event>> step_done_;
   std::uint64_t samples_per_epoch_, total_steps_;
-  std::uint64_t step_ = 0;
+  std::uint64_t step_ = 0;    // of the run: the learning rate's schedule
+  std::uint64_t issued_ = 0;  // by this process: which event a step records
+  std::optional<PipelineState> resume_;
   EpochReport current_;
   Clock::time_point started_;
 };
@@ -187,6 +215,8 @@ PipelineBuilder pipeline_builder(const TrainOptions& o, Trainer& trainer) {
   if (!o.occupancy_log.empty()) builder.occupancy_log(o.occupancy_log);
   if (!o.trace.empty()) builder.trace(o.trace);
   if (o.autotune) builder.autotune();  // the pipeline's threads are the budget
+  if (o.deterministic) builder.deterministic();
+  if (trainer.resume_point()) builder.resume_from(*trainer.resume_point());
   return builder;
 }
 
@@ -197,17 +227,21 @@ ShuffleOptions shuffle_options(const TrainOptions& o) {
 // The training loop of pipelined mode: one step per device batch the pipeline delivers.
 void train_from(Pipeline<gpu::DeviceBatch>& pipe, const TrainOptions& o, Trainer& trainer, const TestSet& test,
                 TrainReport& report) {
-  for (std::uint32_t epoch = 1; epoch <= o.epochs; ++epoch) {
-    trainer.begin_epoch(epoch);
+  const std::uint32_t first = pipe.current_epoch() + 1;
+  for (std::uint32_t epoch = first; epoch <= o.epochs; ++epoch) {
+    if (epoch != first || !trainer.resume_point()) trainer.begin_epoch(epoch);
     for (;;) {
       const auto t0 = Clock::now();
       std::optional<gpu::DeviceBatch> batch = pipe.next();
       trainer.add_input_wait(seconds_since(t0));
       if (!batch) break;
       trainer.step(*batch);
+      if (o.checkpoint_every != 0 && trainer.steps() % o.checkpoint_every == 0)
+        trainer.checkpoint(pipe.state()).save(o.checkpoint);
     }
     report.epochs.push_back(trainer.end_epoch(test));
   }
+  if (!o.checkpoint.empty()) trainer.checkpoint(pipe.state()).save(o.checkpoint);
   report.pipeline = pipe.summary();
 }
 
@@ -218,7 +252,8 @@ void train_pipelined(const TrainOptions& o, std::shared_ptr<const IdxDataset> da
   auto pipe =
       pipeline_builder(o, trainer)
           .source("read", IdxReader(std::move(data), {.pool = BufferPool::create()}), {.queue = o.read_queue})
-          .flat_map<DeferredCrop>("crops", random_crops(o), {.threads = o.crop_threads})
+          .flat_map<DeferredCrop>("crops", random_crops(o),
+                                  {.threads = o.crop_threads, .fanout = static_cast<std::size_t>(o.crops)})
           .shuffle("shuffle", shuffle_options(o))
           .batch("batch", o.batch_size, {.queue = o.batch_queue})
           .map("collate", Collate{.pool = to_device.staging(), .normalize = Normalizer(fashion_normalization())},
@@ -440,6 +475,16 @@ void validate(const TrainOptions& o) {
   if (!(o.learning_rate > 0 && std::isfinite(o.learning_rate))) fail("--lr must be positive");
   if (!(o.momentum >= 0 && o.momentum < 1)) fail("--momentum must be in [0, 1)");
   if (!(o.weight_decay >= 0 && std::isfinite(o.weight_decay))) fail("--weight-decay must be 0 or more");
+  if (!o.checkpoint.empty() || !o.resume.empty()) {
+    const char* which = o.checkpoint.empty() ? "--resume" : "--checkpoint";
+    if (!o.deterministic)
+      fail(std::string(which) +
+           " needs --deterministic: only a deterministic pipeline can go on exactly where it "
+           "stopped");
+    if (o.mode != "pipelined" || o.augment != "cpu")
+      fail(std::string(which) + " needs --mode pipelined and --augment cpu");
+  }
+  if (o.checkpoint_every != 0 && o.checkpoint.empty()) fail("--checkpoint-every needs --checkpoint DIR");
 }
 
 std::uint64_t TrainReport::samples() const {
@@ -484,6 +529,11 @@ TrainReport run_training(const TrainOptions& o, const TrainCallbacks& callbacks)
 
   const std::uint64_t samples_per_epoch = train_data->size() * static_cast<std::uint64_t>(o.crops);
   Trainer trainer(o, callbacks, open_device(o.device), samples_per_epoch);
+  if (!o.resume.empty()) {
+    Checkpoint c = Checkpoint::load(o.resume);
+    c.check_options(o, o.resume);
+    trainer.resume(std::move(c));
+  }
   const TestSet test = upload_test_set(test_data, o, trainer.device(), trainer.compute());
   report.device = gpu::backend_name(trainer.device().backend());
   report.device_name = trainer.device().name();

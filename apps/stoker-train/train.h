@@ -45,6 +45,12 @@ struct TrainOptions {
   std::string resident = "auto";
   std::string occupancy_log;  ///< JSON Lines file for stoker-inspect; empty = none
   std::string trace;          ///< Chrome trace event file of the pipeline; empty = none
+  /// The same batches, in the same order, whatever the threads (PipelineBuilder::deterministic);
+  /// checkpoints need it.
+  bool deterministic = false;
+  std::string checkpoint;              ///< directory checkpoints are written to; empty = none
+  std::uint64_t checkpoint_every = 0;  ///< training steps between checkpoints; 0 = only at the end
+  std::string resume;                  ///< checkpoint directory to go on from; empty = from the start
 
   std::uint64_t seed = 1;          ///< crops, mirrors, shuffle and initial weights
   std::string device = "auto";     ///< auto, cpu or cuda

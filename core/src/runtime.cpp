@@ -139,6 +139,7 @@ void StageBase::start(PipelineCore& core, std::size_t position) {
 
 void StageBase::begin_epoch(std::uint32_t epoch) {
   for (auto& b : bodies_) b.ctx.epoch = epoch;
+  skipped_before_epoch_ = skipped_.load();
 }
 
 int StageBase::claim() noexcept {
@@ -584,6 +585,7 @@ void PipelineCore::start(CoreOptions options) {
   for (std::size_t i = 0; i < stages_.size(); ++i) stages_[i]->start(*this, i);  // their tracks, in order
   if (trace_) consumer_track_ = &trace_->add_track("consumer (waiting)", "wait");
   for (auto& e : edges_) e->start(options_.deterministic, options_.seed);
+  describe_for_resume();
   if (!options_.occupancy_log.empty() || trace_)
     monitor_ = std::make_unique<Monitor>(*this, options_.occupancy_log, trace_.get(), options_.sample_interval);
   threads_ = options_.threads == 0 ? tbb::info::default_concurrency() : options_.threads;
@@ -630,11 +632,85 @@ void PipelineCore::wait_for(const StageBase& from, const std::function<bool()>& 
   }
 }
 
-void PipelineCore::begin_epoch(std::uint32_t epoch) {
+void PipelineCore::begin_epoch(std::uint32_t epoch, const PipelineState* resume) {
   for (auto& e : edges_) e->begin_epoch(epoch);
   for (auto& s : stages_) s->begin_epoch(epoch);
+  // From the consumer up: each stage learns how far its output had been taken, and tells how
+  // far its input had (Producer::resume).
+  if (resume) {
+    std::uint64_t taken = resume->consumed;
+    for (auto s = stages_.rbegin(); s != stages_.rend(); ++s) taken = (*s)->resume(taken, *resume);
+  }
   if (consumer_track_) consumer_track_->epoch(Clock::now(), epoch);
   if (monitor_) monitor_->note({{"type", "epoch"}, {"epoch", epoch}});
+}
+
+// What a state records of the pipeline's shape, and whether it can be resumed at all: what does
+// not change as it runs.
+void PipelineCore::describe_for_resume() {
+  resume_shape_.seed = options_.seed;
+  resume_shape_.data = stages_.front()->fingerprint();
+  for (std::size_t i = 0; i < stages_.size(); ++i) {  // edges_[i] is stages_[i]'s output
+    resume_shape_.stages.emplace_back(stages_[i]->name(), stages_[i]->describe());
+    if (auto what = edges_[i]->describe(); !what.empty()) {
+      resume_shape_.stages.emplace_back(edges_[i]->name(), std::move(what));
+      shuffles_.push_back(edges_[i].get());
+    }
+  }
+  auto& why = cannot_resume_;
+  if (!options_.deterministic)
+    why =
+        "the pipeline is not deterministic (PipelineBuilder::deterministic()): in free order, which items the "
+        "consumer has taken does not follow from how many";
+  for (std::size_t i = 0; i < stages_.size() && why.empty(); ++i) why = stages_[i]->resume_problem();
+  // A shuffle is rebuilt by the stages before it making its items again: each must be able to,
+  // with no other shuffle between.
+  for (std::size_t i = 0; i < edges_.size() && why.empty(); ++i) {
+    if (edges_[i]->describe().empty()) continue;
+    for (std::size_t j = 0; j <= i && why.empty(); ++j) {
+      if (j < i && !edges_[j]->describe().empty())
+        why = "shuffle '" + edges_[i]->name() + "' cannot be rebuilt: it follows shuffle '" + edges_[j]->name() +
+              "', and a resume rebuilds one shuffle only";
+      else if (!stages_[j]->remakes())
+        why = "shuffle '" + edges_[i]->name() + "' cannot be rebuilt: stage '" + stages_[j]->name() + "' (" +
+              stages_[j]->describe() + ") before it cannot make its items again";
+    }
+  }
+}
+
+PipelineState PipelineCore::state(std::uint32_t epoch, std::uint64_t consumed) const {
+  if (!cannot_resume_.empty()) throw StateError("no pipeline state: " + cannot_resume_);
+  for (const auto& s : stages_)
+    if (const auto skipped = s->skipped_this_epoch())
+      throw StateError("no pipeline state: stage '" + s->name() + "' skipped " + std::to_string(skipped) +
+                       " items of this epoch (on_error = skip), which moves every item after them: a resume cannot "
+                       "know where");
+  PipelineState st = resume_shape_;
+  st.epoch = epoch;
+  st.consumed = consumed;
+  for (EdgeBase* e : shuffles_)
+    if (const auto total = e->input_total()) st.shuffle_inputs[e->name()] = *total;
+  return st;
+}
+
+void PipelineCore::check_state(const PipelineState& state) const {
+  const auto mine = this->state(state.epoch, state.consumed);  // throws when it cannot resume
+  const std::string refused = "cannot resume from a state of another pipeline: ";
+  if (mine.seed != state.seed)
+    throw StateError(refused + "its seed is " + std::to_string(state.seed) + ", this pipeline's " +
+                     std::to_string(mine.seed));
+  if (mine.data != state.data)
+    throw StateError(refused + "its data set is '" + state.data + "', this pipeline's '" + mine.data + "'");
+  const auto show = [](const auto& stage) { return "'" + stage.first + "' (" + stage.second + ")"; };
+  for (std::size_t i = 0; i < std::max(mine.stages.size(), state.stages.size()); ++i) {
+    if (i < mine.stages.size() && i < state.stages.size() && mine.stages[i] == state.stages[i]) continue;
+    throw StateError(refused + "its stage " + std::to_string(i + 1) + " is " +
+                     (i < state.stages.size() ? show(state.stages[i]) : "missing") + ", this pipeline's " +
+                     (i < mine.stages.size() ? show(mine.stages[i]) : "missing"));
+  }
+  for (const auto& [name, total] : state.shuffle_inputs)
+    if (std::none_of(edges_.begin(), edges_.end(), [&](const auto& e) { return e->name() == name; }))
+      throw StateError(refused + "it has a shuffle '" + name + "', which this pipeline has not");
 }
 
 void PipelineCore::fail(const std::string& stage, std::exception_ptr error) noexcept {

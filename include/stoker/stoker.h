@@ -9,6 +9,7 @@
 #include "stoker/core/stage.h"
 #include "stoker/core/stage_error.h"
 #include "stoker/core/stage_stats.h"
+#include "stoker/core/state.h"
 #include "stoker/gpu/augment.h"
 #include "stoker/gpu/device.h"
 #include "stoker/gpu/dlpack.h"

@@ -5,7 +5,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+
+#include "stoker/core/random.h"
 
 #include "file_io.h"
 
@@ -31,6 +34,23 @@ std::optional<Sample> Reader::operator()() {
     return std::nullopt;
   }
   return read(id_at(next_++));
+}
+
+std::string Reader::fingerprint() const {
+  std::uint64_t hash = hash_name("");
+  const auto add = [&](std::uint64_t id) {
+    const Sample s = read(id);
+    const auto* bytes = reinterpret_cast<const char*>(s.data.data());
+    hash = derive_seed(hash, hash_name({bytes, s.data.size()}), static_cast<std::uint64_t>(s.label));
+  };
+  if (size() > 0) {
+    add(id_at(0));
+    add(id_at(size() - 1));
+  }
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hash));
+  return std::to_string(dataset_size()) + " samples, shard " + std::to_string(options_.shard_index) + " of " +
+         std::to_string(options_.num_shards) + ", samples hash " + hex;
 }
 
 void Reader::check_id(std::uint64_t id) const {

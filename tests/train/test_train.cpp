@@ -12,6 +12,7 @@
 #include <stdexcept>
 #include <vector>
 
+#include "stoker/core/state.h"
 #include "stoker/gpu/device.h"
 #include "stoker/gpu/nn.h"
 #include "stoker/stages/idx.h"
@@ -278,6 +279,51 @@ TEST_CASE("bad trainer options are refused naming the option" * doctest::timeout
   bad = o;
   bad.data = "/nonexistent/fashion";
   CHECK_THROWS_AS(stoker::train::run_training(bad), stoker::DataError);
+  bad = o;
+  bad.checkpoint = "checkpoints";
+  CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--checkpoint needs --deterministic"), std::invalid_argument);
+  bad.deterministic = true;
+  bad.augment = "gpu";
+  CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--checkpoint needs --mode pipelined and --augment cpu"),
+                       std::invalid_argument);
+  bad = o;
+  bad.checkpoint_every = 10;
+  CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--checkpoint-every needs --checkpoint"),
+                       std::invalid_argument);
+}
+
+TEST_CASE("a checkpoint is refused by a run with other options, and when truncated or missing" *
+          doctest::timeout(120)) {
+  if (!have_fashion_mnist()) {
+    MESSAGE("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped");
+    return;
+  }
+  const auto dir = std::filesystem::temp_directory_path() / "stoker_test_checkpoint";
+  std::filesystem::remove_all(dir);
+  auto o = small_run("pipelined", 500);
+  o.epochs = 1;
+  o.deterministic = true;
+  o.checkpoint = dir.string();
+  stoker::train::run_training(o);
+  auto resumed = o;
+  resumed.resume = dir.string();
+  CHECK_NOTHROW(stoker::train::run_training(resumed));  // the run was over: nothing is left to do
+  resumed.learning_rate = 0.1f;
+  CHECK_THROWS_WITH_AS(stoker::train::run_training(resumed),
+                       doctest::Contains("the checkpoint was made with --lr 0.05, this run has 0.1"),
+                       std::invalid_argument);
+  resumed = o;
+  resumed.resume = dir.string();
+  resumed.seed = 2;
+  CHECK_THROWS_WITH_AS(stoker::train::run_training(resumed), doctest::Contains("its seed is 1, this pipeline's 2"),
+                       stoker::StateError);
+  const auto file = dir / "checkpoint";
+  std::filesystem::resize_file(file, std::filesystem::file_size(file) - 1);
+  CHECK_THROWS_WITH_AS(stoker::train::run_training(resumed), doctest::Contains("the file is truncated"),
+                       stoker::StateError);
+  resumed.resume = (dir / "absent").string();
+  CHECK_THROWS_WITH_AS(stoker::train::run_training(resumed), doctest::Contains("cannot open"), stoker::StateError);
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("a short pipelined run on the CPU learns, with one copy per batch and one read-back per epoch" *

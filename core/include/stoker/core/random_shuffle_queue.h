@@ -10,6 +10,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -70,7 +71,28 @@ class ShuffleBuffer {
   }
   void reseed(std::uint64_t seed) noexcept { rng_ = Rng(seed); }
 
+  /// Calls `f(element)` for every element.
+  template <class F>
+  void for_each(F&& f) const {
+    for (const auto& v : window_) f(v);
+    for (const auto& v : backlog_) f(v);
+  }
+  /// A buffer of `f(element)` for every element, each in the same place, drawing the same
+  /// stream: its takes yield the images of this one's, in the same order.
+  template <class F>
+  auto map(F&& f) const {
+    ShuffleBuffer<std::remove_cvref_t<std::invoke_result_t<F&, const T&>>> out(window_size_, 0);
+    out.rng_ = rng_;
+    out.window_.reserve(window_.size());
+    for (const auto& v : window_) out.window_.push_back(f(v));
+    for (const auto& v : backlog_) out.backlog_.push_back(f(v));
+    return out;
+  }
+
  private:
+  template <class>
+  friend class ShuffleBuffer;
+
   std::size_t window_size_;
   std::vector<T> window_;  // candidates for the next take, oldest elements first in
   std::deque<T> backlog_;  // the rest, in arrival order

@@ -71,6 +71,11 @@ class Reader {
 
   /// Starts the epoch over from the shard's first sample.
   void rewind() noexcept { next_ = 0; }
+  /// Makes the next call yield the shard's k-th sample (exact resume, Pipeline::state).
+  void seek(std::uint64_t k) noexcept { next_ = k; }
+  /// Tells data sets apart, for a resumed pipeline to refuse a state taken on other data: the
+  /// shape of the shard and a hash of the bytes and labels of its first and last samples.
+  std::string fingerprint() const;
 
   const ReaderOptions& options() const noexcept { return options_; }
   const std::shared_ptr<BufferPool>& pool() const noexcept { return options_.pool; }
@@ -99,7 +104,10 @@ class Reader {
 class IdSource {
  public:
   explicit IdSource(const Reader& reader)
-      : size_(reader.size()), first_(reader.options().shard_index), step_(reader.options().num_shards) {}
+      : size_(reader.size()),
+        first_(reader.options().shard_index),
+        step_(reader.options().num_shards),
+        fingerprint_(reader.fingerprint()) {}
   std::optional<std::uint64_t> operator()() {
     if (next_ == size_) {
       next_ = 0;
@@ -107,9 +115,12 @@ class IdSource {
     }
     return first_ + next_++ * step_;
   }
+  void seek(std::uint64_t k) noexcept { next_ = k; }
+  std::string fingerprint() const { return fingerprint_; }
 
  private:
   std::uint64_t size_, first_, step_, next_ = 0;
+  std::string fingerprint_;
 };
 
 }  // namespace stoker

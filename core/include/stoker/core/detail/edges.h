@@ -17,6 +17,7 @@
 #include "stoker/core/queue_meter.h"
 #include "stoker/core/random.h"
 #include "stoker/core/random_shuffle_queue.h"
+#include "stoker/core/state.h"
 
 namespace stoker::detail {
 
@@ -71,6 +72,20 @@ class EdgeBase : public QueueMeter {
     return popped_;
   }
 
+  /// A shuffle's window and seed, what decides its order in deterministic mode; empty for a FIFO.
+  virtual std::string describe() const = 0;
+  /// For a shuffle whose producer has ended the epoch: the items it got in the epoch.
+  std::optional<std::uint64_t> input_total() {
+    std::lock_guard lock(mutex_);
+    return ended_.load() ? std::optional(pushed_) : std::nullopt;
+  }
+  /// Exact resume: the first `n` items the producer pushes from now on are dropped (the outputs
+  /// of a flat_map's first input that the consumer had taken).
+  void skip_pushes(std::uint64_t n) {
+    std::lock_guard lock(mutex_);
+    skip_ = n;
+  }
+
   /// For good (the pipeline stops): pops report `closed`, pushes fail, the consumer wakes.
   void close() {
     {
@@ -107,6 +122,8 @@ class EdgeBase : public QueueMeter {
   std::atomic<std::uint32_t> signal_{0};
   bool consumer_waiting_ = false;  // under mutex_
   std::uint64_t popped_ = 0;       // under mutex_: items taken this epoch
+  std::uint64_t pushed_ = 0;       // under mutex_: items put this epoch (their positions)
+  std::uint64_t skip_ = 0;         // under mutex_: pushed items to drop (skip_pushes)
   std::atomic<std::size_t> held_{0};
   std::atomic<bool> ended_{false}, closed_{false};
 
@@ -132,13 +149,60 @@ class Edge final : public EdgeBase {
     if (!shuffle_options_) return;
     const auto& o = *shuffle_options_;
     seed_ = o.seed.value_or(derive_seed(seed, hash_name(name())));
-    shuffle_.emplace(deterministic ? o.min_after_dequeue + 1 : o.capacity, seed_);
+    window_ = deterministic ? o.min_after_dequeue + 1 : o.capacity;
+    shuffle_.emplace(window_, seed_);
   }
   void begin_epoch(std::uint32_t epoch) override {
     std::lock_guard lock(mutex_);
     ended_.store(false);
-    popped_ = 0;
-    if (shuffle_) shuffle_->reseed(derive_seed(seed_, epoch));
+    popped_ = pushed_ = skip_ = 0;
+    epoch_seed_ = derive_seed(seed_, epoch);
+    if (shuffle_) shuffle_->reseed(epoch_seed_);
+  }
+  std::string describe() const override {
+    if (!shuffle_options_) return {};
+    return "shuffle window " + std::to_string(window_) + " seed " + std::to_string(seed_);
+  }
+
+  /// Exact resume, in deterministic mode, after begin_epoch() and while nothing runs: the
+  /// consumer has taken the epoch's first `taken` items. A FIFO was then empty. A shuffle
+  /// held the items its draws had not taken yet: which ones is found by drawing `taken` times
+  /// from positions instead of items (the oldest-window rule depends on nothing else, and on
+  /// `total`, the items it got in the epoch, once its input had ended); `remake(positions)`
+  /// makes the items at those positions of the producer's output again, in that order, and
+  /// they go back in the places they held. Returns the position, in the producer's output, of
+  /// the first item it must push.
+  template <class Remake>
+  std::uint64_t resume(std::uint64_t taken, std::optional<std::uint64_t> total, Remake&& remake) {
+    std::uint64_t pushed = taken;
+    std::optional<ShuffleBuffer<T>> rebuilt;
+    if (shuffle_) {
+      ShuffleBuffer<std::uint64_t> draws(window_, epoch_seed_);
+      pushed = 0;
+      const std::uint64_t end = total.value_or(UINT64_MAX);
+      for (std::uint64_t i = 0; i < taken; ++i) {
+        while (pushed < end && draws.size() < window_) draws.push(pushed++);
+        if (draws.size() == 0) break;  // the consumer took the whole epoch
+        draws.take();
+      }
+      std::vector<std::uint64_t> held;
+      held.reserve(draws.size());
+      draws.for_each([&](std::uint64_t p) { held.push_back(p); });
+      std::sort(held.begin(), held.end());
+      std::vector<T> items = remake(held);
+      rebuilt.emplace(draws.map([&](std::uint64_t p) {
+        return std::move(items[static_cast<std::size_t>(std::lower_bound(held.begin(), held.end(), p) - held.begin())]);
+      }));
+    }
+    std::lock_guard lock(mutex_);
+    popped_ = taken;
+    pushed_ = pushed;
+    if (rebuilt) {
+      Count counted(*this, +1);
+      counted.n = rebuilt->size();
+      shuffle_ = std::move(rebuilt);
+    }
+    return pushed;
   }
 
   /// Moves all of `items` in and empties it, or takes nothing and returns false (no room, or
@@ -147,6 +211,11 @@ class Edge final : public EdgeBase {
     bool wake = false;
     {
       std::lock_guard lock(mutex_);
+      if (skip_ != 0) {
+        const auto n = static_cast<std::ptrdiff_t>(std::min<std::uint64_t>(skip_, items.size()));
+        items.erase(items.begin(), items.begin() + n);
+        skip_ -= static_cast<std::uint64_t>(n);
+      }
       if (closed_.load() || held_.load() + items.size() > capacity()) return false;
       Count counted(*this, +1);
       try {
@@ -161,6 +230,7 @@ class Edge final : public EdgeBase {
         items.erase(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(counted.n));
         throw;
       }
+      pushed_ += counted.n;
       counted.publish();
       wake = wake_consumer_locked();  // after held_ counts the items
     }
@@ -245,7 +315,8 @@ class Edge final : public EdgeBase {
   std::deque<T> fifo_;
   std::optional<ShuffleOptions> shuffle_options_;
   std::optional<ShuffleBuffer<T>> shuffle_;
-  std::uint64_t seed_ = 0;
+  std::size_t window_ = 0;  // a shuffle's: what a take draws from
+  std::uint64_t seed_ = 0, epoch_seed_ = 0;
 };
 
 }  // namespace stoker::detail

@@ -116,6 +116,22 @@ class StageBase {
   virtual void begin_epoch(std::uint32_t epoch);
   virtual bool has_work() const = 0;
 
+  // Exact resume (PipelineState).
+  /// What decides what the stage yields: "map", "flat_map fanout 5", "batch 255".
+  virtual std::string describe() const = 0;
+  /// A source's data set, as its function's fingerprint() describes it; empty for the others.
+  virtual std::string fingerprint() const { return {}; }
+  /// Why the stage cannot be resumed exactly; empty when it can.
+  virtual std::string resume_problem() const { return {}; }
+  /// Items skipped (OnError::skip) in the current epoch.
+  std::uint64_t skipped_this_epoch() const { return skipped_.load() - skipped_before_epoch_; }
+  /// Whether it can make the items at any positions of its output again (Producer::remake).
+  virtual bool remakes() const = 0;
+  /// After begin_epoch(), while no body runs: sets the stage and its output queue up to go on
+  /// from where the queue's consumer had taken `taken` items of the epoch. Returns how many
+  /// items of its own input had been taken then.
+  virtual std::uint64_t resume(std::uint64_t taken, const PipelineState& state) = 0;
+
  protected:
   enum class Step {
     progressed,  ///< did something; call again
@@ -135,6 +151,15 @@ class StageBase {
 
   PipelineCore& core() const { return *core_; }
   bool stopping() const noexcept;
+  /// The context a call for the epoch's `index`-th input gets, outside any body.
+  StageContext context_at(std::uint64_t index) const {
+    StageContext ctx = bodies_.front().ctx;
+    ctx.index = index;
+    ctx.body = 0;
+    ctx.blocked = nullptr;
+    ctx.helper = {};
+    return ctx;
+  }
   void count_in(std::uint64_t n) { items_in_.fetch_add(n, std::memory_order_relaxed); }
   void count_out(std::uint64_t n) { items_out_.fetch_add(n, std::memory_order_relaxed); }
 
@@ -201,6 +226,7 @@ class StageBase {
   std::atomic<std::int64_t> item_ns_{kChunkTime.count()};
 
   std::atomic<std::uint64_t> items_in_{0}, items_out_{0}, skipped_{0};
+  std::uint64_t skipped_before_epoch_ = 0;
   std::atomic<std::int64_t> busy_ns_{0};
   mutable SpinLock idle_mutex_;  // taken once per body start and end, not per item
   int running_ = 0;
@@ -243,8 +269,17 @@ class PipelineCore {
 
   /// Validates `options`, starts the threads, the flow graph and the monitor.
   void start(CoreOptions options);
-  /// Prepares every queue and stage for epoch `epoch`; no body may run.
-  void begin_epoch(std::uint32_t epoch);
+  /// Prepares every queue and stage for epoch `epoch`; no body may run. With `resume`, for
+  /// going on from where the consumer stood in it (check_state() first).
+  void begin_epoch(std::uint32_t epoch, const PipelineState* resume = nullptr);
+
+  // Exact resume (PipelineState).
+  /// The run's state once the consumer has taken `consumed` items of epoch `epoch`; throws
+  /// StateError saying why when it cannot be resumed.
+  PipelineState state(std::uint32_t epoch, std::uint64_t consumed) const;
+  /// Throws StateError, naming what differs or what cannot be resumed, unless this pipeline
+  /// can resume from `state`.
+  void check_state(const PipelineState& state) const;
   /// Waits until every body has returned and no task is pending. Bodies only ever wait for a
   /// chunk's work, so this is brief.
   void wait_idle() const;
@@ -280,6 +315,8 @@ class PipelineCore {
 
  private:
   friend class StageBase;
+  void describe_for_resume();
+
   struct Engine;
   class Monitor;
   class Tuner;
@@ -291,6 +328,10 @@ class PipelineCore {
   TraceFile::Track* consumer_track_ = nullptr;
   std::vector<std::unique_ptr<EdgeBase>> edges_;
   std::vector<std::unique_ptr<StageBase>> stages_;
+  // Exact resume, set by start(): a state's fields that never change, and why there can be none.
+  PipelineState resume_shape_;
+  std::string cannot_resume_;
+  std::vector<EdgeBase*> shuffles_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Monitor> monitor_;
   std::unique_ptr<Tuner> tuner_;

@@ -45,6 +45,32 @@ std::size_t function_max_chunk(const F& f) {
   // clang-format on
 }
 
+/// A source function that can start anywhere in an epoch: `seek(index)` (or with a
+/// StageContext last) makes its next call yield the epoch's index-th item. Exact resume needs it.
+template <class F>
+// Kept as written: clang-format 14 mangles requires-expressions.
+// clang-format off
+concept Seeks = requires(F& f, std::uint64_t i, const StageContext& ctx) { f.seek(i, ctx); } ||
+                requires(F& f, std::uint64_t i) { f.seek(i); };
+// clang-format on
+
+/// A function that keeps state a resume cannot rebuild says so with a member
+/// `static constexpr bool resumable = false`: Pipeline::state() then refuses, naming its stage.
+template <class F>
+std::string refuses_resume(const std::string& stage) {
+  if constexpr (requires { F::resumable; })
+    if (!F::resumable) return "stage '" + stage + "' cannot be resumed: its function says so (resumable = false)";
+  return {};
+}
+
+template <class F>
+void seek(F& f, const StageContext& ctx) {
+  if constexpr (requires { f.seek(ctx.index, ctx); })
+    f.seek(ctx.index, ctx);
+  else
+    f.seek(ctx.index);
+}
+
 /// A stage's output: its queue, and the chunks that cannot go into it yet.
 ///
 /// Every chunk has a key: the position of the first input it was made from, and a piece number
@@ -80,6 +106,9 @@ class Output {
 
   /// The largest chunk the queue takes (EdgeBase::max_chunk).
   std::size_t cap() const { return edge_->max_chunk(); }
+  Edge<T>& edge() const { return *edge_; }
+  /// Exact resume, after begin_epoch(): the epoch's chunks start at input `first`.
+  void resume_at(std::uint64_t first) { next_ = first; }
 
   bool try_claim() {
     int c = claimed_.load();
@@ -206,7 +235,24 @@ class Producer : public StageBase {
     out_.begin_epoch();
   }
 
+  std::uint64_t resume(std::uint64_t taken, const PipelineState& state) final {
+    auto& edge = out_.edge();
+    const auto total = state.shuffle_inputs.find(edge.name());
+    const std::uint64_t made =
+        edge.resume(taken, total == state.shuffle_inputs.end() ? std::nullopt : std::optional(total->second),
+                    [this](const std::vector<std::uint64_t>& positions) { return remake(positions); });
+    return resume_input(made);
+  }
+  /// Makes the items at `positions` (ascending) of this epoch's output again, calling the
+  /// stage's function and those of the stages before it; while no body runs. For the stages
+  /// whose remakes() is true.
+  virtual std::vector<T> remake(const std::vector<std::uint64_t>& positions) = 0;
+
  protected:
+  /// Exact resume: the stage's next output is the epoch's `made`-th; sets the stage up to go
+  /// on from there and returns the position of its next input.
+  virtual std::uint64_t resume_input(std::uint64_t made) = 0;
+
   /// Output::put, and a wake-up for a sibling if the chunk gave its claim back.
   bool put(typename Output<T>::Key key, std::vector<T>&& items, std::uint64_t span) {
     const bool sent = out_.put(key, std::move(items), span);
@@ -263,7 +309,46 @@ class SourceStage final : public Producer<T> {
   }
   bool has_work() const override { return this->out_.can_move() || (!ended_.load() && this->out_.claimable()); }
 
+  std::string describe() const override { return "source"; }
+  std::string fingerprint() const override {
+    if constexpr (requires { std::string(fn_.fingerprint()); })
+      return std::string(fn_.fingerprint());
+    else
+      return {};
+  }
+  std::string resume_problem() const override {
+    if (!Seeks<F>)
+      return "source '" + this->name() +
+             "' cannot be resumed: its function has no member seek(index), which starts it at an epoch's "
+             "index-th item";
+    return refuses_resume<F>(this->name());
+  }
+  bool remakes() const override { return resume_problem().empty(); }
+  std::vector<T> remake(const std::vector<std::uint64_t>& positions) override {
+    std::vector<T> items;
+    if constexpr (Seeks<F>) {
+      items.reserve(positions.size());
+      for (const auto p : positions) {
+        const StageContext ctx = this->context_at(p);
+        seek(fn_, ctx);
+        auto v = call_with_context(fn_, ctx);
+        if (!v)
+          throw StateError("source '" + this->name() + "' has no item " + std::to_string(p) + " in epoch " +
+                           std::to_string(ctx.epoch) + ": is its data what the state was taken with?");
+        items.push_back(std::move(*v));
+      }
+    }
+    return items;
+  }
+
  protected:
+  std::uint64_t resume_input(std::uint64_t made) override {
+    calls_ = made;
+    this->out_.resume_at(made);
+    if constexpr (Seeks<F>) seek(fn_, this->context_at(made));
+    return made;
+  }
+
   Step step(StageBase::Body& body) override {
     this->flush();
     if (ended_.load()) return Step::done;
@@ -326,6 +411,7 @@ class TransformStage final : public Consumer<In, Out> {
     OnError on_error = OnError::fail;
     bool copy_per_body = false;
     bool tunable = true;
+    std::size_t fanout = 0;
   };
 
   TransformStage(std::string name, F fn, Options o)
@@ -333,7 +419,51 @@ class TransformStage final : public Consumer<In, Out> {
         max_chunk_(std::min(o.max_chunk, function_max_chunk(fn))),
         copy_per_body_(o.copy_per_body),
         tunable_(o.tunable),
+        fanout_(Flat ? o.fanout : 1),
         fns_(1, std::move(fn)) {}
+
+  std::string describe() const override {
+    if (!Flat) return "map";
+    return fanout_ != 0 ? "flat_map fanout " + std::to_string(fanout_) : "flat_map";
+  }
+  std::string resume_problem() const override {
+    if (EndsEpoch<F, Out>)
+      return "flat_map '" + this->name() +
+             "' cannot be resumed: its function holds outputs back until the end of the epoch (end_epoch), "
+             "which a resume cannot make again";
+    if (fanout_ == 0)
+      return "flat_map '" + this->name() +
+             "' cannot be resumed: give it StageOptions::fanout, the number of outputs of every input, so that "
+             "a resume knows which input an output came from";
+    return refuses_resume<F>(this->name());
+  }
+  bool remakes() const override { return resume_problem().empty(); }
+  // The inputs of the outputs at `positions`, made again by the stages before, and this stage's
+  // function called on each with the context it had.
+  std::vector<Out> remake(const std::vector<std::uint64_t>& positions) override {
+    std::vector<std::uint64_t> inputs;
+    for (const auto p : positions)
+      if (inputs.empty() || inputs.back() != p / fanout_) inputs.push_back(p / fanout_);
+    auto made_inputs = static_cast<Producer<In>*>(this->upstream_)->remake(inputs);
+    std::vector<Out> items;
+    items.reserve(positions.size());
+    auto wanted = positions.begin();
+    std::vector<Out> outputs;
+    for (std::size_t i = 0; i < inputs.size(); ++i) {
+      const StageContext ctx = this->context_at(inputs[i]);
+      outputs.clear();
+      if constexpr (Flat) {
+        Emitter<Out> emit(outputs);
+        call_with_context(fns_.front(), ctx, std::move(made_inputs[i]), emit);
+        check_fanout(outputs.size(), ctx.index);
+      } else {
+        outputs.push_back(call_with_context(fns_.front(), ctx, std::move(made_inputs[i])));
+      }
+      for (; wanted != positions.end() && *wanted / fanout_ == inputs[i]; ++wanted)
+        items.push_back(std::move(outputs[*wanted % fanout_]));
+    }
+    return items;
+  }
 
   bool tunable() const override { return tunable_; }
   void start(PipelineCore& core, std::size_t position) override {
@@ -357,6 +487,13 @@ class TransformStage final : public Consumer<In, Out> {
   }
 
  protected:
+  std::uint64_t resume_input(std::uint64_t made) override {
+    const std::uint64_t per_input = std::max<std::uint64_t>(fanout_, 1);  // 0: refused before
+    this->out_.edge().skip_pushes(made % per_input);
+    this->out_.resume_at(made / per_input);
+    return made / per_input;
+  }
+
   Step step(StageBase::Body& body) override {
     this->flush();
     if (!this->out_.try_claim()) return Step::blocked;
@@ -385,7 +522,8 @@ class TransformStage final : public Consumer<In, Out> {
   // kChunkTime of work, as many outputs as the queue takes at once, and, with several bodies,
   // no more than a fair share of what is queued: uneven items must not starve the siblings.
   std::size_t inputs_per_chunk() const {
-    const std::size_t per_output = Flat ? std::max<std::size_t>(1, fanout_.load(std::memory_order_relaxed) / 16) : 1;
+    const std::size_t per_output =
+        Flat ? std::max<std::size_t>(1, mean_fanout_.load(std::memory_order_relaxed) / 16) : 1;
     std::size_t n = this->chunk_size(std::min(max_chunk_, std::max<std::size_t>(1, this->out_.cap() / per_output)));
     if (this->threads() > 1) {
       const std::size_t queued = this->in_->capacity() - std::min(this->in_->room(), this->in_->capacity());
@@ -452,9 +590,11 @@ class TransformStage final : public Consumer<In, Out> {
     for (std::size_t i = 0; i < inputs.size() && !this->stopping(); ++i) {
       body.ctx.index = first + i;
       this->guarded(body.ctx.index, [&] {
-        if constexpr (Flat)
+        if constexpr (Flat) {
+          const std::size_t before = spill.spilled + outputs.size();
           call_with_context(fn(body), body.ctx, std::move(inputs[i]), emit);
-        else
+          check_fanout(spill.spilled + outputs.size() - before, body.ctx.index);
+        } else
           outputs.push_back(call_with_context(fn(body), body.ctx, std::move(inputs[i])));
       });
       // Slower than usual: hand on what is made rather than keep it from the stages downstream.
@@ -465,8 +605,8 @@ class TransformStage final : public Consumer<In, Out> {
                    std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0) - (body.blocked - blocked0));
     const std::size_t made = spill.spilled + outputs.size();
     if constexpr (Flat)
-      fanout_.store((fanout_.load(std::memory_order_relaxed) + 16 * made / inputs.size()) / 2,
-                    std::memory_order_relaxed);
+      mean_fanout_.store((mean_fanout_.load(std::memory_order_relaxed) + 16 * made / inputs.size()) / 2,
+                         std::memory_order_relaxed);
     this->count_out(made);
     this->put(spill.key, std::move(outputs), inputs.size());
   }
@@ -500,12 +640,20 @@ class TransformStage final : public Consumer<In, Out> {
     this->out_.put_end(inputs);
   }
 
+  // An input's outputs must number fanout_, when given: the item's error otherwise.
+  void check_fanout(std::size_t made, std::uint64_t index) const {
+    if (fanout_ != 0 && made != fanout_)
+      throw std::logic_error("input " + std::to_string(index) + " gave " + std::to_string(made) +
+                             " outputs, but the stage's fanout is " + std::to_string(fanout_));
+  }
+
   const std::size_t max_chunk_;
   const bool copy_per_body_, tunable_;
-  std::vector<F> fns_;                   // one, or one per body
-  std::vector<std::vector<In>> inputs_;  // per body slot
-  std::atomic<std::size_t> fanout_{16};  // outputs per input, times 16, averaged over chunks
-  std::atomic<int> processing_{0};       // chunks taken and not yet put
+  const std::size_t fanout_;                  // outputs per input; 0: any number
+  std::vector<F> fns_;                        // one, or one per body
+  std::vector<std::vector<In>> inputs_;       // per body slot
+  std::atomic<std::size_t> mean_fanout_{16};  // outputs per input, times 16, averaged over chunks
+  std::atomic<int> processing_{0};            // chunks taken and not yet put
   std::atomic<bool> finished_{false};
 };
 
@@ -534,7 +682,21 @@ class BatchStage final : public Consumer<T, std::vector<T>> {
     return this->in_->ready();
   }
 
+  std::string describe() const override {
+    return "batch " + std::to_string(size_) + (drop_remainder_ ? " drop_remainder" : "");
+  }
+  bool remakes() const override { return false; }
+  std::vector<std::vector<T>> remake(const std::vector<std::uint64_t>&) override {
+    throw std::logic_error("batch '" + this->name() + "' cannot make its batches again");
+  }
+
  protected:
+  std::uint64_t resume_input(std::uint64_t made) override {
+    batches_ = made;
+    this->out_.resume_at(made);
+    return made * size_;
+  }
+
   // Takes what the batch still lacks in one pop, when that much is there.
   Step step(StageBase::Body&) override {
     if (!this->flush()) return Step::blocked;

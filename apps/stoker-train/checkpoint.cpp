@@ -1,0 +1,97 @@
+#include "checkpoint.h"
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "train.h"
+
+namespace stoker::train {
+
+namespace {
+constexpr std::string_view kFormat = "stoker-train-checkpoint";
+constexpr int kVersion = 1;
+
+template <class T>
+std::string text(const T& v) {
+  std::ostringstream out;
+  out << v;
+  return out.str();
+}
+}  // namespace
+
+std::map<std::string, std::string> Checkpoint::options_of(const TrainOptions& o) {
+  std::string hidden;
+  for (const int w : o.hidden) {
+    if (!hidden.empty()) hidden += ',';
+    hidden += std::to_string(w);
+  }
+  return {{"--epochs", text(o.epochs)},
+          {"--lr", text(o.learning_rate)},
+          {"--momentum", text(o.momentum)},
+          {"--weight-decay", text(o.weight_decay)},
+          {"--hidden", hidden},
+          {"--crop-size", text(o.crop_size)},
+          {"--mirror-p", text(o.mirror_p)}};
+}
+
+void Checkpoint::check_options(const TrainOptions& o, const std::filesystem::path& from) const {
+  for (const auto& [name, value] : options_of(o)) {
+    const auto it = options.find(name);
+    if (it == options.end() || it->second != value)
+      throw std::invalid_argument("--resume " + from.string() + ": the checkpoint was made with " + name + " " +
+                                  (it == options.end() ? "unset" : it->second) + ", this run has " + value);
+  }
+}
+
+void Checkpoint::save(const std::filesystem::path& dir) const {
+  std::filesystem::create_directories(dir);
+  const nlohmann::json header = {{"format", kFormat},
+                                 {"version", kVersion},
+                                 {"step", step},
+                                 {"samples", samples},
+                                 {"batches", batches},
+                                 {"options", options},
+                                 {"pipeline", nlohmann::json::parse(pipeline.to_json())},
+                                 {"model_bytes", model.size()}};
+  std::string bytes = header.dump() + "\n";
+  bytes.append(reinterpret_cast<const char*>(model.data()), model.size());
+  write_file_atomically(file(dir), bytes);
+}
+
+Checkpoint Checkpoint::load(const std::filesystem::path& dir) {
+  const std::string name = file(dir).string();
+  std::ifstream in(file(dir), std::ios::binary);
+  if (!in) throw StateError(name + ": cannot open (is " + dir.string() + " a checkpoint directory?)");
+  std::string line;
+  std::getline(in, line);
+  Checkpoint c;
+  std::uint64_t model_bytes = 0;
+  try {
+    const auto h = nlohmann::json::parse(line);
+    if (!h.is_object() || h.value("format", "") != kFormat) throw StateError(name + ": not a stoker-train checkpoint");
+    if (h.at("version") != kVersion)
+      throw StateError(name + ": version " + h.at("version").dump() +
+                       " of the checkpoint, but this stoker-train reads " + std::to_string(kVersion));
+    c.step = h.at("step").get<std::uint64_t>();
+    c.samples = h.at("samples").get<std::uint64_t>();
+    c.batches = h.at("batches").get<std::uint64_t>();
+    c.options = h.at("options").get<std::map<std::string, std::string>>();
+    c.pipeline = PipelineState::from_json(h.at("pipeline").dump(), name);
+    model_bytes = h.at("model_bytes").get<std::uint64_t>();
+  } catch (const nlohmann::json::exception& e) {
+    throw StateError(name + ": not a stoker-train checkpoint (" + e.what() + ")");
+  }
+  std::string rest((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (rest.size() != model_bytes)
+    throw StateError(name + ": " + std::to_string(rest.size()) + " bytes of model after the header, " +
+                     std::to_string(model_bytes) + " expected: the file is " +
+                     (rest.size() < model_bytes ? "truncated" : "longer than written"));
+  c.model.resize(rest.size());
+  std::memcpy(c.model.data(), rest.data(), rest.size());
+  return c;
+}
+
+}  // namespace stoker::train

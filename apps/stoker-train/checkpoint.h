@@ -1,0 +1,42 @@
+// stoker-train's checkpoints: the model, its optimizer, where the schedule and the epoch stand,
+// and the pipeline's state, in one file that is replaced atomically.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "stoker/core/state.h"
+
+namespace stoker::train {
+
+struct TrainOptions;
+
+/// DIR/checkpoint: one line of JSON (the counts, the options that must match, the pipeline's
+/// state), a newline, then the model's bytes (Mlp::save).
+struct Checkpoint {
+  std::uint64_t step = 0;                  ///< training steps done
+  std::uint64_t samples = 0, batches = 0;  ///< of the epoch the pipeline is in
+  /// The options a resumed run must share, by their command-line names.
+  std::map<std::string, std::string> options;
+  PipelineState pipeline;
+  std::vector<std::byte> model;
+
+  /// The options of `o` that a checkpoint records.
+  static std::map<std::string, std::string> options_of(const TrainOptions& o);
+  /// Throws std::invalid_argument naming the first option of `o` that differs from the
+  /// checkpoint's.
+  void check_options(const TrainOptions& o, const std::filesystem::path& from) const;
+
+  /// Writes DIR/checkpoint (creating DIR) through a file beside it, renamed over it at the end:
+  /// a crash while writing leaves the previous checkpoint whole.
+  void save(const std::filesystem::path& dir) const;
+  /// Reads DIR/checkpoint; throws StateError naming the file and what is wrong with it.
+  static Checkpoint load(const std::filesystem::path& dir);
+  static std::filesystem::path file(const std::filesystem::path& dir) { return dir / "checkpoint"; }
+};
+
+}  // namespace stoker::train

@@ -1,0 +1,339 @@
+// Exact resume: Pipeline::state() and PipelineBuilder::resume_from().
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "pipeline/pipeline_support.h"
+#include "stoker/core/pipeline.h"
+#include "stoker/core/random.h"
+#include "stoker/core/state.h"
+
+using namespace stoker;
+using namespace stoker::test;
+
+namespace {
+
+// What crosses the pipeline: which input it came from, which of its outputs, and draws that
+// depend on the context each stage's call got (a wrong index or epoch changes them).
+struct Item {
+  std::uint64_t source = 0, mapped = 0, draw = 0;
+  std::uint32_t part = 0;
+  bool operator==(const Item&) const = default;
+};
+
+// A source of 0 .. n-1 per epoch that can start anywhere, counting its seeks.
+struct Numbers {
+  std::uint64_t n = 0;
+  std::shared_ptr<std::atomic<int>> seeks = std::make_shared<std::atomic<int>>(0);
+  std::uint64_t next = 0;
+  std::optional<std::uint64_t> operator()() {
+    if (next >= n) {
+      next = 0;
+      return std::nullopt;
+    }
+    return next++;
+  }
+  void seek(std::uint64_t k) {
+    ++*seeks;
+    next = k;
+  }
+  std::string fingerprint() const { return "numbers below " + std::to_string(n); }
+};
+
+struct Shape {
+  std::uint64_t items = 1000;  // per epoch, from the source
+  std::size_t fanout = 3;
+  std::size_t capacity = 200, min_after_dequeue = 100;  // capacity 0: no shuffle
+  std::size_t batch = 16;
+  bool drop_remainder = false;
+  std::uint32_t epochs = 2;
+};
+
+using Batch = std::vector<Item>;
+
+// A map whose output depends on what it saw before: no resume can rebuild that.
+struct RunningSum {
+  static constexpr bool resumable = false;
+  std::uint64_t sum = 0;
+  std::uint64_t operator()(std::uint64_t x) { return sum += x; }
+};
+
+Pipeline<Batch> build(const Shape& s, int threads, const std::optional<PipelineState>& resume = std::nullopt,
+                      Numbers source = {}) {
+  source.n = s.items;
+  auto b =
+      PipelineBuilder{}
+          .threads(threads)
+          .seed(7)
+          .deterministic()
+          .epochs(s.epochs)
+          .source("numbers", source, {.queue = 32})
+          .map("map",
+               [](std::uint64_t x, const StageContext& ctx) {
+                 return Item{x, x * 7 + 1, derive_seed(ctx.seed, ctx.epoch, ctx.index), 0};
+               },
+               {.threads = threads, .queue = 32})
+          .flat_map<Item>("parts",
+                          [fanout = s.fanout](Item x, Emitter<Item>& emit, const StageContext& ctx) {
+                            for (std::uint32_t j = 0; j < fanout; ++j)
+                              emit(Item{x.source, x.mapped, derive_seed(x.draw, ctx.index, j), j});
+                          },
+                          {.threads = threads, .queue = std::max<std::size_t>(s.capacity, 32), .fanout = s.fanout});
+  if (s.capacity != 0) b.shuffle("shuffle", {.capacity = s.capacity, .min_after_dequeue = s.min_after_dequeue});
+  auto batched = b.batch("batch", s.batch, {.drop_remainder = s.drop_remainder, .queue = 4})
+                     .map("check",
+                          [](Batch v, const StageContext& ctx) {
+                            if (!v.empty()) v.front().draw ^= ctx.index;  // the batch's index counts too
+                            return v;
+                          },
+                          {.threads = threads, .queue = 4});
+  if (resume) batched.resume_from(*resume);
+  return batched.build();
+}
+
+// Every batch of the run, epoch by epoch.
+std::vector<std::vector<Batch>> whole_run(Pipeline<Batch>& pipe) {
+  std::vector<std::vector<Batch>> run;
+  for (auto epoch : pipe.epochs()) {
+    run.emplace_back();
+    for (auto& batch : epoch) run.back().push_back(std::move(batch));
+  }
+  return run;
+}
+
+// Takes `cut` batches of epoch `epoch` (after the epochs before it) with `threads_before`
+// threads, then resumes from a state read back from its JSON with `threads_after` threads, and
+// checks that the rest equals `reference`'s. Returns the items the rebuild made again.
+int check_resume(const Shape& s, const std::vector<std::vector<Batch>>& reference, std::uint32_t epoch, std::size_t cut,
+                 int threads_before, int threads_after) {
+  CAPTURE(epoch);
+  CAPTURE(cut);
+  CAPTURE(threads_before);
+  CAPTURE(threads_after);
+  PipelineState state;
+  {
+    auto pipe = build(s, threads_before);
+    for (std::uint32_t e = 0; e < epoch; ++e) drain_epoch(pipe);
+    for (std::size_t i = 0; i < cut; ++i) REQUIRE(pipe.next().has_value());
+    state = pipe.state();
+  }
+  CHECK(state.epoch == epoch);
+  CHECK(state.consumed == cut);
+  const auto read_back = PipelineState::from_json(state.to_json());
+  CHECK(read_back == state);
+
+  Numbers source;
+  auto resumed = build(s, threads_after, read_back, source);
+  const int remade = *source.seeks - 1;  // one seek per item made again, and one to start
+  std::vector<std::vector<Batch>> rest = whole_run(resumed);
+  REQUIRE(rest.size() == reference.size() - epoch);
+  for (std::size_t e = 0; e < rest.size(); ++e) {
+    const auto& want = reference[epoch + e];
+    const std::size_t skip = e == 0 ? cut : 0;
+    REQUIRE(rest[e].size() == want.size() - skip);
+    for (std::size_t i = 0; i < rest[e].size(); ++i) {
+      CAPTURE(i);
+      REQUIRE(rest[e][i] == want[skip + i]);
+    }
+  }
+  return remade;
+}
+
+void check_shape(const Shape& s) {
+  auto pipe = build(s, 2);
+  const auto reference = whole_run(pipe);
+  REQUIRE(reference.size() == s.epochs);
+  const std::size_t batches = reference[0].size();
+  for (const std::size_t cut : {std::size_t{0}, std::size_t{1}, batches / 2, batches - 1, batches}) {
+    const int remade = check_resume(s, reference, 0, cut, 2, 1);
+    // The shuffle held at most min_after_dequeue items, each from one source item; a FIFO none.
+    CHECK(remade <= static_cast<int>(s.capacity == 0 ? 0 : s.min_after_dequeue));
+  }
+  check_resume(s, reference, 1, batches / 3, 1, 4);
+}
+
+}  // namespace
+
+TEST_SUITE("Resume") {
+  TEST_CASE("a resumed pipeline yields exactly the rest of the run, at any cut and thread counts" *
+            doctest::timeout(120)) {
+    SUBCASE("the usual shape") { check_shape({}); }
+    SUBCASE("min_after_dequeue next to the capacity") { check_shape({.capacity = 100, .min_after_dequeue = 99}); }
+    SUBCASE("no shuffle minimum") { check_shape({.capacity = 50, .min_after_dequeue = 0}); }
+    SUBCASE("a window larger than the epoch") {
+      check_shape({.items = 40, .capacity = 500, .min_after_dequeue = 400, .batch = 7});
+    }
+    SUBCASE("no shuffle, batches of one, one output per input") {
+      check_shape({.items = 300, .fanout = 1, .capacity = 0, .batch = 1});
+    }
+    SUBCASE("remainders dropped") { check_shape({.items = 997, .batch = 10, .drop_remainder = true}); }
+  }
+
+  TEST_CASE("rebuilding a shuffle makes again only the items it held, not the epoch so far" * doctest::timeout(60)) {
+    const Shape s{.items = 20'000, .fanout = 5, .capacity = 4000, .min_after_dequeue = 2000, .batch = 64, .epochs = 1};
+    auto pipe = build(s, 2);
+    const auto reference = whole_run(pipe);
+    const std::size_t cut = reference[0].size() * 3 / 4;  // 75'000 items into the epoch
+    const int remade = check_resume(s, reference, 0, cut, 2, 2);
+    CHECK(remade > 0);
+    CHECK(remade <= 2000);
+    MESSAGE("items of the source made again: ", remade, " for a shuffle that held 2000 of its outputs");
+  }
+
+  TEST_CASE("a state taken after the last epoch resumes a run that is over") {
+    const Shape s{.items = 50, .epochs = 1};
+    auto pipe = build(s, 1);
+    drain_epoch(pipe);
+    REQUIRE(pipe.finished());
+    auto resumed = build(s, 1, pipe.state());
+    CHECK(resumed.finished());
+    CHECK(!resumed.next());
+  }
+
+  TEST_CASE("state() refuses, naming why, what a resume could not reproduce") {
+    SUBCASE("free order") {
+      auto pipe = PipelineBuilder{}.source("numbers", Numbers{.n = 10}).batch("batch", 2).build();
+      CHECK_THROWS_WITH_AS(pipe.state(), doctest::Contains("not deterministic"), StateError);
+    }
+    SUBCASE("a source that cannot seek") {
+      auto pipe = PipelineBuilder{}.deterministic().source("count", CountUpTo{10}).batch("batch", 2).build();
+      CHECK_THROWS_WITH_AS(pipe.state(), doctest::Contains("source 'count' cannot be resumed"), StateError);
+    }
+    SUBCASE("a flat_map without a fanout") {
+      auto pipe = PipelineBuilder{}
+                      .deterministic()
+                      .source("numbers", Numbers{.n = 10})
+                      .flat_map<std::uint64_t>("twice", [](std::uint64_t x, Emitter<std::uint64_t>& e) { e(x), e(x); })
+                      .build();
+      CHECK_THROWS_WITH_AS(pipe.state(), doctest::Contains("flat_map 'twice' cannot be resumed: give it"), StateError);
+    }
+    SUBCASE("a function that says it cannot be resumed") {
+      auto pipe =
+          PipelineBuilder{}.deterministic().source("numbers", Numbers{.n = 10}).map("sum", RunningSum{}).build();
+      CHECK_THROWS_WITH_AS(pipe.state(), doctest::Contains("stage 'sum' cannot be resumed: its function says so"),
+                           StateError);
+    }
+    SUBCASE("a stage that skipped items this epoch") {
+      auto pipe = PipelineBuilder{}
+                      .deterministic()
+                      .source("numbers", Numbers{.n = 10})
+                      .map("odd",
+                           [](std::uint64_t x) {
+                             if (x % 2 == 1) throw std::runtime_error("odd");
+                             return x;
+                           },
+                           {.on_error = OnError::skip})
+                      .build();
+      REQUIRE(pipe.next() == 0u);
+      REQUIRE(pipe.next() == 2u);  // item 1 was skipped
+      CHECK_THROWS_WITH_AS(pipe.state(), doctest::Contains("stage 'odd' skipped"), StateError);
+    }
+    SUBCASE("a shuffle after a batch") {
+      auto pipe = PipelineBuilder{}
+                      .deterministic()
+                      .source("numbers", Numbers{.n = 10})
+                      .batch("pairs", 2)
+                      .shuffle("shuffle", {.capacity = 4, .min_after_dequeue = 1})
+                      .batch("batch", 2)
+                      .build();
+      CHECK_THROWS_WITH_AS(pipe.state(), doctest::Contains("stage 'pairs' (batch 2) before it cannot make"),
+                           StateError);
+    }
+  }
+
+  TEST_CASE("a flat_map that breaks its fanout fails with the stage's name") {
+    auto pipe = PipelineBuilder{}
+                    .source("numbers", Numbers{.n = 10})
+                    .flat_map<std::uint64_t>("parts",
+                                             [](std::uint64_t x, Emitter<std::uint64_t>& emit) {
+                                               emit(x);
+                                               if (x != 4) emit(x);
+                                             },
+                                             {.fanout = 2})
+                    .build();
+    CHECK_THROWS_WITH_AS(drain_epoch(pipe), doctest::Contains("input 4 gave 1 outputs, but the stage's fanout is 2"),
+                         StageError);
+  }
+
+  TEST_CASE("a state of another pipeline is refused, naming what differs") {
+    const Shape s{.items = 100, .epochs = 1};
+    PipelineState state;
+    {
+      auto pipe = build(s, 1);
+      REQUIRE(pipe.next());
+      state = pipe.state();
+    }
+    SUBCASE("seed") {
+      auto other = state;
+      other.seed = 8;
+      CHECK_THROWS_WITH_AS(build(s, 1, other), doctest::Contains("its seed is 8, this pipeline's 7"), StateError);
+    }
+    SUBCASE("data") {
+      auto more = s;
+      more.items = 101;
+      CHECK_THROWS_WITH_AS(
+          build(more, 1, state),
+          doctest::Contains("its data set is 'numbers below 100', this pipeline's 'numbers below 101'"), StateError);
+    }
+    SUBCASE("a stage") {
+      auto other = s;
+      other.fanout = 2;
+      CHECK_THROWS_WITH_AS(build(other, 1, state),
+                           doctest::Contains("its stage 3 is 'parts' (flat_map fanout 3), this pipeline's 'parts' "
+                                             "(flat_map fanout 2)"),
+                           StateError);
+    }
+    SUBCASE("the shuffle's window") {
+      auto other = s;
+      other.min_after_dequeue = 50;
+      CHECK_THROWS_WITH_AS(build(other, 1, state), doctest::Contains("'shuffle' (shuffle window 101"), StateError);
+    }
+    SUBCASE("but not its capacity, which does not change the order") {
+      auto other = s;
+      other.capacity = 300;
+      CHECK_NOTHROW(build(other, 1, state));
+    }
+  }
+
+  TEST_CASE("a truncated, corrupt or foreign state file is refused with the file's name") {
+    const auto dir = std::filesystem::temp_directory_path() / "stoker_test_resume";
+    std::filesystem::create_directories(dir);
+    const auto path = dir / "state.json";
+    PipelineState state;
+    {
+      auto pipe = build({.items = 100, .epochs = 1}, 1);
+      REQUIRE(pipe.next());
+      state = pipe.state();
+    }
+    state.save(path);
+    CHECK(PipelineState::load(path) == state);
+    CHECK(!std::filesystem::exists(path.string() + ".partial"));
+    const std::string text = state.to_json();
+
+    auto refused = [&](const std::string& content, const std::string& why) {
+      CAPTURE(content);
+      std::ofstream(path, std::ios::binary | std::ios::trunc) << content;
+      CHECK_THROWS_WITH_AS(PipelineState::load(path), doctest::Contains((path.string() + ": " + why).c_str()),
+                           StateError);
+    };
+    refused(text.substr(0, text.size() / 2), "not a pipeline state");
+    refused("", "not a pipeline state");
+    refused("{\"format\": \"something else\"}", "not a pipeline state");
+    std::string bad = text;
+    bad.replace(bad.find("\"consumed\":"), 11, "\"consumed\":-");
+    refused(bad, "the field 'consumed' has the wrong type");
+    bad = text;
+    bad.replace(bad.find("\"version\":1"), 11, "\"version\":9");
+    refused(bad, "version 9 of the pipeline state, but this stoker reads 1");
+    bad = text;
+    bad.replace(bad.find("\"seed\""), 6, "\"sead\"");
+    refused(bad, "the field 'seed' is missing");
+    CHECK_THROWS_WITH_AS(PipelineState::load(dir / "absent.json"), doctest::Contains("absent.json: cannot open"),
+                         StateError);
+    std::filesystem::remove_all(dir);
+  }
+}
