@@ -21,6 +21,7 @@
 #include "stoker/stages/npy.h"
 #include "stoker/stages/raw.h"
 #include "stoker/stages/reader.h"
+#include "stoker/stages/shard.h"
 #include "stoker/stages/sample.h"
 #include "stoker/stages/synthetic.h"
 #include "stoker/stages/transforms.h"

@@ -5,4 +5,5 @@
 #include "stoker/stages/npy.h"
 #include "stoker/stages/raw.h"
 #include "stoker/stages/reader.h"
+#include "stoker/stages/shard.h"
 #include "stoker/stages/synthetic.h"

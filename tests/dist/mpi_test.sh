@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Runs tests/dist/mpi_ranks on N ranks of this machine.
+#   mpi_test.sh MPIEXEC MPI_RANKS N MODE
+# mpirun's settings for a test machine live here, not in the user's environment: CI runs as
+# root (Open MPI refuses that unless told), and on 2 cores 4 ranks oversubscribe it.
+set -euo pipefail
+mpiexec=$1 program=$2 ranks=$3 mode=$4
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+run=("$mpiexec" --oversubscribe -np "$ranks" "$program" "$mode")
+if [[ "$mode" != throw ]]; then
+  exec "${run[@]}"
+fi
+# A rank that throws must end every rank, within a bounded time, naming itself.
+start=$SECONDS
+status=0
+output=$(timeout 60 "${run[@]}" 2>&1) || status=$?
+echo "$output"
+if ((status == 0)); then
+  echo "FAIL: the job succeeded though rank 1 threw" >&2
+  exit 1
+fi
+if ((status == 124)); then
+  echo "FAIL: the other ranks still waited after 60 s" >&2
+  exit 1
+fi
+if ! grep -q "rank 1 of $ranks: error: stage 'read' failed: a deliberate failure of rank 1" <<<"$output"; then
+  echo "FAIL: the error does not name rank 1 and its failure" >&2
+  exit 1
+fi
+echo "every rank ended $((SECONDS - start)) s after rank 1 threw (exit status $status), the failure named"
