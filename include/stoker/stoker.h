@@ -1,5 +1,6 @@
 // All of stoker in one include: the pipeline and its queues (core), samples, readers,
-// transforms, batching and DLPack export (stages), and the device path (gpu). Link stoker::stoker.
+// transforms, batching and DLPack export (stages), the device path (gpu) and the ranks of a job
+// (dist). Link stoker::stoker.
 #pragma once
 
 #include "stoker/core/bounded_queue.h"
@@ -10,6 +11,7 @@
 #include "stoker/core/stage_error.h"
 #include "stoker/core/stage_stats.h"
 #include "stoker/core/state.h"
+#include "stoker/dist/communicator.h"
 #include "stoker/gpu/augment.h"
 #include "stoker/gpu/device.h"
 #include "stoker/gpu/dlpack.h"
