@@ -16,6 +16,7 @@
 #include "app_main.h"
 #include "stoker/core/stage_error.h"
 #include "stoker/core/state.h"
+#include "stoker/dist/communicator.h"
 #include "stoker/stages/reader.h"
 #include "train.h"
 
@@ -37,6 +38,8 @@ std::string layers(const TrainOptions& o) {
 
 // What the copy counters should show, to read them against.
 std::string copies_expected(const TrainOptions& o, const TrainReport& r) {
+  if (r.ranks.size() > 1)
+    return "two at setup (weights, test set), then per step one batch and the gradients up, the gradients back";
   if (o.augment == "cpu") return "two at setup (weights, test set), then one per batch";
   if (r.resident) return "three at setup (weights, test set, training images), then none";
   return "two at setup (weights, test set), then one per " + std::to_string(o.image_batch) + " images";
@@ -45,7 +48,8 @@ std::string copies_expected(const TrainOptions& o, const TrainReport& r) {
 // A progress bar redrawn in place, at most ten times a second; only on a terminal.
 class ProgressBar {
  public:
-  explicit ProgressBar(std::uint32_t epochs) : epochs_(epochs), enabled_(isatty(STDOUT_FILENO) == 1) {}
+  /// Drawn only when `enabled` and stdout is a terminal.
+  ProgressBar(std::uint32_t epochs, bool enabled) : epochs_(epochs), enabled_(enabled && isatty(STDOUT_FILENO) == 1) {}
 
   void update(std::uint32_t epoch, std::uint64_t done, std::uint64_t total) {
     if (!enabled_) return;
@@ -248,7 +252,12 @@ Json to_json(const TrainOptions& o, const TrainReport& r) {
   out["mode"] = r.mode;
   out["augment"] = o.augment;
   out["resident"] = r.resident;
-  out["samples"] = r.samples();
+  std::uint64_t all_samples = r.samples();  // every rank's
+  if (!r.ranks.empty()) {
+    all_samples = 0;
+    for (const auto& rank : r.ranks) all_samples += rank.samples;
+  }
+  out["samples"] = all_samples;
   out["train_seconds"] = r.train_seconds();
   out["h2d_bytes"] = r.transfers.h2d_bytes;
   out["d2h_bytes"] = r.transfers.d2h_bytes;
@@ -259,11 +268,24 @@ Json to_json(const TrainOptions& o, const TrainReport& r) {
   out["batch_size"] = o.batch_size;
   out["crops"] = o.crops;
   out["seed"] = o.seed;
+  out["world_size"] = std::max<std::size_t>(r.ranks.size(), 1);
+  if (!r.ranks.empty()) {
+    Json ranks = Json::array();
+    for (std::size_t i = 0; i < r.ranks.size(); ++i)
+      ranks.push_back({{"rank", i},
+                       {"samples", r.ranks[i].samples},
+                       {"samples_per_s", r.ranks[i].samples_per_s()},
+                       {"starvation_pct", 100 * r.ranks[i].starvation()}});
+    out["ranks"] = std::move(ranks);
+  }
   out["per_epoch"] = std::move(epochs);
   return out;
 }
 
-int run(int argc, char** argv) {
+// Every rank of a job (mpirun -np N stoker-train) runs this; rank 0 alone prints.
+int run(int argc, char** argv, dist::Communicator& ranks) {
+  const bool lead = ranks.rank() == 0;
+  if (!lead) std::cout.setstate(std::ios::failbit);
   CLI::App app{
       "stoker-train: trains a multilayer perceptron on Fashion-MNIST crops fed by a stoker pipeline\n"
       "(reader -> random crops + mirror -> shuffle buffer -> batch -> pinned staging -> copy -> trainer),\n"
@@ -286,7 +308,7 @@ int run(int argc, char** argv) {
   if (o.mode == "sync" && !o.trace.empty())
     std::cerr << "stoker-train: warning: --trace is ignored in sync mode, which has no pipeline\n";
 
-  ProgressBar bar(o.epochs);
+  ProgressBar bar(o.epochs, lead);
   TrainCallbacks callbacks;
   callbacks.on_start = [&](const TrainReport& r) {
     std::cout << "data:   " << r.train_images << " training and " << r.test_images << " test images from " << o.data
@@ -298,6 +320,10 @@ int run(int argc, char** argv) {
               << " crops per image (mirror p " << o.mirror_p << ") on the " << o.augment << ", shuffle "
               << o.shuffle_capacity << "/" << o.min_after_dequeue << ", batches of " << o.batch_size << ", " << o.epochs
               << " epochs of " << r.train_images * static_cast<std::uint64_t>(o.crops) << " samples\n";
+    if (ranks.size() > 1)
+      std::cout << "ranks:  " << ranks.size() << " (" << ranks.engine() << "), each with its share of every epoch and "
+                << o.batch_size / static_cast<std::size_t>(ranks.size())
+                << " crops of every step; gradients averaged every step\n";
   };
   callbacks.on_batch = [&](std::uint32_t epoch, std::uint64_t done, std::uint64_t total) {
     bar.update(epoch, done, total);
@@ -311,7 +337,7 @@ int run(int argc, char** argv) {
   };
 
   try {
-    const TrainReport r = run_training(o, callbacks);
+    const TrainReport r = run_training(o, callbacks, &ranks);
     std::cout << "\n";
     if (r.pipeline) {
       print_summary(std::cout, *r.pipeline);
@@ -325,17 +351,13 @@ int run(int argc, char** argv) {
               << fixed(100 * r.starvation(), 1) << "% (" << r.mode << ", " << r.device << ")\n";
     if (json) std::cout << to_json(o, r).dump() << std::endl;
     return 0;
-  } catch (const std::invalid_argument& e) {
+  } catch (const std::exception& e) {
+    // Bad options or data: every rank finds the same, and rank 0 says it.
+    if (!dynamic_cast<const std::invalid_argument*>(&e) && !dynamic_cast<const DataError*>(&e) &&
+        !dynamic_cast<const StateError*>(&e))
+      throw;
     bar.clear();
-    std::cerr << "stoker-train: " << one_line(e.what()) << '\n';
-    return 2;
-  } catch (const DataError& e) {
-    bar.clear();
-    std::cerr << "stoker-train: " << one_line(e.what()) << '\n';
-    return 2;
-  } catch (const StateError& e) {
-    bar.clear();
-    std::cerr << "stoker-train: " << one_line(e.what()) << '\n';
+    if (lead) std::cerr << "stoker-train: " << one_line(e.what()) << '\n';
     return 2;
   }
 }
@@ -343,4 +365,12 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace stoker::train
 
-int main(int argc, char** argv) { return stoker::apps::guarded_main("stoker-train", stoker::train::run, argc, argv); }
+int main(int argc, char** argv) {
+  return stoker::apps::guarded_main(
+      "stoker-train",
+      [](int argc, char** argv) {
+        return stoker::dist::run_world(
+            argc, argv, [&](stoker::dist::Communicator& ranks) { return stoker::train::run(argc, argv, ranks); });
+      },
+      argc, argv);
+}

@@ -80,7 +80,8 @@ float* Mlp::forward(gpu::Stream& stream, const float* x, int rows) {
   return at(activations_.back());
 }
 
-void Mlp::train_step(gpu::Stream& stream, const float* x, const std::int32_t* labels, int rows, float learning_rate) {
+void Mlp::train_step(gpu::Stream& stream, const float* x, const std::int32_t* labels, int rows, float learning_rate,
+                     const Reduce& reduce) {
   if (rows < 1 || rows > options_.max_rows)
     throw std::invalid_argument("mlp: a training batch of " + std::to_string(rows) + " rows (1 to " +
                                 std::to_string(options_.max_rows) + " allowed)");
@@ -104,6 +105,7 @@ void Mlp::train_step(gpu::Stream& stream, const float* x, const std::int32_t* la
     nn::relu_backward(stream, grad_in, input, static_cast<std::size_t>(rows) * static_cast<std::size_t>(layer.inputs));
     std::swap(grad_out, grad_in);
   }
+  if (reduce) reduce(stream, at(grads_), parameter_count_);
   nn::sgd_momentum(stream, at(params_), at(grads_), at(velocity_), parameter_count_, learning_rate, options_.momentum,
                    options_.weight_decay);
 }

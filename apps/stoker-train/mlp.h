@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -36,9 +37,14 @@ class Mlp {
   /// for fewer than two layers, a width below 1 or max_rows below 1.
   Mlp(gpu::Device& device, gpu::Stream& stream, MlpOptions options);
 
+  /// What a data-parallel step does to the gradients (`n` floats on the device) between
+  /// computing and applying them: average them over the ranks.
+  using Reduce = std::function<void(gpu::Stream& stream, float* gradients, std::size_t n)>;
+
   /// One SGD step on `rows` samples (x: rows x inputs, float32; labels: int32), issued to
   /// `stream`; adds the batch's loss and correct predictions to the counters.
-  void train_step(gpu::Stream& stream, const float* x, const std::int32_t* labels, int rows, float learning_rate);
+  void train_step(gpu::Stream& stream, const float* x, const std::int32_t* labels, int rows, float learning_rate,
+                  const Reduce& reduce = {});
 
   /// Adds to test_correct the samples among `rows` (any number) that the model predicts right.
   void evaluate(gpu::Stream& stream, const float* x, const std::int32_t* labels, std::size_t rows);

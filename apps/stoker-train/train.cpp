@@ -6,16 +6,20 @@
 #include <functional>
 #include <memory>
 #include <numbers>
+#include <sstream>
 #include <stdexcept>
 #include <utility>
 
 #include "checkpoint.h"
 #include "mlp.h"
 #include "stoker/core/pipeline.h"
+#include "stoker/core/random.h"
 #include "stoker/core/random_shuffle_queue.h"
+#include "stoker/dist/communicator.h"
 #include "stoker/gpu/augment.h"
 #include "stoker/gpu/staging.h"
 #include "stoker/stages/batch.h"
+#include "stoker/stages/shard.h"
 #include "stoker/stages/transforms.h"
 
 namespace stoker::train {
@@ -67,10 +71,12 @@ TestSet upload_test_set(std::shared_ptr<const IdxDataset> data, const TrainOptio
 // bookkeeping. One training step per device batch, issued to the compute stream.
 class Trainer {
  public:
+  // `ranks`: the ranks whose gradients are averaged every step; null for one process.
   Trainer(const TrainOptions& o, const TrainCallbacks& callbacks, std::shared_ptr<gpu::Device> device,
-          std::uint64_t samples_per_epoch)
+          std::uint64_t samples_per_epoch, dist::Communicator* ranks)
       : o_(o),
         callbacks_(callbacks),
+        ranks_(ranks && ranks->size() > 1 ? ranks : nullptr),
         device_(std::move(device)),
         compute_(device_->make_stream()),
         model_(*device_, *compute_, model_options(o)),
@@ -101,6 +107,17 @@ class Trainer {
   }
   /// Where the pipeline goes on from, after resume().
   const std::optional<PipelineState>& resume_point() const { return resume_; }
+  /// This rank's share of the data.
+  ShardOptions shard() const {
+    if (!ranks_) return {};
+    return {.rank = static_cast<std::uint32_t>(ranks_->rank()), .world = static_cast<std::uint32_t>(ranks_->size())};
+  }
+  /// A hash of the model's parameters: the same on every rank, or the ranks have diverged.
+  std::uint64_t weights_hash() {
+    const auto bytes = model_.save(*compute_);
+    const std::size_t n = model_.parameter_count() * sizeof(float);  // the parameters come first
+    return hash_name({reinterpret_cast<const char*>(bytes.data()), n});
+  }
   std::uint64_t steps() const { return step_; }
 
   gpu::Device& device() { return *device_; }
@@ -127,8 +144,8 @@ class Trainer {
       current_.device_wait_seconds += seconds_since(t0);
     }
     compute_->wait(batch.ready());
-    model_.train_step(*compute_, batch.data_as<float>(), batch.labels(), static_cast<int>(batch.count),
-                      learning_rate());
+    model_.train_step(*compute_, batch.data_as<float>(), batch.labels(), static_cast<int>(batch.count), learning_rate(),
+                      ranks_ ? average_gradients_ : Mlp::Reduce{});
     batch.release_after(*compute_);
     compute_->record(done);
     ++issued_;
@@ -150,9 +167,13 @@ class Trainer {
     model_.evaluate(*compute_, test.images(), test.labels(), test.count);
     const MlpCounters c = model_.read_counters(*compute_);
     current_.eval_seconds = seconds_since(t0);
-    const auto samples = static_cast<double>(std::max<std::uint64_t>(current_.samples, 1));
-    current_.loss = c.train_loss_sum / samples;
-    current_.train_accuracy = static_cast<double>(c.train_correct) / samples;
+    // Loss and accuracy over every rank's samples (their sums are exact in floats up to 2^24).
+    std::vector<float> sums{static_cast<float>(c.train_loss_sum), static_cast<float>(c.train_correct),
+                            static_cast<float>(current_.samples)};
+    if (ranks_) ranks_->allreduce_sum(sums);
+    const auto samples = static_cast<double>(std::max(sums[2], 1.0f));
+    current_.loss = sums[0] / samples;
+    current_.train_accuracy = sums[1] / samples;
     current_.test_accuracy =
         static_cast<double>(c.test_correct) / static_cast<double>(std::max<std::size_t>(test.count, 1));
     if (callbacks_.on_epoch) callbacks_.on_epoch(current_);
@@ -178,8 +199,20 @@ class Trainer {
     return static_cast<float>(o_.learning_rate * 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
   }
 
+  // The mean of every rank's gradients, in place: through host memory, which MPI reads.
+  void average(gpu::Stream& stream, float* gradients, std::size_t n) {
+    host_gradients_.resize(n);
+    stream.copy_to_host(host_gradients_.data(), gradients, n * sizeof(float));
+    stream.synchronize();
+    ranks_->allreduce_mean(host_gradients_);
+    stream.copy_to_device(gradients, host_gradients_.data(), n * sizeof(float));  // before the next step's read-back
+  }
+
   const TrainOptions& o_;
   const TrainCallbacks& callbacks_;
+  dist::Communicator* ranks_;
+  std::vector<float> host_gradients_;
+  const Mlp::Reduce average_gradients_ = [this](gpu::Stream& s, float* g, std::size_t n) { average(s, g, n); };
   std::shared_ptr<gpu::Device> device_;
   std::unique_ptr<gpu::Stream> compute_;
   Mlp model_;
@@ -251,7 +284,11 @@ void train_pipelined(const TrainOptions& o, std::shared_ptr<const IdxDataset> da
   const gpu::ToDevice to_device(trainer.device_ptr(), to_device_options(o));
   auto pipe =
       pipeline_builder(o, trainer)
-          .source("read", IdxReader(std::move(data), {.pool = BufferPool::create()}), {.queue = o.read_queue})
+          .source(
+              "read",
+              ShuffledShard(std::make_shared<IdxReader>(std::move(data), ReaderOptions{.pool = BufferPool::create()}),
+                            trainer.shard()),
+              {.queue = o.read_queue})
           .flat_map<DeferredCrop>("crops", random_crops(o),
                                   {.threads = o.crop_threads, .fanout = static_cast<std::size_t>(o.crops)})
           .shuffle("shuffle", shuffle_options(o))
@@ -439,7 +476,7 @@ std::shared_ptr<gpu::Device> open_device(const std::string& which) {
 
 }  // namespace
 
-void validate(const TrainOptions& o) {
+void validate(const TrainOptions& o, int ranks) {
   auto fail = [](const std::string& what) { throw std::invalid_argument(what); };
   auto at_least_1 = [&](const char* name, auto value) {
     if (value < 1) fail(std::string(name) + " must be at least 1");
@@ -485,6 +522,15 @@ void validate(const TrainOptions& o) {
       fail(std::string(which) + " needs --mode pipelined and --augment cpu");
   }
   if (o.checkpoint_every != 0 && o.checkpoint.empty()) fail("--checkpoint-every needs --checkpoint DIR");
+  if (ranks > 1) {
+    const std::string job = " (a job of " + std::to_string(ranks) + " ranks)";
+    if (o.mode != "pipelined" || o.augment != "cpu")
+      fail("several ranks need --mode pipelined and --augment cpu" + job);
+    if (o.batch_size % static_cast<std::size_t>(ranks) != 0)
+      fail("--batch-size " + std::to_string(o.batch_size) + " does not divide among " + std::to_string(ranks) +
+           " ranks, which take equal shares of a step: give a multiple of " + std::to_string(ranks) + job);
+    if (!o.checkpoint.empty() || !o.resume.empty()) fail("--checkpoint and --resume take one rank only" + job);
+  }
 }
 
 std::uint64_t TrainReport::samples() const {
@@ -503,6 +549,15 @@ double TrainReport::train_seconds() const {
   return s;
 }
 double TrainReport::samples_per_s() const {
+  if (!ranks.empty()) {  // every rank's samples over the slowest rank's time
+    std::uint64_t n = 0;
+    double slowest = 0;
+    for (const Rank& r : ranks) {
+      n += r.samples;
+      slowest = std::max(slowest, r.train_seconds);
+    }
+    return slowest > 0 ? static_cast<double>(n) / slowest : 0;
+  }
   const double s = train_seconds();
   return s > 0 ? static_cast<double>(samples()) / s : 0;
 }
@@ -513,8 +568,35 @@ double TrainReport::starvation() const {
   return s > 0 ? wait / s : 0;
 }
 
-TrainReport run_training(const TrainOptions& o, const TrainCallbacks& callbacks) {
-  validate(o);
+namespace {
+
+// Every rank's samples and times at rank 0, and a check that their weights are the same.
+void gather_ranks(dist::Communicator& ranks, Trainer& trainer, TrainReport& report) {
+  std::uint64_t wait = 0;
+  for (const EpochReport& e : report.epochs) wait += static_cast<std::uint64_t>(e.input_wait_seconds * 1e9);
+  const std::string mine = std::to_string(report.samples()) + " " +
+                           std::to_string(static_cast<std::uint64_t>(report.train_seconds() * 1e9)) + " " +
+                           std::to_string(wait) + " " + std::to_string(trainer.weights_hash());
+  const auto records = ranks.gather(mine);
+  std::uint64_t first_hash = 0;
+  for (std::size_t r = 0; r < records.size(); ++r) {
+    std::istringstream in(records[r]);
+    std::uint64_t samples = 0, seconds = 0, waited = 0, hash = 0;
+    in >> samples >> seconds >> waited >> hash;
+    if (r == 0) first_hash = hash;
+    if (hash != first_hash)
+      throw std::logic_error("the weights of rank " + std::to_string(r) + " differ from rank 0's after training");
+    report.ranks.push_back({samples, static_cast<double>(seconds) * 1e-9, static_cast<double>(waited) * 1e-9});
+  }
+}
+
+}  // namespace
+
+TrainReport run_training(const TrainOptions& options, const TrainCallbacks& callbacks, dist::Communicator* ranks) {
+  const int world = ranks ? ranks->size() : 1;
+  validate(options, world);
+  TrainOptions o = options;  // this rank's: its share of each step
+  o.batch_size /= static_cast<std::size_t>(world);
   TrainReport report;
   report.mode = o.mode;
   const auto t_load = Clock::now();
@@ -527,8 +609,10 @@ TrainReport run_training(const TrainOptions& o, const TrainCallbacks& callbacks)
   report.train_images = train_data->size();
   report.test_images = test_data->size();
 
-  const std::uint64_t samples_per_epoch = train_data->size() * static_cast<std::uint64_t>(o.crops);
-  Trainer trainer(o, callbacks, open_device(o.device), samples_per_epoch);
+  // A rank's share of an epoch (ShuffledShard leaves out the remainder); all of it alone.
+  const std::uint64_t samples_per_epoch =
+      train_data->size() / static_cast<std::uint64_t>(world) * static_cast<std::uint64_t>(o.crops);
+  Trainer trainer(o, callbacks, open_device(o.device), samples_per_epoch, ranks);
   if (!o.resume.empty()) {
     Checkpoint c = Checkpoint::load(o.resume);
     c.check_options(o, o.resume);
@@ -547,6 +631,7 @@ TrainReport run_training(const TrainOptions& o, const TrainCallbacks& callbacks)
   else
     (gpu_augment ? train_pipelined_gpu : train_pipelined)(o, std::move(train_data), trainer, test, report);
   report.transfers = trainer.device().transfers();
+  if (world > 1) gather_ranks(*ranks, trainer, report);
   return report;
 }
 

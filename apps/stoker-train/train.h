@@ -14,6 +14,10 @@
 #include "stoker/gpu/device.h"
 #include "stoker/stages/idx.h"
 
+namespace stoker::dist {
+class Communicator;
+}
+
 namespace stoker::train {
 
 struct TrainOptions {
@@ -67,8 +71,8 @@ struct TrainOptions {
   std::size_t limit = 0;  ///< use only the first N train and N test images; 0 = all
 };
 
-/// Throws std::invalid_argument naming the first bad option.
-void validate(const TrainOptions& options);
+/// Throws std::invalid_argument naming the first bad option, for a job of `ranks` processes.
+void validate(const TrainOptions& options, int ranks = 1);
 
 struct EpochReport {
   std::uint32_t epoch = 0;  ///< from 1
@@ -97,9 +101,19 @@ struct TrainReport {
   std::optional<PipelineSummary> pipeline;  ///< pipelined mode only
   gpu::TransferCounts transfers;            ///< copies of the whole run, setup included
 
+  /// A data-parallel job's ranks (filled at rank 0; one entry per rank, in rank order).
+  struct Rank {
+    std::uint64_t samples = 0;
+    double train_seconds = 0, input_wait_seconds = 0;
+    double samples_per_s() const { return train_seconds > 0 ? static_cast<double>(samples) / train_seconds : 0; }
+    double starvation() const { return train_seconds > 0 ? input_wait_seconds / train_seconds : 0; }
+  };
+  std::vector<Rank> ranks;
+
   std::uint64_t samples() const;
   std::uint64_t batches() const;
   double train_seconds() const;
+  /// This process's; with several ranks, every rank's samples over the slowest rank's time.
   double samples_per_s() const;
   double starvation() const;  ///< over all epochs, in [0, 1]
   double test_accuracy() const { return epochs.empty() ? 0 : epochs.back().test_accuracy; }
@@ -115,6 +129,12 @@ struct TrainCallbacks {
 /// Loads the data, opens the device and trains. Throws std::invalid_argument for bad options
 /// (a device asked for that is not there included), DataError for missing or bad data files,
 /// and StageError when a stage of the pipeline fails.
-TrainReport run_training(const TrainOptions& options, const TrainCallbacks& callbacks = {});
+///
+/// With a communicator of several ranks, data-parallel: each rank trains on its share of every
+/// epoch (ShuffledShard) with `batch_size / ranks` crops per step, and the gradients are
+/// averaged over the ranks every step, so that a step is one of `batch_size` crops, as in one
+/// process. Every rank must call it with the same options.
+TrainReport run_training(const TrainOptions& options, const TrainCallbacks& callbacks = {},
+                         dist::Communicator* ranks = nullptr);
 
 }  // namespace stoker::train

@@ -286,6 +286,15 @@ TEST_CASE("bad trainer options are refused naming the option" * doctest::timeout
   bad.augment = "gpu";
   CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--checkpoint needs --mode pipelined and --augment cpu"),
                        std::invalid_argument);
+  // Data-parallel: each rank takes an equal share of every step.
+  CHECK_THROWS_WITH_AS(validate(o, 2), doctest::Contains("--batch-size 255 does not divide among 2 ranks"),
+                       std::invalid_argument);
+  bad = o;
+  bad.batch_size = 256;
+  CHECK_NOTHROW(validate(bad, 2));
+  bad.mode = "sync";
+  CHECK_THROWS_WITH_AS(validate(bad, 2), doctest::Contains("several ranks need --mode pipelined"),
+                       std::invalid_argument);
   bad = o;
   bad.checkpoint_every = 10;
   CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--checkpoint-every needs --checkpoint"),
