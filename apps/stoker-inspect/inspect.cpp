@@ -82,6 +82,16 @@ class LogParser {
     if (!j.is_object()) throw BadLine("a record must be a JSON object, not " + std::string(j.type_name()));
     const auto type = j.find("type");
     if (type == j.end() || !type->is_string()) throw BadLine("record has no string 'type'");
+    if (const auto rank = j.find("rank"); rank != j.end()) {
+      const std::string r = rank->is_string() ? rank->get<std::string>() : rank->dump();
+      if (!log_.rank.empty() && log_.rank != r)
+        throw BadLine("a record of rank " + r + " in the log of rank " + log_.rank);
+      log_.rank = r;
+    }
+    if (*type == "consumer") {
+      log_.consumer = ConsumerCounters{count_field(j, "items"), seconds_field(j, "waited_s"), seconds_field(j, "t")};
+      return;
+    }
     if (*type == "sample") return sample(j);
     if (*type == "stage") return stage(j);
     if (*type == "counters") return counters(j);
@@ -1090,6 +1100,86 @@ std::string plot_html(const OccupancyLog& log, const Report& report) {
   const Plot plot(log, report);
   return std::string(kPageHead) + escape_xml("stoker-inspect: " + log.source) + kPageStyle + plot.svg() + kPageErrors +
          "const data = " + script_json(plot.page_data()) + ";\n" + kPageScript;
+}
+
+// ---------------------------------------------------------------------------------------
+// Several ranks of one job.
+
+namespace {
+
+// The share of its run a rank's training loop waited for input: from its consumer record, or,
+// in a log without one, the share of samples with the last queue empty.
+double input_wait(const OccupancyLog& log, const Report& report) {
+  if (log.consumer && log.consumer->t > 0) return std::clamp(log.consumer->waited_s / log.consumer->t, 0.0, 1.0);
+  return report.queues.empty() ? 0 : report.queues.back().empty_pct / 100;
+}
+
+std::string pct(double share) { return fixed(100 * share, 1) + "%"; }
+
+}  // namespace
+
+JobReport analyze_job(const std::vector<OccupancyLog>& logs) {
+  JobReport job;
+  for (const OccupancyLog& log : logs) {
+    Report r = analyze(log);
+    const double wait = input_wait(log, r);
+    job.ranks.push_back({log.rank.empty() ? log.source : "rank " + log.rank, wait, std::move(r)});
+  }
+  if (job.ranks.size() < 2) return job;
+  std::vector<double> waits;
+  for (const auto& r : job.ranks) waits.push_back(r.wait);
+  std::vector<double> sorted = waits;
+  std::sort(sorted.begin(), sorted.end());
+  const double median = sorted[sorted.size() / 2 - (sorted.size() % 2 == 0 ? 1 : 0)];
+  const auto worst = static_cast<std::size_t>(std::max_element(waits.begin(), waits.end()) - waits.begin());
+  double others_min = 1, others_max = 0;
+  for (std::size_t i = 0; i < waits.size(); ++i) {
+    if (i == worst) continue;
+    others_min = std::min(others_min, waits[i]);
+    others_max = std::max(others_max, waits[i]);
+  }
+  const auto& slow = job.ranks[worst];
+  if (slow.wait >= 0.05 && slow.wait >= 2 * median) {
+    job.straggler = slow.name;
+    job.evidence = slow.name + "'s training loop waited for its input " + pct(slow.wait) + " of its run, the other " +
+                   std::to_string(waits.size() - 1) + " ranks' " + pct(others_min) + " to " + pct(others_max) +
+                   ": every step waits for it. Its own pipeline: " + slow.report.bottleneck + " (" +
+                   slow.report.evidence + ")";
+    job.suggestion = "speed up " + slow.name + "'s input: " + slow.report.suggestion +
+                     "; if its settings are the others', look for what else takes its host's cores";
+  } else {
+    job.evidence = "no rank stands out: the training loops waited for input " + pct(sorted.front()) + " to " +
+                   pct(sorted.back()) + " of their runs";
+    job.suggestion = "read each rank's verdict above";
+  }
+  return job;
+}
+
+void print_job(std::ostream& out, const JobReport& job) {
+  for (const auto& r : job.ranks) {
+    out << "==== " << r.name << "\n";
+    print_report(out, r.report);
+    out << "\n";
+  }
+  std::vector<std::vector<std::string>> rows{{"rank", "bottleneck", "input wait %", "last queue's mean fill"}};
+  for (const auto& r : job.ranks)
+    rows.push_back({r.name, r.report.bottleneck, fixed(100 * r.wait, 1),
+                    r.report.queues.empty() ? "-" : fixed(r.report.queues.back().mean_fill, 2)});
+  out << "==== the job: " << job.ranks.size() << " ranks\n";
+  print_table(out, rows, 2);
+  out << "straggler:  " << (job.straggler.empty() ? "none" : job.straggler) << "\n"
+      << "evidence:   " << job.evidence << "\n"
+      << "suggestion: " << job.suggestion << "\n";
+}
+
+Json to_json(const JobReport& job) {
+  Json ranks = Json::array();
+  for (const auto& r : job.ranks)
+    ranks.push_back({{"rank", r.name}, {"input_wait_pct", 100 * r.wait}, {"report", to_json(r.report)}});
+  return {{"ranks", std::move(ranks)},
+          {"straggler", job.straggler},
+          {"evidence", job.evidence},
+          {"suggestion", job.suggestion}};
 }
 
 }  // namespace stoker::inspect

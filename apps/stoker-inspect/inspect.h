@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <iosfwd>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -52,9 +53,18 @@ struct TuningMove {
   std::string evidence;  ///< the busy shares that called for it
 };
 
+/// The training loop's waits for its input, from the log's `consumer` record.
+struct ConsumerCounters {
+  std::uint64_t items = 0;  ///< items it took
+  double waited_s = 0;      ///< time it waited for them
+  double t = 0;             ///< when the record was written: the length of the run
+};
+
 /// A parsed log. Queues are in pipeline order, source first.
 struct OccupancyLog {
   std::string source;  ///< the file, for messages
+  std::string rank;    ///< its records' "rank" label (one rank of a job), empty when none
+  std::optional<ConsumerCounters> consumer;
   std::vector<QueueSeries> queues;
   std::vector<StageCounters> stages;
   std::vector<EpochMark> epochs;                                ///< in the order of the log; empty when it has none
@@ -119,6 +129,29 @@ Report analyze(const OccupancyLog& log);
 
 /// The tables and the verdict, for people.
 void print_report(std::ostream& out, const Report& report);
+
+/// The logs of the ranks of one job, read together.
+struct JobReport {
+  struct Rank {
+    std::string name;  ///< its label ("rank 2"), or its file without one
+    double wait = 0;   ///< share of the run its training loop waited for input, 0..1
+    Report report;     ///< analyze() of its log
+  };
+  std::vector<Rank> ranks;  ///< in the order of the logs given
+  std::string straggler;    ///< the rank whose input holds the others back; empty when none stands out
+  std::string evidence;
+  std::string suggestion;
+};
+
+/// Sums up each rank's log and names the straggler: in a data-parallel job every step waits
+/// for the slowest rank, whose training loop alone waits for its input (the others wait for it
+/// in the step's allreduce). A rank stands out when it waited at least 5% of its run and at
+/// least twice the median rank.
+JobReport analyze_job(const std::vector<OccupancyLog>& logs);
+/// A line per rank, each rank's report, and the verdict.
+void print_job(std::ostream& out, const JobReport& job);
+/// {"ranks": [{"rank", "input_wait_pct", "report"}...], "straggler", "evidence", "suggestion"}.
+nlohmann::json to_json(const JobReport& job);
 
 /// The report as one JSON object: queues, stages, counters, bottleneck, confidence, evidence,
 /// suggestion, autotune (the moves).

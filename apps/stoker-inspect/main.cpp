@@ -43,9 +43,13 @@ int run(int argc, char** argv) {
       "See docs/inspect.md for how to read the report."};
   app.name("stoker-inspect");
 
-  std::string log_path, plot_path;
+  std::vector<std::string> log_paths;
+  std::string plot_path;
   bool json = false, skip_bad_lines = false;
-  app.add_option("LOG", log_path, "The occupancy log: JSON Lines of sample and stage records")->required();
+  app.add_option("LOG", log_paths,
+                 "The occupancy log: JSON Lines of sample and stage records. Several: the logs of the ranks of one "
+                 "job (run.rank*.jsonl), read together to name the rank that holds the others back")
+      ->required();
   app.add_flag("--json", json,
                "Also print the report as one JSON object on the last line of stdout (queues, stages, "
                "bottleneck, confidence, evidence, suggestion)");
@@ -66,11 +70,27 @@ int run(int argc, char** argv) {
         !ends_with(plot_path, ".htm"))
       throw UsageError("--plot " + plot_path + ": the file name must end in .svg or .html");
 
-    const OccupancyLog log = read_log(log_path, {.skip_bad_lines = skip_bad_lines});
-    if (log.skipped_lines > 0)
-      std::cerr << "stoker-inspect: warning: " << log_path << ": skipped " << log.skipped_lines << " malformed line"
-                << (log.skipped_lines == 1 ? "" : "s") << " (first: " << log.first_skipped << ")\n";
-
+    std::vector<OccupancyLog> logs;
+    for (const auto& path : log_paths) {
+      logs.push_back(read_log(path, {.skip_bad_lines = skip_bad_lines}));
+      const OccupancyLog& log = logs.back();
+      if (log.skipped_lines > 0)
+        std::cerr << "stoker-inspect: warning: " << path << ": skipped " << log.skipped_lines << " malformed line"
+                  << (log.skipped_lines == 1 ? "" : "s") << " (first: " << log.first_skipped << ")\n";
+    }
+    if (logs.size() > 1) {
+      const JobReport job = analyze_job(logs);
+      // The plot is of one log: the straggler's, or the first.
+      std::size_t shown = 0;
+      for (std::size_t i = 0; i < job.ranks.size(); ++i)
+        if (job.ranks[i].name == job.straggler) shown = i;
+      if (!plot_path.empty()) write_plot(logs[shown], job.ranks[shown].report, plot_path);
+      print_job(std::cout, job);
+      if (!plot_path.empty()) std::cout << "plot:       " << plot_path << " (" << job.ranks[shown].name << ")\n";
+      if (json) std::cout << to_json(job).dump() << std::endl;
+      return 0;
+    }
+    const OccupancyLog& log = logs.front();
     const Report report = analyze(log);
     if (!plot_path.empty()) write_plot(log, report, plot_path);  // first, so that a failure prints no report
     print_report(std::cout, report);

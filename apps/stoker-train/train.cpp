@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <numbers>
@@ -245,7 +246,17 @@ gpu::ToDeviceOptions to_device_options(const TrainOptions& o) {
 PipelineBuilder pipeline_builder(const TrainOptions& o, Trainer& trainer) {
   PipelineBuilder builder;
   builder.threads(o.threads).seed(o.seed).epochs(o.epochs).counters(gpu::transfer_counters(trainer.device_ptr()));
-  if (!o.occupancy_log.empty()) builder.occupancy_log(o.occupancy_log);
+  if (!o.occupancy_log.empty()) {
+    // One log per rank of a job, labelled, for stoker-inspect to read together.
+    if (const auto shard = trainer.shard(); shard.world > 1) {
+      std::filesystem::path path(o.occupancy_log);
+      const std::string rank = std::to_string(shard.rank);
+      builder.occupancy_log(path.replace_filename(path.stem().string() + ".rank" + rank + path.extension().string()))
+          .log_label("rank", rank);
+    } else {
+      builder.occupancy_log(o.occupancy_log);
+    }
+  }
   if (!o.trace.empty()) builder.trace(o.trace);
   if (o.autotune) builder.autotune();  // the pipeline's threads are the budget
   if (o.deterministic) builder.deterministic();

@@ -339,6 +339,7 @@ class PipelineCore::Monitor {
   /// Writes the occupancy log to `path` (none if empty) and the trace to `trace` (none if null).
   Monitor(const PipelineCore& core, const std::string& path, TraceFile* trace, std::chrono::milliseconds interval)
       : core_(core), trace_(trace) {
+    for (const auto& [key, value] : core.options().log_labels) labels_[key] = value;
     if (!path.empty()) open_log(path);
     ticker_.emplace(interval, /*at_start=*/true, "occupancy log or trace: a sample could not be written",
                     [this] { sample(); });
@@ -349,7 +350,7 @@ class PipelineCore::Monitor {
   void note(nlohmann::json record) {
     if (!logger_) return;
     record["t"] = seconds();
-    logger_->info(record.dump());
+    write(std::move(record));
   }
 
   // Takes a last sample, writes the per-stage counters, and closes the files. Called from a
@@ -397,11 +398,13 @@ class PipelineCore::Monitor {
       const std::size_t size = e->size();
       fills_.emplace_back(e->name(), size);
       if (logger_) {
-        nlohmann::json j{{"type", "sample"},          {"t", t},
-                         {"queue", e->name()},        {"size", size},
-                         {"capacity", e->capacity()}, {"producer", e->producer()},
-                         {"consumer", e->consumer()}};
-        logger_->info(j.dump());
+        write({{"type", "sample"},
+               {"t", t},
+               {"queue", e->name()},
+               {"size", size},
+               {"capacity", e->capacity()},
+               {"producer", e->producer()},
+               {"consumer", e->consumer()}});
       }
     }
     if (trace_) trace_->write(now, fills_);
@@ -410,28 +413,39 @@ class PipelineCore::Monitor {
   void write_totals() {
     const auto summary = core_.summary();
     for (const auto& s : summary.stages) {
-      nlohmann::json j{{"type", "stage"},
-                       {"t", seconds()},
-                       {"stage", s.name},
-                       {"threads", s.threads},
-                       {"items_in", s.items_in},
-                       {"items_out", s.items_out},
-                       {"skipped", s.skipped},
-                       {"busy_s", to_s(s.busy)},
-                       {"starved_s", to_s(s.starved)},
-                       {"blocked_s", to_s(s.blocked)}};
-      logger_->info(j.dump());
+      write({{"type", "stage"},
+             {"t", seconds()},
+             {"stage", s.name},
+             {"threads", s.threads},
+             {"items_in", s.items_in},
+             {"items_out", s.items_out},
+             {"skipped", s.skipped},
+             {"busy_s", to_s(s.busy)},
+             {"starved_s", to_s(s.starved)},
+             {"blocked_s", to_s(s.blocked)}});
     }
+    // The training loop: how long it waited for its input.
+    write({{"type", "consumer"},
+           {"t", seconds()},
+           {"items", summary.consumed},
+           {"waited_s", to_s(summary.consumer_wait)}});
     if (!summary.counters.empty()) {
       nlohmann::json j{{"type", "counters"}, {"t", seconds()}};
       for (const auto& c : summary.counters) j["counters"][c.name] = c.value;
-      logger_->info(j.dump());
+      write(std::move(j));
     }
     logger_->flush();
   }
 
+  // Every record goes out with the pipeline's labels (PipelineOptions::log_labels).
+  void write(nlohmann::json record) {
+    for (const auto& [key, value] : labels_.items()) record[key] = value;
+    logger_->info(record.dump());
+  }
+
   const PipelineCore& core_;
   TraceFile* const trace_;
+  nlohmann::json labels_ = nlohmann::json::object();
   const Clock::time_point born_ = Clock::now();
   std::vector<std::pair<std::string, std::size_t>> fills_;  // the sampling thread's
   std::shared_ptr<spdlog::details::thread_pool> pool_;

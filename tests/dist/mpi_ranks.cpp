@@ -4,12 +4,16 @@
 //   shards        every rank's ShuffledShard pipeline over two epochs, gathered at rank 0:
 //                 each id exactly once per epoch, a new order every epoch, the same run again
 //   throw         rank 1 throws while the others wait at a barrier: all must end, promptly
+//   straggler DIR a data-parallel loop (an allreduce per batch) whose rank 1 has a slow input
+//                 stage; each rank writes DIR/run.rank<r>.jsonl for stoker-inspect to read
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "stoker/core/pipeline.h"
@@ -105,6 +109,33 @@ void shards(Communicator& comm) {
   std::printf("shards: %zu ranks, %zu ids each per epoch, each delivered once per epoch\n", world, per_rank);
 }
 
+// Rank 1's input stage takes 1 ms an item, the others' 20 us: every step waits for rank 1.
+void straggler(Communicator& comm, const std::string& dir) {
+  const auto reader =
+      std::make_shared<stoker::SyntheticSource>(stoker::SyntheticOptions{.shape = {1, 1, 2, 2, false}, .count = 1800});
+  const auto rank = std::to_string(comm.rank());
+  const auto work = std::chrono::microseconds(comm.rank() == 1 ? 1000 : 20);
+  auto pipe = stoker::PipelineBuilder{}
+                  .epochs(1)
+                  .threads(1)
+                  .occupancy_log(dir + "/run.rank" + rank + ".jsonl", std::chrono::milliseconds(10))
+                  .log_label("rank", rank)
+                  .source("read", stoker::ShuffledShard(reader, {.rank = static_cast<std::uint32_t>(comm.rank()),
+                                                                 .world = static_cast<std::uint32_t>(comm.size())}))
+                  .map("decode",
+                       [work](stoker::Sample s) {
+                         std::this_thread::sleep_for(work);
+                         return s.id;
+                       })
+                  .batch("batch", 10)
+                  .build();
+  std::vector<float> gradients(1000, 1.0f);
+  for (auto& batch : pipe.epoch()) {
+    (void)batch;
+    comm.allreduce_sum(gradients);  // the step: every rank waits for the slowest
+  }
+}
+
 void throws(Communicator& comm) {
   if (comm.size() < 2) throw Failed("mode throw needs at least 2 ranks");
   if (comm.rank() == 1) throw std::runtime_error("stage 'read' failed: a deliberate failure of rank 1");
@@ -123,8 +154,10 @@ int main(int argc, char** argv) {
       shards(comm);
     } else if (mode == "throw") {
       throws(comm);
+    } else if (mode == "straggler" && argc > 2) {
+      straggler(comm, argv[2]);
     } else {
-      throw Failed("unknown mode '" + mode + "' (collectives, shards, throw)");
+      throw Failed("unknown mode '" + mode + "' (collectives, shards, throw, straggler DIR)");
     }
     if (comm.rank() == 0)
       std::printf("%s: passed on %d ranks (%s)\n", mode.c_str(), comm.size(), comm.engine().c_str());

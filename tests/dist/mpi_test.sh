@@ -1,12 +1,23 @@
 #!/usr/bin/env bash
 # Runs tests/dist/mpi_ranks on N ranks of this machine.
-#   mpi_test.sh MPIEXEC MPI_RANKS N MODE
+#   mpi_test.sh MPIEXEC MPI_RANKS N MODE [STOKER_INSPECT]
 # mpirun's settings for a test machine live here, not in the user's environment: CI runs as
 # root (Open MPI refuses that unless told), and on 2 cores 4 ranks oversubscribe it.
 set -euo pipefail
 mpiexec=$1 program=$2 ranks=$3 mode=$4
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 run=("$mpiexec" --oversubscribe -np "$ranks" "$program" "$mode")
+if [[ "$mode" == straggler ]]; then
+  # stoker-inspect, given every rank's log, must name rank 1, whose input is slow.
+  inspect=$5
+  dir=$(mktemp -d)
+  trap 'rm -rf "$dir"' EXIT
+  "${run[@]}" "$dir"
+  report=$("$inspect" "$dir"/run.rank*.jsonl)
+  sed -n '/^==== the job/,$p' <<<"$report"
+  grep -q "^straggler:  rank 1$" <<<"$report" || { echo "FAIL: rank 1 was not named the straggler" >&2; exit 1; }
+  exit 0
+fi
 if [[ "$mode" != throw ]]; then
   exec "${run[@]}"
 fi

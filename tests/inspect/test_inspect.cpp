@@ -712,3 +712,54 @@ TEST_SUITE("stoker-inspect") {
     CHECK((lane_bottom - *low) / 40 <= 0.3);
   }
 }
+
+TEST_CASE("the logs of a job's ranks: the rank whose training loop waits for input is named, with why") {
+  auto rank_log = [](int rank, std::size_t bottleneck, double waited_s) {
+    auto log = stoker::test::synthetic_log({.seconds = 20, .epochs = 2, .bottleneck = bottleneck});
+    log.rank = std::to_string(rank);
+    log.consumer = stoker::inspect::ConsumerCounters{1000, waited_s, 20};
+    return log;
+  };
+  // Ranks 0 and 2 keep ahead of their training loops (which wait for rank 1 in each step's
+  // allreduce); rank 1's crops are slow and its loop waits for them.
+  const auto job = stoker::inspect::analyze_job({rank_log(0, 5, 0.1), rank_log(1, 1, 8.0), rank_log(2, 5, 0.2)});
+  REQUIRE(job.ranks.size() == 3);
+  CHECK(job.ranks[1].name == "rank 1");
+  CHECK(job.ranks[1].wait == doctest::Approx(0.4));
+  CHECK(job.straggler == "rank 1");
+  CHECK_MESSAGE(job.evidence.find("rank 1's training loop waited for its input 40.0% of its run, the other 2 ranks' "
+                                  "0.5% to 1.0%") != std::string::npos,
+                job.evidence);
+  CHECK(job.evidence.find("Its own pipeline: crops") != std::string::npos);
+  CHECK(job.suggestion.find("speed up rank 1's input") != std::string::npos);
+  std::ostringstream text;
+  stoker::inspect::print_job(text, job);
+  CHECK(text.str().find("straggler:  rank 1") != std::string::npos);
+  CHECK(stoker::inspect::to_json(job)["straggler"] == "rank 1");
+
+  // Ranks that all keep ahead: none stands out.
+  const auto even = stoker::inspect::analyze_job({rank_log(0, 5, 0.1), rank_log(1, 5, 0.3)});
+  CHECK(even.straggler.empty());
+  CHECK(even.evidence.find("no rank stands out") != std::string::npos);
+}
+
+TEST_CASE("a log's rank label and consumer record are read; a record of another rank is refused") {
+  std::istringstream good(
+      R"({"type":"sample","t":0.1,"queue":"q","size":1,"capacity":4,"producer":"a","consumer":"b","rank":"2"})"
+      "\n"
+      R"({"type":"consumer","t":3.0,"items":120,"waited_s":0.6,"rank":"2"})"
+      "\n");
+  const auto log = stoker::inspect::parse_log(good, "r2.jsonl");
+  CHECK(log.rank == "2");
+  REQUIRE(log.consumer.has_value());
+  CHECK(log.consumer->items == 120);
+  CHECK(log.consumer->waited_s == doctest::Approx(0.6));
+  std::istringstream mixed(
+      R"({"type":"sample","t":0.1,"queue":"q","size":1,"capacity":4,"producer":"a","consumer":"b","rank":"2"})"
+      "\n"
+      R"({"type":"sample","t":0.2,"queue":"q","size":1,"capacity":4,"producer":"a","consumer":"b","rank":"3"})"
+      "\n");
+  CHECK_THROWS_WITH_AS(stoker::inspect::parse_log(mixed, "r2.jsonl"),
+                       doctest::Contains("r2.jsonl:2: a record of rank 3 in the log of rank 2"),
+                       stoker::inspect::LogError);
+}

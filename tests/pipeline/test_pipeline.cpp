@@ -414,6 +414,7 @@ TEST_SUITE("Pipeline") {
       auto pipe = PipelineBuilder{}
                       .epochs(2)
                       .occupancy_log(path.string(), 5ms)
+                      .log_label("rank", "3")
                       .counters([] {
                         return std::vector<Counter>{{"h2d_copies", 7}};
                       })
@@ -436,9 +437,10 @@ TEST_SUITE("Pipeline") {
     std::set<std::string> queues, stages;
     std::vector<int> epochs;
     std::string line;
-    int samples = 0, counter_records = 0;
+    int samples = 0, counter_records = 0, consumer_records = 0;
     while (std::getline(in, line)) {
       const auto j = nlohmann::json::parse(line);  // throws, failing the test, if malformed
+      CHECK(j.at("rank") == "3");                  // the pipeline's label, on every record
       if (j.at("type") == "sample") {
         ++samples;
         queues.insert(j.at("queue").get<std::string>());
@@ -452,6 +454,10 @@ TEST_SUITE("Pipeline") {
       } else if (j.at("type") == "epoch") {
         CHECK(stages.empty());  // the stage records come at the end
         epochs.push_back(j.at("epoch").get<int>());
+      } else if (j.at("type") == "consumer") {
+        ++consumer_records;
+        CHECK(j.at("items") == 2 * 3000 / 10);  // the batches the loop took
+        CHECK(j.at("waited_s").get<double>() >= 0.0);
       } else {
         CHECK(j.at("type") == "stage");
         stages.insert(j.at("stage").get<std::string>());
@@ -461,6 +467,7 @@ TEST_SUITE("Pipeline") {
     CHECK(epochs == std::vector<int>{0, 1});
     CHECK(samples >= 4);
     CHECK(counter_records == 1);
+    CHECK(consumer_records == 1);
     CHECK(queues == std::set<std::string>{"read->decode", "shuffle", "batch->consumer"});
     CHECK(stages == std::set<std::string>{"read", "decode", "batch"});
   }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -70,6 +71,9 @@ struct PipelineOptions {
   bool deterministic = false;  ///< same output, in the same order, whatever the threads
   std::uint32_t epochs = 0;    ///< epochs to run; 0 = until stopped
   std::string occupancy_log;   ///< JSON Lines file of queue samples; empty = none
+  /// Fields added to every record of the occupancy log, e.g. {"rank", "1"} for one rank of a
+  /// job whose logs stoker-inspect reads together.
+  std::map<std::string, std::string> log_labels;
   /// Chrome trace event file (Perfetto's UI, chrome://tracing) of the run; empty = none. A
   /// track per stage body with a span per chunk of work, the consumer's waits, queue fills
   /// as counters at every sample_interval, and epoch marks.
@@ -124,6 +128,10 @@ class BuilderOptions {
   Self&& occupancy_log(std::string path, std::chrono::milliseconds interval = std::chrono::milliseconds(50)) && {
     return std::move(occupancy_log(std::move(path), interval));
   }
+  Self& log_label(std::string key, std::string value) & {
+    return set([&](auto& o) { o.log_labels[std::move(key)] = std::move(value); });
+  }
+  Self&& log_label(std::string key, std::string value) && { return std::move(log_label(std::move(key), std::move(value))); }
   Self& autotune(AutotuneOptions a = {}) & { return set([&](auto& o) { o.autotune = a; }); }
   Self&& autotune(AutotuneOptions a = {}) && { return std::move(autotune(a)); }
   Self& trace(std::string path) & { return set([&](auto& o) { o.trace = std::move(path); }); }
@@ -267,8 +275,8 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
     auto& final_edge = make_edge(*a, "consumer");
     static_cast<detail::Producer<T>*>(a->last)->connect_output(&final_edge, nullptr);
     const auto& o = a->options;
-    a->core->start(
-        {o.threads, o.seed, o.deterministic, o.occupancy_log, o.trace, o.sample_interval, o.autotune, o.counters});
+    a->core->start({o.threads, o.seed, o.deterministic, o.occupancy_log, o.log_labels, o.trace, o.sample_interval,
+                    o.autotune, o.counters});
     return Pipeline<T>(std::move(a->core), final_edge, *a->last, o.epochs, o.resume);
   }
 

@@ -8,6 +8,7 @@
 #include <ctime>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -240,6 +241,7 @@ struct CoreOptions {
   std::uint64_t seed = 0;
   bool deterministic = false;
   std::string occupancy_log;
+  std::map<std::string, std::string> log_labels;
   std::string trace;
   std::chrono::milliseconds sample_interval{50};
   std::optional<AutotuneOptions> autotune;
