@@ -46,6 +46,21 @@ void Checkpoint::check_options(const TrainOptions& o, const std::filesystem::pat
   }
 }
 
+const PipelineState& Checkpoint::pipeline(int rank, int ranks, const std::filesystem::path& from) const {
+  if (pipelines.size() != static_cast<std::size_t>(ranks))
+    throw std::invalid_argument("--resume " + from.string() + ": the checkpoint is of a job of " +
+                                std::to_string(pipelines.size()) + " rank" + (pipelines.size() == 1 ? "" : "s") +
+                                ", this one has " + std::to_string(ranks) +
+                                ": resume with as many (each rank's shuffle buffer held its own share of the epoch)");
+  return pipelines[static_cast<std::size_t>(rank)];
+}
+
+nlohmann::json Checkpoint::pipeline_list() const {
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& p : pipelines) list.push_back(nlohmann::json::parse(p.to_json()));
+  return list;
+}
+
 void Checkpoint::save(const std::filesystem::path& dir) const {
   std::filesystem::create_directories(dir);
   const nlohmann::json header = {{"format", kFormat},
@@ -54,7 +69,7 @@ void Checkpoint::save(const std::filesystem::path& dir) const {
                                  {"samples", samples},
                                  {"batches", batches},
                                  {"options", options},
-                                 {"pipeline", nlohmann::json::parse(pipeline.to_json())},
+                                 {"pipelines", pipeline_list()},
                                  {"model_bytes", model.size()}};
   std::string bytes = header.dump() + "\n";
   bytes.append(reinterpret_cast<const char*>(model.data()), model.size());
@@ -79,7 +94,8 @@ Checkpoint Checkpoint::load(const std::filesystem::path& dir) {
     c.samples = h.at("samples").get<std::uint64_t>();
     c.batches = h.at("batches").get<std::uint64_t>();
     c.options = h.at("options").get<std::map<std::string, std::string>>();
-    c.pipeline = PipelineState::from_json(h.at("pipeline").dump(), name);
+    for (const auto& p : h.at("pipelines")) c.pipelines.push_back(PipelineState::from_json(p.dump(), name));
+    if (c.pipelines.empty()) throw StateError(name + ": no pipeline state in the checkpoint");
     model_bytes = h.at("model_bytes").get<std::uint64_t>();
   } catch (const nlohmann::json::exception& e) {
     throw StateError(name + ": not a stoker-train checkpoint (" + e.what() + ")");

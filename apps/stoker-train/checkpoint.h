@@ -9,21 +9,28 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "stoker/core/state.h"
 
 namespace stoker::train {
 
 struct TrainOptions;
 
-/// DIR/checkpoint: one line of JSON (the counts, the options that must match, the pipeline's
-/// state), a newline, then the model's bytes (Mlp::save).
+/// DIR/checkpoint: one line of JSON (the counts, the options that must match, every rank's
+/// pipeline state), a newline, then the model's bytes (Mlp::save), which are the same on every
+/// rank. Rank 0 writes it; each rank of the resumed job takes its own pipeline state.
 struct Checkpoint {
   std::uint64_t step = 0;                  ///< training steps done
-  std::uint64_t samples = 0, batches = 0;  ///< of the epoch the pipeline is in
+  std::uint64_t samples = 0, batches = 0;  ///< of the epoch the pipelines are in, per rank
   /// The options a resumed run must share, by their command-line names.
   std::map<std::string, std::string> options;
-  PipelineState pipeline;
+  std::vector<PipelineState> pipelines;  ///< one per rank, in rank order
   std::vector<std::byte> model;
+
+  /// Rank `rank`'s pipeline state, for a job of `ranks` ranks; throws std::invalid_argument
+  /// when the checkpoint is of a job of another size.
+  const PipelineState& pipeline(int rank, int ranks, const std::filesystem::path& from) const;
 
   /// The options of `o` that a checkpoint records.
   static std::map<std::string, std::string> options_of(const TrainOptions& o);
@@ -37,6 +44,9 @@ struct Checkpoint {
   /// Reads DIR/checkpoint; throws StateError naming the file and what is wrong with it.
   static Checkpoint load(const std::filesystem::path& dir);
   static std::filesystem::path file(const std::filesystem::path& dir) { return dir / "checkpoint"; }
+
+ private:
+  nlohmann::json pipeline_list() const;
 };
 
 }  // namespace stoker::train

@@ -87,24 +87,28 @@ class Trainer {
   }
 
   // Checkpoints.
-  Checkpoint checkpoint(PipelineState pipeline) {
-    return {step_,
-            current_.samples,
-            current_.batches,
-            Checkpoint::options_of(o_),
-            std::move(pipeline),
-            model_.save(*compute_)};
+  /// Writes o.checkpoint/checkpoint with every rank's pipeline state (gathered at rank 0, which
+  /// writes it: the ranks' models are the same). Every rank calls it at the same step.
+  void checkpoint(const PipelineState& pipeline) {
+    std::vector<std::string> states{pipeline.to_json()};
+    if (ranks_) states = ranks_->gather(states.front());
+    if (ranks_ && ranks_->rank() != 0) return;
+    Checkpoint c{step_, current_.samples, current_.batches, Checkpoint::options_of(o_), {}, model_.save(*compute_)};
+    for (const auto& s : states) c.pipelines.push_back(PipelineState::from_json(s));
+    c.save(o_.checkpoint);
   }
-  /// Goes on from `c`, inside the epoch its pipeline state is in.
-  void resume(Checkpoint c) {
+  /// Goes on from `c`, inside the epoch its pipeline states are in.
+  void resume(const Checkpoint& c, const std::filesystem::path& from) {
+    const auto shard = this->shard();
+    const PipelineState& mine = c.pipeline(static_cast<int>(shard.rank), static_cast<int>(shard.world), from);
     model_.restore(*compute_, c.model);
     step_ = c.step;
     current_ = EpochReport{};
-    current_.epoch = c.pipeline.epoch + 1;
+    current_.epoch = mine.epoch + 1;
     current_.samples = c.samples;
     current_.batches = c.batches;
     started_ = Clock::now();
-    resume_ = std::move(c.pipeline);
+    resume_ = mine;
   }
   /// Where the pipeline goes on from, after resume().
   const std::optional<PipelineState>& resume_point() const { return resume_; }
@@ -280,12 +284,11 @@ void train_from(Pipeline<gpu::DeviceBatch>& pipe, const TrainOptions& o, Trainer
       trainer.add_input_wait(seconds_since(t0));
       if (!batch) break;
       trainer.step(*batch);
-      if (o.checkpoint_every != 0 && trainer.steps() % o.checkpoint_every == 0)
-        trainer.checkpoint(pipe.state()).save(o.checkpoint);
+      if (o.checkpoint_every != 0 && trainer.steps() % o.checkpoint_every == 0) trainer.checkpoint(pipe.state());
     }
     report.epochs.push_back(trainer.end_epoch(test));
   }
-  if (!o.checkpoint.empty()) trainer.checkpoint(pipe.state()).save(o.checkpoint);
+  if (!o.checkpoint.empty()) trainer.checkpoint(pipe.state());
   report.pipeline = pipe.summary();
 }
 
@@ -540,7 +543,6 @@ void validate(const TrainOptions& o, int ranks) {
     if (o.batch_size % static_cast<std::size_t>(ranks) != 0)
       fail("--batch-size " + std::to_string(o.batch_size) + " does not divide among " + std::to_string(ranks) +
            " ranks, which take equal shares of a step: give a multiple of " + std::to_string(ranks) + job);
-    if (!o.checkpoint.empty() || !o.resume.empty()) fail("--checkpoint and --resume take one rank only" + job);
   }
 }
 
@@ -625,9 +627,9 @@ TrainReport run_training(const TrainOptions& options, const TrainCallbacks& call
       train_data->size() / static_cast<std::uint64_t>(world) * static_cast<std::uint64_t>(o.crops);
   Trainer trainer(o, callbacks, open_device(o.device), samples_per_epoch, ranks);
   if (!o.resume.empty()) {
-    Checkpoint c = Checkpoint::load(o.resume);
-    c.check_options(o, o.resume);
-    trainer.resume(std::move(c));
+    const Checkpoint c = Checkpoint::load(o.resume);
+    c.check_options(options, o.resume);  // the job's options, not this rank's share of them
+    trainer.resume(c, o.resume);
   }
   const TestSet test = upload_test_set(test_data, o, trainer.device(), trainer.compute());
   report.device = gpu::backend_name(trainer.device().backend());

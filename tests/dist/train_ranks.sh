@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # mpirun -np N stoker-train: data-parallel training on N ranks of this machine learns, reports
 # every rank, and ends with the same weights on every rank (stoker-train checks that itself,
-# and fails when they differ); a step that does not divide among the ranks is refused once.
+# and fails when they differ); a step that does not divide among the ranks is refused once;
+# a job killed mid-epoch resumes exactly on as many ranks, and is refused on another number.
 #   train_ranks.sh MPIEXEC STOKER_TRAIN        (exit 77, skipped, without Fashion-MNIST)
 set -euo pipefail
 mpiexec=$1 train=$2
@@ -10,12 +11,12 @@ if [[ ! -d /usr/share/datasets/fashion-mnist ]]; then
   exit 77
 fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-common=(--limit 2000 --epochs 2 --device cpu --json)
+common=(--limit 2000 --device cpu --json)
 field() { sed -E "s/.*\"$1\":([0-9.]+).*/\\1/" <<<"$2"; }
 
 for ranks in 2 3; do
   batch=$((ranks == 2 ? 256 : 255))
-  json=$("$mpiexec" --oversubscribe -np "$ranks" "$train" "${common[@]}" --batch-size "$batch" | tail -n 1)
+  json=$("$mpiexec" --oversubscribe -np "$ranks" "$train" "${common[@]}" --epochs 2 --batch-size "$batch" | tail -n 1)
   world=$(field world_size "$json")
   accuracy=$(field test_accuracy "$json")
   entries=$(grep -o '"rank":' <<<"$json" | wc -l)
@@ -29,8 +30,38 @@ for ranks in 2 3; do
 done
 
 status=0
-errors=$("$mpiexec" --oversubscribe -np 2 "$train" "${common[@]}" --batch-size 255 2>&1 >/dev/null) || status=$?
+errors=$("$mpiexec" --oversubscribe -np 2 "$train" "${common[@]}" --epochs 2 --batch-size 255 2>&1 >/dev/null) || status=$?
 echo "np 2, --batch-size 255: exit status $status: $errors"
 [[ $status -ne 0 ]] || { echo "FAIL: an odd batch was not refused on 2 ranks" >&2; exit 1; }
 [[ $(grep -c "does not divide among 2 ranks" <<<"$errors") == 1 ]] ||
   { echo "FAIL: the refusal is not said once, by rank 0" >&2; exit 1; }
+
+# Two ranks killed (SIGKILL) mid-epoch and resumed on two ranks end with the checkpoint, byte for
+# byte, of the job that was never stopped; on three ranks the checkpoint is refused.
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+job=(--oversubscribe -np 2 "$train" "${common[@]}" --epochs 6 --batch-size 256 --deterministic)
+"$mpiexec" "${job[@]}" --checkpoint "$work/whole" >/dev/null
+"$mpiexec" "${job[@]}" --checkpoint "$work/run" --checkpoint-every 7 >/dev/null 2>&1 &
+pid=$!
+for _ in $(seq 1000); do
+  [[ -f "$work/run/checkpoint" ]] && break
+  sleep 0.01
+done
+sleep 0.2
+pkill -KILL -f "^$train .*--checkpoint $work/run" || { echo "FAIL: the ranks had ended before the kill" >&2; exit 1; }
+status=0
+wait "$pid" || status=$?
+consumed=$(head -n 1 "$work/run/checkpoint" | sed -E 's/.*"consumed":([0-9]+).*/\1/')
+echo "both ranks killed (mpirun exit status $status); the last checkpoint stands at batch $consumed of an epoch"
+[[ $status -ne 0 && $consumed -ne 0 ]] || { echo "FAIL: not killed mid-epoch" >&2; exit 1; }
+"$mpiexec" "${job[@]}" --checkpoint "$work/run" --checkpoint-every 7 --resume "$work/run" >/dev/null
+cmp "$work/whole/checkpoint" "$work/run/checkpoint" ||
+  { echo "FAIL: the resumed job's final checkpoint differs from the uninterrupted job's" >&2; exit 1; }
+echo "resumed on 2 ranks: the final checkpoints are byte for byte the same"
+status=0
+errors=$("$mpiexec" --oversubscribe -np 3 "$train" "${common[@]}" --epochs 6 --batch-size 255 --deterministic \
+  --resume "$work/run" 2>&1 >/dev/null) || status=$?
+echo "resumed on 3 ranks: exit status $status: $errors"
+grep -q "the checkpoint is of a job of 2 ranks, this one has 3" <<<"$errors" ||
+  { echo "FAIL: a checkpoint of 2 ranks was not refused on 3" >&2; exit 1; }
