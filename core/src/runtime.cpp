@@ -663,7 +663,14 @@ void PipelineCore::begin_epoch(std::uint32_t epoch, const PipelineState* resume)
 // not change as it runs.
 void PipelineCore::describe_for_resume() {
   resume_shape_.seed = options_.seed;
-  resume_shape_.data = stages_.front()->fingerprint();
+  // Bad data is the pipeline's to report, as a StageError when it is read; here it only rules
+  // out a state.
+  std::string unknown_data;
+  try {
+    resume_shape_.data = stages_.front()->fingerprint();
+  } catch (const std::exception& e) {
+    unknown_data = "source '" + stages_.front()->name() + "': its fingerprint() failed: " + e.what();
+  }
   for (std::size_t i = 0; i < stages_.size(); ++i) {  // edges_[i] is stages_[i]'s output
     resume_shape_.stages.emplace_back(stages_[i]->name(), stages_[i]->describe());
     if (auto what = edges_[i]->describe(); !what.empty()) {
@@ -672,7 +679,8 @@ void PipelineCore::describe_for_resume() {
     }
   }
   auto& why = cannot_resume_;
-  if (!options_.deterministic)
+  why = unknown_data;
+  if (why.empty() && !options_.deterministic)
     why =
         "the pipeline is not deterministic (PipelineBuilder::deterministic()): in free order, which items the "
         "consumer has taken does not follow from how many";

@@ -55,6 +55,11 @@ struct Shape {
 
 using Batch = std::vector<Item>;
 
+// A source whose data cannot be read even to describe it.
+struct Unreadable : Numbers {
+  std::string fingerprint() const { throw std::runtime_error("data/x.idx: truncated"); }
+};
+
 // A map whose output depends on what it saw before: no resume can rebuild that.
 struct RunningSum {
   static constexpr bool resumable = false;
@@ -215,6 +220,12 @@ TEST_SUITE("Resume") {
       auto pipe =
           PipelineBuilder{}.deterministic().source("numbers", Numbers{.n = 10}).map("sum", RunningSum{}).build();
       CHECK_THROWS_WITH_AS(pipe.state(), doctest::Contains("stage 'sum' cannot be resumed: its function says so"),
+                           StateError);
+    }
+    SUBCASE("a source whose data cannot be described: the pipeline is built, state() says why") {
+      auto pipe = PipelineBuilder{}.deterministic().source("numbers", Unreadable{{.n = 10}}).build();
+      CHECK_THROWS_WITH_AS(pipe.state(),
+                           doctest::Contains("source 'numbers': its fingerprint() failed: data/x.idx: truncated"),
                            StateError);
     }
     SUBCASE("a stage that skipped items this epoch") {
