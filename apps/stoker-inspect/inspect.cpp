@@ -1182,4 +1182,49 @@ Json to_json(const JobReport& job) {
           {"suggestion", job.suggestion}};
 }
 
+std::string plot_job_svg(const std::vector<OccupancyLog>& logs, const JobReport& job) {
+  if (logs.size() != job.ranks.size()) throw std::invalid_argument("plot_job_svg: a report of other logs");
+  constexpr double kHeader = 58, kGap = 24, kFrame = 6;
+  std::string body;
+  double x = kGap, height = 0;
+  for (std::size_t i = 0; i < logs.size(); ++i) {
+    std::string plot = plot_svg(logs[i], job.ranks[i].report);
+    // Each plot's clip path gets a name of its own: ids are the document's, not the plot's.
+    const std::string id = "plot-area-" + std::to_string(i);
+    for (std::size_t at = 0; (at = plot.find("plot-area", at)) != std::string::npos; at += id.size())
+      plot.replace(at, 9, id);
+    const auto read = [&](const char* attribute) {  // of the plot's own <svg> tag
+      const std::string key = std::string(" ") + attribute + "=\"";
+      const std::size_t at = plot.find(key) + key.size();
+      return std::stod(plot.substr(at, plot.find('"', at) - at));
+    };
+    const double w = read("width"), h = read("height");
+    plot.insert(plot.find("<svg ") + 5, "x=\"" + num(x) + "\" y=\"" + num(kHeader) + "\" ");
+    if (job.ranks[i].name == job.straggler)
+      body += "<rect x=\"" + num(x - kFrame) + "\" y=\"" + num(kHeader - kFrame) + "\" width=\"" + num(w + 2 * kFrame) +
+              "\" height=\"" + num(h + 2 * kFrame) + "\" fill=\"none\" stroke=\"#c62828\" stroke-width=\"4\"/>\n";
+    body += "<text x=\"" + num(x) + "\" y=\"" + num(kHeader - 12) + "\" font-size=\"15\" font-weight=\"bold\">" +
+            escape_xml(job.ranks[i].name + ": waited for input " + pct(job.ranks[i].wait) + ", bottleneck " +
+                       job.ranks[i].report.bottleneck) +
+            "</text>\n" + plot;
+    x += w + kGap;
+    height = std::max(height, h);
+  }
+  const std::string verdict = job.straggler.empty() ? "no rank stands out" : "straggler: " + job.straggler;
+  std::ostringstream svg;
+  svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" class=\"job\" width=\"" << num(x) << "\" height=\""
+      << num(kHeader + height + kGap) << "\" font-family=\"" << kFonts << "\">\n"
+      << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+      << "<text x=\"" << num(kGap) << "\" y=\"24\" font-size=\"18\" font-weight=\"bold\">"
+      << escape_xml("the job: " + std::to_string(logs.size()) + " ranks; " + verdict) << "</text>\n"
+      << body << "</svg>\n";
+  return svg.str();
+}
+
+std::string plot_job_html(const std::vector<OccupancyLog>& logs, const JobReport& job) {
+  return std::string(kPageHead) + "stoker-inspect: " + escape_xml(std::to_string(logs.size()) + " ranks") +
+         "</title></head>\n<body style=\"margin:0; overflow-x:auto\">\n" + plot_job_svg(logs, job) +
+         "</body>\n</html>\n";
+}
+
 }  // namespace stoker::inspect

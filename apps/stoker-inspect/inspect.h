@@ -152,6 +152,11 @@ JobReport analyze_job(const std::vector<OccupancyLog>& logs);
 void print_job(std::ostream& out, const JobReport& job);
 /// {"ranks": [{"rank", "input_wait_pct", "report"}...], "straggler", "evidence", "suggestion"}.
 nlohmann::json to_json(const JobReport& job);
+/// The ranks' plots side by side under the job's verdict, the straggler's framed in red: an
+/// SVG document. `job` is `analyze_job(logs)`.
+std::string plot_job_svg(const std::vector<OccupancyLog>& logs, const JobReport& job);
+/// The same in an HTML page (which scrolls sideways; the plots in it do not zoom).
+std::string plot_job_html(const std::vector<OccupancyLog>& logs, const JobReport& job);
 
 /// The report as one JSON object: queues, stages, counters, bottleneck, confidence, evidence,
 /// suggestion, autotune (the moves).

@@ -27,11 +27,12 @@ struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-void write_plot(const OccupancyLog& log, const Report& report, const std::string& path) {
-  const bool html = ends_with(path, ".html") || ends_with(path, ".htm");
+bool is_html(const std::string& path) { return ends_with(path, ".html") || ends_with(path, ".htm"); }
+
+void write_plot(const std::string& path, const std::string& text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) throw UsageError("--plot " + path + ": cannot open for writing: " + std::strerror(errno));
-  out << (html ? plot_html(log, report) : plot_svg(log, report));
+  out << text;
   out.close();
   if (!out) throw UsageError("--plot " + path + ": write failed");
 }
@@ -80,19 +81,17 @@ int run(int argc, char** argv) {
     }
     if (logs.size() > 1) {
       const JobReport job = analyze_job(logs);
-      // The plot is of one log: the straggler's, or the first.
-      std::size_t shown = 0;
-      for (std::size_t i = 0; i < job.ranks.size(); ++i)
-        if (job.ranks[i].name == job.straggler) shown = i;
-      if (!plot_path.empty()) write_plot(logs[shown], job.ranks[shown].report, plot_path);
+      if (!plot_path.empty())  // first, so that a failure prints no report
+        write_plot(plot_path, is_html(plot_path) ? plot_job_html(logs, job) : plot_job_svg(logs, job));
       print_job(std::cout, job);
-      if (!plot_path.empty()) std::cout << "plot:       " << plot_path << " (" << job.ranks[shown].name << ")\n";
+      if (!plot_path.empty()) std::cout << "plot:       " << plot_path << "\n";
       if (json) std::cout << to_json(job).dump() << std::endl;
       return 0;
     }
     const OccupancyLog& log = logs.front();
     const Report report = analyze(log);
-    if (!plot_path.empty()) write_plot(log, report, plot_path);  // first, so that a failure prints no report
+    if (!plot_path.empty())  // first, so that a failure prints no report
+      write_plot(plot_path, is_html(plot_path) ? plot_html(log, report) : plot_svg(log, report));
     print_report(std::cout, report);
     if (!plot_path.empty()) std::cout << "plot:       " << plot_path << "\n";
     if (json) std::cout << to_json(report).dump() << std::endl;

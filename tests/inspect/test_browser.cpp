@@ -189,6 +189,25 @@ TEST_SUITE("stoker-inspect in a browser") {
     check_drawn(dump_dom(dir, dir / "plot.html"));
   }
 
+  TEST_CASE("the plot of a job's ranks renders, side by side") {
+    TempDir dir("browser-job");
+    std::vector<OccupancyLog> logs;
+    for (int rank = 0; rank < 3; ++rank) {
+      auto log = synthetic_log({.seconds = 5, .epochs = 1, .bottleneck = rank == 1 ? 1u : 5u});
+      log.rank = std::to_string(rank);
+      log.consumer = ConsumerCounters{100, rank == 1 ? 3.0 : 0.05, 5};
+      logs.push_back(std::move(log));
+    }
+    const auto job = analyze_job(logs);
+    write_file(dir / "job.svg", plot_job_svg(logs, job));
+    const std::string dom = dump_dom(dir, dir / "job.svg");
+    CHECK(dom.find("parsererror") == std::string::npos);
+    CHECK(dom.find("straggler: rank 1") != std::string::npos);
+    const auto png = dir / "job.png";
+    run_chromium(dir, dir / "job.svg", "--screenshot='" + png.string() + "'");
+    CHECK(read_file(png).size() > 20'000);
+  }
+
   TEST_CASE("the SVG and the page render to PNG") {
     TempDir dir("browser-png");
     const OccupancyLog log = synthetic_log({.seconds = 60, .epochs = 3});

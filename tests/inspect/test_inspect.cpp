@@ -763,3 +763,32 @@ TEST_CASE("a log's rank label and consumer record are read; a record of another 
                        doctest::Contains("r2.jsonl:2: a record of rank 3 in the log of rank 2"),
                        stoker::inspect::LogError);
 }
+
+TEST_CASE("the job's plot: every rank's plot side by side, each with clip paths of its own, the straggler framed") {
+  std::vector<stoker::inspect::OccupancyLog> logs;
+  for (int rank = 0; rank < 3; ++rank) {
+    auto log = stoker::test::synthetic_log({.seconds = 5, .epochs = 1, .bottleneck = rank == 2 ? 1u : 5u});
+    log.rank = std::to_string(rank);
+    log.consumer = stoker::inspect::ConsumerCounters{100, rank == 2 ? 3.0 : 0.05, 5};
+    logs.push_back(std::move(log));
+  }
+  const auto job = stoker::inspect::analyze_job(logs);
+  REQUIRE(job.straggler == "rank 2");
+  const std::string svg = stoker::inspect::plot_job_svg(logs, job);
+  auto count = [&](const std::string& what) {
+    std::size_t n = 0;
+    for (std::size_t at = 0; (at = svg.find(what, at)) != std::string::npos; at += what.size()) ++n;
+    return n;
+  };
+  CHECK(count("<svg ") == 4);  // the job's and one per rank
+  CHECK(count("</svg>") == 4);
+  for (int rank = 0; rank < 3; ++rank) {
+    const std::string id = "plot-area-" + std::to_string(rank);
+    CHECK(count("id=\"" + id + "\"") == 1);
+    CHECK(count("url(#" + id + ")") >= 1);
+  }
+  CHECK(count("id=\"plot-area\"") == 0);
+  CHECK(count("stroke=\"#c62828\" stroke-width=\"4\"") == 1);  // one frame: the straggler's
+  CHECK(svg.find("the job: 3 ranks; straggler: rank 2") != std::string::npos);
+  CHECK(stoker::inspect::plot_job_html(logs, job).find(svg) != std::string::npos);
+}
