@@ -5,6 +5,8 @@
 # a job killed mid-epoch resumes exactly on as many ranks, and is refused on another number.
 #   train_ranks.sh MPIEXEC STOKER_TRAIN        (exit 77, skipped, without Fashion-MNIST)
 set -euo pipefail
+# shellcheck source=../await_checkpoint.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../await_checkpoint.sh"
 mpiexec=$1 train=$2
 if [[ ! -d /usr/share/datasets/fashion-mnist ]]; then
   echo "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped"
@@ -44,11 +46,7 @@ job=(--oversubscribe -np 2 "$train" "${common[@]}" --epochs 6 --batch-size 256 -
 "$mpiexec" "${job[@]}" --checkpoint "$work/whole" >/dev/null
 "$mpiexec" "${job[@]}" --checkpoint "$work/run" --checkpoint-every 7 >/dev/null 2>&1 &
 pid=$!
-for _ in $(seq 1000); do
-  [[ -f "$work/run/checkpoint" ]] && break
-  sleep 0.01
-done
-sleep 0.2
+await_checkpoint "$work/run/checkpoint"
 pkill -KILL -f "^$train .*--checkpoint $work/run" || { echo "FAIL: the ranks had ended before the kill" >&2; exit 1; }
 status=0
 wait "$pid" || status=$?

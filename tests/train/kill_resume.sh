@@ -3,6 +3,8 @@
 # exactly the weights, optimizer state and test accuracy of the run that was never stopped.
 #   kill_resume.sh STOKER_TRAIN WORK_DIR     (exit 77, skipped, without Fashion-MNIST)
 set -euo pipefail
+# shellcheck source=../await_checkpoint.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../await_checkpoint.sh"
 train=$1
 work=$2
 if [[ ! -d /usr/share/datasets/fashion-mnist ]]; then
@@ -20,11 +22,7 @@ accuracy() { tail -n 1 "$1" | sed -E 's/.*"test_accuracy":([0-9.]+).*/\1/'; }
 # The same run, killed once it has written a checkpoint and trained on past it.
 "$train" "${common[@]}" --threads 2 --checkpoint "$work/run" --checkpoint-every 7 >"$work/killed.out" &
 pid=$!
-for _ in $(seq 1000); do
-  [[ -f "$work/run/checkpoint" ]] && break
-  sleep 0.01
-done
-sleep 0.2
+await_checkpoint "$work/run/checkpoint"
 kill -KILL "$pid"
 status=0
 wait "$pid" || status=$?
