@@ -20,6 +20,7 @@ namespace stoker::bench {
 SuiteRun setup_augment(CLI::App& command);   // bench_augment.cpp
 SuiteRun setup_transfer(CLI::App& command);  // bench_transfer.cpp
 SuiteRun setup_resume(CLI::App& command);    // bench_resume.cpp
+SuiteRun setup_remote(CLI::App& command);    // bench_remote.cpp
 
 namespace {
 
@@ -35,6 +36,9 @@ constexpr Suite kSuites[] = {
     {"resume",
      "exact resume of the reference job mid-epoch: time to the first batch vs fresh and fast-forward; state()'s cost",
      &setup_resume},
+    {"remote",
+     "under mpirun: items/s through a remote edge vs one process; bytes/s vs a plain MPI_Send/MPI_Recv loop",
+     &setup_remote},
     {"transfer", "host-to-device GB/s pinned vs pageable; copy + crop overlap; crop kernel vs device-to-device copy",
      &setup_transfer},
 };

@@ -4,10 +4,17 @@
 #include <functional>
 
 #include "stoker/dist/communicator.h"
+#include "stoker/dist/remote.h"
 
 namespace stoker::dist {
 
 /// Runs `main`; an exception out of it, with more than one rank, aborts them all, naming this one.
 int run_guarded(Communicator& comm, const std::function<int(Communicator&)>& main);
+
+namespace detail {
+/// The options of a remote edge checked against the world, with its workers filled in; throws
+/// std::invalid_argument naming the edge and the option.
+RemoteOptions checked(const Communicator& comm, RemoteOptions options);
+}  // namespace detail
 
 }  // namespace stoker::dist

@@ -96,8 +96,10 @@ bool built_with_mpi() noexcept { return true; }
 
 int run_world(int argc, char** argv, const std::function<int(Communicator&)>& main) {
   int provided = 0;
-  // The pipeline's threads never call MPI: only the thread that runs `main` does.
-  if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS)
+  // Collectives come from the thread that runs `main`, and a remote edge's own thread calls MPI
+  // at the same time (remote_mpi.cpp): that needs MPI_THREAD_MULTIPLE. A remote edge refuses to
+  // open on an MPI that gives less; everything else works with what the MPI gives.
+  if (MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
     throw DistError("MPI_Init_thread failed");
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   int status = 0;

@@ -12,6 +12,7 @@
 #include "stoker/core/stage_stats.h"
 #include "stoker/core/state.h"
 #include "stoker/dist/communicator.h"
+#include "stoker/dist/remote.h"
 #include "stoker/gpu/augment.h"
 #include "stoker/gpu/device.h"
 #include "stoker/gpu/dlpack.h"

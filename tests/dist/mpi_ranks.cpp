@@ -6,6 +6,10 @@
 //   throw         rank 1 throws while the others wait at a barrier: all must end, promptly
 //   straggler DIR a data-parallel loop (an allreduce per batch) whose rank 1 has a slow input
 //                 stage; each rank writes DIR/run.rank<r>.jsonl for stoker-inspect to read
+//   remote        rank 0 trains on batches its workers (the other ranks) make from shards they
+//                 ask for: every id once per epoch, the capacity held, the slow worker helped
+//   remote_throw  the last worker's stage throws: the trainer's pipeline names its rank and stage
+//   remote_stop   the trainer stops mid-epoch; the workers, set to run forever, stop with it
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -18,6 +22,7 @@
 
 #include "stoker/core/pipeline.h"
 #include "stoker/dist/communicator.h"
+#include "stoker/dist/remote.h"
 #include "stoker/stages/shard.h"
 #include "stoker/stages/synthetic.h"
 
@@ -143,6 +148,130 @@ void throws(Communicator& comm) {
   throw Failed("a barrier returned without rank 1");
 }
 
+// Remote edges: rank 0 is the trainer, the other ranks its workers. Items are batches of ids.
+using Ids = std::vector<std::uint64_t>;
+constexpr std::uint64_t kRemoteSamples = 1003;
+
+// A worker's pipeline: shards of 1,003 samples, a stage that takes `work` per sample (and
+// calls `check` on each id), batches of 7.
+template <class Check>
+stoker::Pipeline<Ids> worker_pipeline(stoker::dist::RemoteEdge<Ids>& edge, std::uint32_t epochs,
+                                      std::chrono::microseconds work, Check check) {
+  const auto reader = std::make_shared<stoker::SyntheticSource>(
+      stoker::SyntheticOptions{.shape = {1, 1, 2, 2, false}, .count = kRemoteSamples});
+  return stoker::PipelineBuilder{}
+      .seed(11)
+      .epochs(epochs)
+      .threads(2)
+      .source("read", edge.shards(reader))
+      .map("work",
+           [work, check](stoker::Sample s) {
+             std::this_thread::sleep_for(work);
+             check(s.id);
+             return s.id;
+           })
+      .batch("batch", 7)
+      .map("ids", [](std::vector<std::uint64_t> ids) { return ids; })
+      .build();
+}
+
+void remote(Communicator& comm) {
+  if (comm.size() < 3) throw Failed("mode remote needs at least 3 ranks");
+  const std::size_t workers = static_cast<std::size_t>(comm.size() - 1), capacity = 2 * workers;
+  stoker::dist::RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = capacity, .shard = 16});
+  if (edge.role() == stoker::dist::RemoteRole::worker) {
+    // The last worker is 100 times slower than the others.
+    const auto work = std::chrono::microseconds(comm.rank() == comm.size() - 1 ? 2000 : 20);
+    auto pipe = worker_pipeline(edge, 2, work, [](std::uint64_t) {});
+    edge.serve(pipe);
+    require(pipe.finished(), "a worker's pipeline runs its two epochs");
+    require(edge.stats().peak_in_flight <= capacity / workers, "a worker never has more items out than its credits");
+    return;
+  }
+  auto pipe = stoker::PipelineBuilder{}.epochs(2).source("batches", edge.receiver(), {.queue = 1}).build();
+  // The trainer starts late: meanwhile the workers fill every credit, and must stop there.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  std::size_t epochs = 0;
+  for (auto epoch : pipe.epochs()) {
+    std::vector<int> seen(kRemoteSamples, 0);
+    for (const auto& batch : epoch)
+      for (const auto id : batch) {
+        require(id < kRemoteSamples, "ids of the data set");
+        ++seen[id];
+      }
+    for (const int times : seen) require(times == 1, "every id exactly once in an epoch");
+    ++epochs;
+  }
+  require(epochs == 2, "two epochs");
+  const auto stats = edge.stats();
+  std::printf("remote: %zu workers, capacity %zu: peak in flight %zu, %llu items, %llu shards\n", workers, capacity,
+              stats.peak_in_flight, static_cast<unsigned long long>(stats.items),
+              static_cast<unsigned long long>(stats.shards));
+  require(stats.peak_in_flight == capacity, "the workers filled the capacity, and no more, while the trainer waited");
+  std::printf("samples per worker:");
+  for (const auto n : stats.worker_samples) std::printf(" %llu", static_cast<unsigned long long>(n));
+  std::printf("\n");
+  require(stats.worker_samples.front() > 2 * stats.worker_samples.back(),
+          "the slow worker took fewer shards than a fast one");
+}
+
+void remote_throw(Communicator& comm) {
+  if (comm.size() < 3) throw Failed("mode remote_throw needs at least 3 ranks");
+  const int failing = comm.size() - 1;
+  stoker::dist::RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 4, .shard = 16});
+  if (edge.role() == stoker::dist::RemoteRole::worker) {
+    std::size_t calls = 0;
+    auto pipe = worker_pipeline(edge, 0, std::chrono::microseconds(0), [&, r = comm.rank()](std::uint64_t) {
+      if (r == failing && ++calls == 40) throw std::runtime_error("a deliberate failure");
+    });
+    try {
+      edge.serve(pipe);
+      require(comm.rank() != failing, "the failing worker's serve() throws");
+    } catch (const stoker::StageError& e) {
+      require(comm.rank() == failing && e.stage() == "work", "the failing worker's serve() rethrows its error");
+    }
+    return;
+  }
+  auto pipe = stoker::PipelineBuilder{}.source("batches", edge.receiver()).build();
+  try {
+    // Epochs until the failure: the failing worker may get few shards of an epoch.
+    for (auto epoch : pipe.epochs())
+      for (auto& batch : epoch) (void)batch;
+    throw Failed("the trainer's epochs ended though a worker failed");
+  } catch (const stoker::StageError& e) {
+    std::printf("remote_throw: the trainer got: %s\n", e.what());
+    require(e.stage() == "batches", "the trainer's error names its receiving stage");
+    const std::string what = e.what();
+    require(what.find("worker rank " + std::to_string(failing)) != std::string::npos &&
+                what.find("stage 'work' failed") != std::string::npos &&
+                what.find("a deliberate failure") != std::string::npos,
+            "the trainer's error names the worker's rank, its stage and its error");
+    try {
+      std::rethrow_exception(e.original());
+    } catch (const stoker::dist::RemoteError& remote) {
+      require(remote.rank() == failing && remote.stage() == "work", "RemoteError: the worker's rank and stage");
+    }
+  }
+}
+
+void remote_stop(Communicator& comm) {
+  if (comm.size() < 3) throw Failed("mode remote_stop needs at least 3 ranks");
+  stoker::dist::RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 6, .shard = 16});
+  if (edge.role() == stoker::dist::RemoteRole::worker) {
+    auto pipe = worker_pipeline(edge, 0, std::chrono::microseconds(50), [](std::uint64_t) {});  // until stopped
+    edge.serve(pipe);
+    require(pipe.finished(), "the trainer's stop stopped the worker's pipeline");
+    return;
+  }
+  {
+    auto pipe = stoker::PipelineBuilder{}.epochs(1).source("batches", edge.receiver()).build();
+    for (int taken = 0; taken < 10; ++taken) require(pipe.next().has_value(), "batches before the stop");
+  }  // the pipeline goes mid-epoch, its source maybe waiting for the workers; then the edge
+  edge.close();
+  std::printf("remote_stop: the trainer stopped after 10 batches, %llu received\n",
+              static_cast<unsigned long long>(edge.stats().items));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -154,10 +283,17 @@ int main(int argc, char** argv) {
       shards(comm);
     } else if (mode == "throw") {
       throws(comm);
+    } else if (mode == "remote") {
+      remote(comm);
+    } else if (mode == "remote_throw") {
+      remote_throw(comm);
+    } else if (mode == "remote_stop") {
+      remote_stop(comm);
     } else if (mode == "straggler" && argc > 2) {
       straggler(comm, argv[2]);
     } else {
-      throw Failed("unknown mode '" + mode + "' (collectives, shards, throw, straggler DIR)");
+      throw Failed("unknown mode '" + mode +
+                   "' (collectives, shards, throw, straggler DIR, remote, remote_throw, remote_stop)");
     }
     if (comm.rank() == 0)
       std::printf("%s: passed on %d ranks (%s)\n", mode.c_str(), comm.size(), comm.engine().c_str());

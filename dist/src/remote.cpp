@@ -1,0 +1,140 @@
+// What a remote edge is, whatever carries it: its options' rules and the workers' source.
+#include <algorithm>
+#include <iterator>
+#include <mutex>
+#include <stdexcept>
+
+#include "communicator_impl.h"
+
+namespace stoker::dist {
+
+namespace detail {
+
+RemoteOptions checked(const Communicator& comm, RemoteOptions o) {
+  const auto bad = [&](const std::string& what) {
+    return std::invalid_argument("remote edge '" + o.name + "': " + what);
+  };
+  const int world = comm.size();
+  if (world < 2)
+    throw bad("it needs at least 2 ranks, a trainer and a worker; this world has " + std::to_string(world) +
+              " (start the program with mpirun -np N)");
+  if (o.trainer < 0 || o.trainer >= world)
+    throw bad("trainer " + std::to_string(o.trainer) + " is not a rank of a world of " + std::to_string(world));
+  if (o.workers.empty()) {
+    for (int r = 0; r < world; ++r)
+      if (r != o.trainer) o.workers.push_back(r);
+  }
+  auto sorted = o.workers;
+  std::sort(sorted.begin(), sorted.end());
+  for (std::size_t i = 0; i < sorted.size(); ++i) {
+    const int r = sorted[i];
+    if (r < 0 || r >= world)
+      throw bad("worker " + std::to_string(r) + " is not a rank of a world of " + std::to_string(world));
+    if (r == o.trainer) throw bad("rank " + std::to_string(r) + " is both the trainer and a worker");
+    if (i > 0 && sorted[i - 1] == r) throw bad("worker " + std::to_string(r) + " is listed twice");
+  }
+  if (o.capacity < o.workers.size())
+    throw bad("capacity " + std::to_string(o.capacity) + " is less than its " + std::to_string(o.workers.size()) +
+              " workers: each needs at least one credit");
+  if (o.shard == 0) throw bad("shard must be at least 1 sample");
+  return o;
+}
+
+}  // namespace detail
+
+RemoteShards::RemoteShards(std::shared_ptr<detail::Link> link, std::shared_ptr<const Reader> reader)
+    : link_(std::move(link)), reader_(reader), order_(std::move(reader), {.rank = 0, .world = 1}) {}
+
+std::optional<Sample> RemoteShards::operator()(const StageContext& ctx) {
+  if (ctx.epoch != epoch_) {  // a new epoch: nothing of the last one's shards is left to read
+    epoch_ = ctx.epoch;
+    next_ = end_ = 0;
+  }
+  if (next_ == end_) {
+    const auto shard = link_->next_shard(ctx.epoch, order_.size(), ctx.stop);
+    if (!shard) return std::nullopt;
+    next_ = shard->begin;
+    end_ = shard->end;
+  }
+  return reader_->read(order_.id_at(ctx.seed, ctx.epoch, next_++));
+}
+
+}  // namespace stoker::dist
+
+namespace stoker::dist {
+
+namespace {
+
+// Freed blocks, for Bytes to take again.
+class BlockCache {
+ public:
+  static constexpr std::size_t kMaxBlocks = 64, kMaxBytes = std::size_t{256} << 20;
+
+  // A cached block of at least n bytes and at most 2n, or nullptr.
+  std::byte* take(std::size_t n, std::size_t& capacity) {
+    std::lock_guard lock(mutex_);
+    for (auto it = blocks_.rbegin(); it != blocks_.rend(); ++it) {  // the newest: the likeliest in cache
+      if (it->capacity < n || it->capacity / 2 > n) continue;
+      std::byte* data = it->data;
+      capacity = it->capacity;
+      bytes_ -= capacity;
+      blocks_.erase(std::next(it).base());
+      return data;
+    }
+    return nullptr;
+  }
+  // Keeps the block, freeing the oldest ones that no longer fit: sizes change (an edge of
+  // small items, then one of batches), and the cache follows.
+  void give(std::byte* data, std::size_t capacity) {
+    if (capacity > kMaxBytes) {
+      delete[] data;
+      return;
+    }
+    std::vector<Block> evicted;
+    {
+      std::lock_guard lock(mutex_);
+      while (!blocks_.empty() && (blocks_.size() == kMaxBlocks || bytes_ + capacity > kMaxBytes)) {
+        bytes_ -= blocks_.front().capacity;
+        evicted.push_back(blocks_.front());
+        blocks_.erase(blocks_.begin());
+      }
+      blocks_.push_back({data, capacity});
+      bytes_ += capacity;
+    }
+    for (const auto& b : evicted) delete[] b.data;
+  }
+  ~BlockCache() {
+    for (const auto& b : blocks_) delete[] b.data;
+  }
+
+ private:
+  struct Block {
+    std::byte* data;
+    std::size_t capacity;
+  };
+  std::mutex mutex_;
+  std::vector<Block> blocks_;
+  std::size_t bytes_ = 0;
+};
+
+BlockCache& block_cache() {
+  static BlockCache cache;
+  return cache;
+}
+
+}  // namespace
+
+Bytes::Bytes(std::size_t n) : size_(n) {
+  if (n == 0) return;
+  data_ = block_cache().take(n, capacity_);
+  if (!data_) {
+    data_ = new std::byte[n];  // default-initialized: not filled
+    capacity_ = n;
+  }
+}
+
+Bytes::~Bytes() {
+  if (data_) block_cache().give(data_, capacity_);
+}
+
+}  // namespace stoker::dist
