@@ -6,6 +6,7 @@
 //                       data (an item's bytes)     sent only for a credit
 //                       end (items)                the worker's epoch is over; it sent `items`
 //                       error (stage, message)     the worker's pipeline failed
+//                       done                       the worker closed its end: it sends no more items
 //                       bye                        the worker's last message
 //   trainer -> worker   shard (begin, end)         positions of the epoch's order; empty: none left
 //                       credit (n)                 the trainer's pipeline took n of its items
@@ -42,7 +43,7 @@ namespace stoker::dist::detail {
 
 namespace {
 
-enum Tag : int { kRequest = 1, kShard, kData, kEnd, kError, kBye, kCredit, kStop };
+enum Tag : int { kRequest = 1, kShard, kData, kEnd, kError, kDone, kBye, kCredit, kStop };
 
 template <class... V>
 Bytes pack(const V&... values) {
@@ -158,15 +159,25 @@ class MpiLink final : public Link {
 
   std::optional<Bytes> receive(std::stop_token stop) override {
     std::unique_lock lock(mutex_);
+    // A worker that closed its end before ending this epoch never will.
+    const auto gone = [&] {
+      return std::find_if(peers_.begin(), peers_.end(), [&](const Peer& p) { return p.done && p.epoch <= taking_; });
+    };
     const auto ready = [&] {
       const auto it = epochs_.find(taking_);
-      return failed() || closing_ ||
-             (it != epochs_.end() && (!it->second.items.empty() || it->second.ended == peers_.size()));
+      return failed() || closing_ || (it != epochs_.end() && !it->second.items.empty()) ||
+             (it != epochs_.end() && it->second.ended == peers_.size()) || gone() != peers_.end();
     };
     if (!changed_.wait(lock, stop, ready)) throw PipelineStopped();
     rethrow_locked();
     if (closing_) throw DistError("remote edge '" + options_.name + "' is closed");
-    auto& epoch = epochs_.at(taking_);
+    auto& epoch = epochs_[taking_];
+    if (const auto p = gone(); epoch.items.empty() && p != peers_.end())
+      throw DistError("remote edge '" + options_.name + "': worker rank " +
+                      std::to_string(options_.workers[static_cast<std::size_t>(p - peers_.begin())]) +
+                      " closed its end after " + std::to_string(p->epoch) + " epochs, and the trainer's pipeline " +
+                      "wants epoch " + std::to_string(taking_) +
+                      " (counted from 0): give both sides as many epochs, or stop the trainer first");
     if (epoch.items.empty()) {  // every worker has ended it
       epochs_.erase(taking_++);
       return std::nullopt;
@@ -190,6 +201,11 @@ class MpiLink final : public Link {
         poke_locked();
         changed_.notify_all();  // a receive() waiting in another thread gives up
       } else {
+        if (!stopped_ && !done_queued_) {  // the trainer may still wait for this worker's items
+          outbox_.push_back({kDone, Bytes{}});
+          done_queued_ = true;
+          poke_locked();
+        }
         changed_.wait(lock, [&] { return stopped_ || failed(); });
       }
     }
@@ -220,7 +236,7 @@ class MpiLink final : public Link {
     std::uint32_t epoch = 0;        // the epoch its data messages belong to (the ends it sent)
     std::uint64_t items = 0;        // of that epoch, received
     std::uint32_t credits_due = 0;  // items taken whose credit has not been sent back
-    bool bye = false;
+    bool done = false, bye = false;
   };
 
   // The pump: every MPI call of the edge is made here. It yields rather than sleeps while a send
@@ -348,6 +364,10 @@ class MpiLink final : public Link {
       const std::string message(text + std::min(b.size(), stage.size() + 1), text + b.size());
       set_failure(RemoteError(
           from, stage, "worker rank " + std::to_string(from) + " of remote edge '" + options_.name + "': " + message));
+    } else if (tag == kDone) {
+      std::lock_guard lock(mutex_);
+      peer.done = true;
+      changed_.notify_all();
     } else if (tag == kBye) {
       std::lock_guard lock(mutex_);
       peer.bye = true;
@@ -494,7 +514,7 @@ class MpiLink final : public Link {
   std::deque<Outgoing> outbox_;
   std::optional<Bytes> request_;
   std::optional<ShardRange> reply_;
-  bool stopped_ = false, bye_sent_ = false;
+  bool stopped_ = false, bye_sent_ = false, done_queued_ = false;
 };
 
 }  // namespace

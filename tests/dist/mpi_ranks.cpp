@@ -10,6 +10,7 @@
 //                 ask for: every id once per epoch, the capacity held, the slow worker helped
 //   remote_throw  the last worker's stage throws: the trainer's pipeline names its rank and stage
 //   remote_stop   the trainer stops mid-epoch; the workers, set to run forever, stop with it
+//   remote_epochs the workers run 1 epoch, the trainer wants 2: it fails, naming a worker
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -272,6 +273,31 @@ void remote_stop(Communicator& comm) {
               static_cast<unsigned long long>(edge.stats().items));
 }
 
+void remote_epochs(Communicator& comm) {
+  if (comm.size() < 3) throw Failed("mode remote_epochs needs at least 3 ranks");
+  stoker::dist::RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 4, .shard = 64});
+  if (edge.role() == stoker::dist::RemoteRole::worker) {
+    auto pipe = worker_pipeline(edge, 1, std::chrono::microseconds(0), [](std::uint64_t) {});
+    edge.serve(pipe);
+    return;  // the edge's destructor tells the trainer this worker is done
+  }
+  auto pipe = stoker::PipelineBuilder{}.epochs(2).source("batches", edge.receiver()).build();
+  std::size_t epochs = 0;
+  try {
+    for (auto epoch : pipe.epochs()) {
+      for (auto& batch : epoch) (void)batch;
+      ++epochs;
+    }
+    throw Failed("the trainer's second epoch ended though the workers ran one");
+  } catch (const stoker::StageError& e) {
+    std::printf("remote_epochs: the trainer got: %s\n", e.what());
+    const std::string what = e.what();
+    require(epochs == 1 && what.find("closed its end after 1 epochs") != std::string::npos &&
+                what.find("wants epoch 1") != std::string::npos,
+            "the trainer's first epoch is whole, and its second fails naming a worker and the epochs");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -289,11 +315,13 @@ int main(int argc, char** argv) {
       remote_throw(comm);
     } else if (mode == "remote_stop") {
       remote_stop(comm);
+    } else if (mode == "remote_epochs") {
+      remote_epochs(comm);
     } else if (mode == "straggler" && argc > 2) {
       straggler(comm, argv[2]);
     } else {
       throw Failed("unknown mode '" + mode +
-                   "' (collectives, shards, throw, straggler DIR, remote, remote_throw, remote_stop)");
+                   "' (collectives, shards, throw, straggler DIR, remote, remote_throw, remote_stop, remote_epochs)");
     }
     if (comm.rank() == 0)
       std::printf("%s: passed on %d ranks (%s)\n", mode.c_str(), comm.size(), comm.engine().c_str());

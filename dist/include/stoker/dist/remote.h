@@ -189,8 +189,9 @@ class Link {
   /// Throws RemoteError for a worker's failure, PipelineStopped when `stop` is requested.
   virtual std::optional<Bytes> receive(std::stop_token stop) = 0;
 
-  /// Trainer: stops the workers, then waits until each has said its last word. Worker: waits
-  /// until the trainer has stopped the edge. Idempotent.
+  /// Trainer: stops the workers, then waits until each has said its last word. Worker: tells
+  /// the trainer it sends no more (a trainer that still waits for its items fails, naming it),
+  /// then waits until the trainer has stopped the edge. Idempotent.
   virtual void close() = 0;
   virtual RemoteStats stats() const = 0;
 };
@@ -313,13 +314,20 @@ class RemoteEdge {
           return;
         }
       }
-    } catch (const StageError& e) {
-      link_->fail(e.stage(), e.what());
-      throw;
     } catch (const std::exception& e) {
-      link_->fail({}, e.what());
+      fail(e);
       throw;
     }
+  }
+
+  /// Worker: tells the trainer that this worker cannot go on, and why (the stage, for a
+  /// StageError), then waits a bounded time until the trainer has stopped the edge, so that
+  /// its pipeline reports the error. serve() calls it; call it for an error before serve(),
+  /// such as data this worker cannot read, which would otherwise leave the trainer waiting.
+  void fail(const std::exception& e) noexcept {
+    if (link_->role() != RemoteRole::worker) return;
+    const auto* stage = dynamic_cast<const StageError*>(&e);
+    link_->fail(stage ? stage->stage() : std::string(), e.what());
   }
 
   RemoteStats stats() const { return link_->stats(); }
