@@ -207,6 +207,11 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
       ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 32))
       ->capture_default_str()
       ->group("Data");
+  app.add_flag("--remote-workers", o.remote_workers,
+               "Under mpirun -np N: rank 0 trains on whole steps, and ranks 1 to N-1 read, crop, shuffle, batch "
+               "and collate, taking shards of every epoch from rank 0 as they need them, and send it the batches "
+               "(docs/scale-out.md)")
+      ->group("Pipeline");
   app.add_flag("--deterministic", o.deterministic,
                "Make the pipeline yield the same batches in the same order whatever its threads; needed by "
                "--checkpoint and --resume")
@@ -268,7 +273,12 @@ Json to_json(const TrainOptions& o, const TrainReport& r) {
   out["batch_size"] = o.batch_size;
   out["crops"] = o.crops;
   out["seed"] = o.seed;
-  out["world_size"] = std::max<std::size_t>(r.ranks.size(), 1);
+  out["world_size"] = std::max<std::size_t>(r.ranks.size(), 1 + r.remote_workers);
+  if (r.remote_workers != 0) {
+    out["remote_workers"] = r.remote_workers;
+    out["remote_bytes"] = r.remote_bytes;
+    out["remote_peak_in_flight"] = r.remote_peak;
+  }
   if (!r.ranks.empty()) {
     Json ranks = Json::array();
     for (std::size_t i = 0; i < r.ranks.size(); ++i)
@@ -320,7 +330,11 @@ int run(int argc, char** argv, dist::Communicator& ranks) {
               << " crops per image (mirror p " << o.mirror_p << ") on the " << o.augment << ", shuffle "
               << o.shuffle_capacity << "/" << o.min_after_dequeue << ", batches of " << o.batch_size << ", " << o.epochs
               << " epochs of " << r.train_images * static_cast<std::uint64_t>(o.crops) << " samples\n";
-    if (ranks.size() > 1)
+    if (o.remote_workers)
+      std::cout << "ranks:  " << ranks.size() << " (" << ranks.engine() << "): rank 0 trains; "
+                << (ranks.size() == 2 ? "rank 1 reads" : "ranks 1 to " + std::to_string(ranks.size() - 1) + " read")
+                << ", crop, shuffle, batch and collate, and send it the batches\n";
+    else if (ranks.size() > 1)
       std::cout << "ranks:  " << ranks.size() << " (" << ranks.engine() << "), each with its share of every epoch and "
                 << o.batch_size / static_cast<std::size_t>(ranks.size())
                 << " crops of every step; gradients averaged every step\n";
@@ -338,6 +352,7 @@ int run(int argc, char** argv, dist::Communicator& ranks) {
 
   try {
     const TrainReport r = run_training(o, callbacks, &ranks);
+    if (r.worker) return 0;  // rank 0 reports
     std::cout << "\n";
     if (r.pipeline) {
       print_summary(std::cout, *r.pipeline);
@@ -349,6 +364,9 @@ int run(int argc, char** argv, dist::Communicator& ranks) {
               << "result: test accuracy " << fixed(r.test_accuracy(), 4) << " after " << r.epochs.size() << " epochs, "
               << static_cast<long long>(r.samples_per_s()) << " samples/s, starvation "
               << fixed(100 * r.starvation(), 1) << "% (" << r.mode << ", " << r.device << ")\n";
+    if (r.remote_workers != 0)
+      std::cout << "remote: " << r.remote_workers << " workers sent " << megabytes(r.remote_bytes)
+                << " of batches; at most " << r.remote_peak << " were on their way at once\n";
     if (json) std::cout << to_json(o, r).dump() << std::endl;
     return 0;
   } catch (const std::exception& e) {

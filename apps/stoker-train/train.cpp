@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <numbers>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <utility>
@@ -17,6 +20,7 @@
 #include "stoker/core/random.h"
 #include "stoker/core/random_shuffle_queue.h"
 #include "stoker/dist/communicator.h"
+#include "stoker/dist/remote.h"
 #include "stoker/gpu/augment.h"
 #include "stoker/gpu/staging.h"
 #include "stoker/stages/batch.h"
@@ -314,6 +318,77 @@ void train_pipelined(const TrainOptions& o, std::shared_ptr<const IdxDataset> da
   train_from(pipe, o, trainer, test, report);
 }
 
+// --remote-workers: a batch on the wire is its storage (samples, labels, ids) after its count.
+struct PackBatch {
+  dist::Bytes operator()(const Batch& b) const {
+    const std::size_t n = Batch::storage_bytes(b.shape, b.dtype, b.count);
+    dist::Bytes bytes(sizeof(std::uint64_t) + n);
+    const std::uint64_t count = b.count;
+    std::memcpy(bytes.data(), &count, sizeof count);
+    std::memcpy(bytes.data() + sizeof count, b.data(), n);
+    return bytes;
+  }
+};
+// ... and back, into the trainer's pinned staging buffers.
+struct UnpackBatch {
+  std::shared_ptr<BufferPool> pool;
+  Shape shape;
+  Batch operator()(dist::Bytes bytes, const StageContext& ctx) const {
+    std::uint64_t count = 0;
+    if (bytes.size() >= sizeof count) std::memcpy(&count, bytes.data(), sizeof count);
+    const std::size_t n = Batch::storage_bytes(shape, DType::f32, count);
+    if (count == 0 || bytes.size() != sizeof count + n)
+      throw std::runtime_error("a batch of " + std::to_string(bytes.size()) + " bytes from a worker is not " +
+                               std::to_string(count) + " crops of " + shape.str());
+    Batch b = Batch::allocate(*pool, shape, DType::f32, count, ctx);
+    std::memcpy(b.data(), bytes.data() + sizeof count, n);
+    return b;
+  }
+  std::size_t max_chunk() const { return pool->waits() ? 1 : std::numeric_limits<std::size_t>::max(); }
+};
+
+// A worker: reader (shards from rank 0) -> crops -> shuffle -> batch -> collate -> pack ==> rank 0.
+void make_remote_batches(const TrainOptions& o, dist::RemoteEdge<dist::Bytes>& edge) {
+  std::shared_ptr<IdxReader> reader;
+  try {
+    reader = std::make_shared<IdxReader>(std::make_shared<const IdxDataset>(load(o, "train")),
+                                         ReaderOptions{.pool = BufferPool::create()});
+  } catch (const std::exception& e) {  // data this rank cannot read: rank 0 must hear of it
+    edge.fail(e);
+    throw;
+  }
+  auto pipe = PipelineBuilder{}
+                  .threads(o.threads)
+                  .seed(o.seed)
+                  .epochs(o.epochs)
+                  .source("read", edge.shards(std::move(reader)), {.queue = o.read_queue})
+                  .flat_map<DeferredCrop>("crops", random_crops(o), {.threads = o.crop_threads})
+                  .shuffle("shuffle", shuffle_options(o))
+                  .batch("batch", o.batch_size, {.queue = o.batch_queue})
+                  .map("collate", Collate{.normalize = Normalizer(fashion_normalization())},
+                       {.threads = o.collate_threads, .queue = o.batch_queue})
+                  .map("pack", PackBatch{}, {.queue = o.batch_queue})
+                  .build();
+  edge.serve(pipe);
+}
+
+// Rank 0 with remote workers: ==> batches -> unpack into pinned staging -> copy -> trainer.
+void train_remote(const TrainOptions& o, dist::RemoteEdge<dist::Bytes>& edge, Trainer& trainer, const TestSet& test,
+                  TrainReport& report) {
+  const gpu::ToDevice to_device(trainer.device_ptr(), to_device_options(o));
+  auto pipe = pipeline_builder(o, trainer)
+                  .source("batches", edge.receiver(), {.queue = o.batch_queue})
+                  .map("unpack", UnpackBatch{to_device.staging(), Shape{1, 1, o.crop_size, o.crop_size, false}},
+                       {.threads = o.collate_threads, .queue = o.batch_queue})
+                  .map("h2d", to_device, {.queue = o.batch_queue, .autotune = false})
+                  .build();
+  train_from(pipe, o, trainer, test, report);
+  const auto stats = edge.stats();
+  report.remote_workers = static_cast<std::uint32_t>(edge.options().workers.size());
+  report.remote_bytes = stats.bytes;
+  report.remote_peak = stats.peak_in_flight;
+}
+
 // --augment gpu: whole images go to the device, which crops, shuffles and batches them.
 gpu::GpuAugmentOptions gpu_augment_options(const TrainOptions& o, const Shape& image) {
   gpu::GpuAugmentOptions a{.crops = {.size = {o.crop_size, o.crop_size},
@@ -536,11 +611,21 @@ void validate(const TrainOptions& o, int ranks) {
       fail(std::string(which) + " needs --mode pipelined and --augment cpu");
   }
   if (o.checkpoint_every != 0 && o.checkpoint.empty()) fail("--checkpoint-every needs --checkpoint DIR");
+  if (o.remote_workers) {
+    if (ranks < 2)
+      fail(
+          "--remote-workers needs 2 or more ranks (mpirun -np N stoker-train --remote-workers): rank 0 trains, "
+          "the others make its batches");
+    if (!o.checkpoint.empty() || !o.resume.empty() || o.deterministic)
+      fail(
+          "--remote-workers cannot be combined with --deterministic, --checkpoint or --resume: which worker took "
+          "which shard is not recorded");
+  }
   if (ranks > 1) {
     const std::string job = " (a job of " + std::to_string(ranks) + " ranks)";
     if (o.mode != "pipelined" || o.augment != "cpu")
       fail("several ranks need --mode pipelined and --augment cpu" + job);
-    if (o.batch_size % static_cast<std::size_t>(ranks) != 0)
+    if (!o.remote_workers && o.batch_size % static_cast<std::size_t>(ranks) != 0)
       fail("--batch-size " + std::to_string(o.batch_size) + " does not divide among " + std::to_string(ranks) +
            " ranks, which take equal shares of a step: give a multiple of " + std::to_string(ranks) + job);
   }
@@ -608,9 +693,23 @@ void gather_ranks(dist::Communicator& ranks, Trainer& trainer, TrainReport& repo
 TrainReport run_training(const TrainOptions& options, const TrainCallbacks& callbacks, dist::Communicator* ranks) {
   const int world = ranks ? ranks->size() : 1;
   validate(options, world);
-  TrainOptions o = options;  // this rank's: its share of each step
-  o.batch_size /= static_cast<std::size_t>(world);
   TrainReport report;
+  // Remote workers: rank 0 alone trains, on whole steps; the others make its batches.
+  std::optional<dist::RemoteEdge<dist::Bytes>> edge;
+  if (options.remote_workers) {
+    // Room for a queue of batches per worker on their way to rank 0.
+    edge.emplace(*ranks, dist::RemoteOptions{.name = "batches",
+                                             .trainer = 0,
+                                             .capacity = options.batch_queue * static_cast<std::size_t>(world - 1)});
+    if (edge->role() == dist::RemoteRole::worker) {
+      make_remote_batches(options, *edge);
+      report.worker = true;
+      return report;
+    }
+  }
+  const int trainers = edge ? 1 : world;
+  TrainOptions o = options;  // this rank's: its share of each step
+  o.batch_size /= static_cast<std::size_t>(trainers);
   report.mode = o.mode;
   const auto t_load = Clock::now();
   auto train_data = std::make_shared<const IdxDataset>(load(o, "train"));
@@ -624,8 +723,8 @@ TrainReport run_training(const TrainOptions& options, const TrainCallbacks& call
 
   // A rank's share of an epoch (ShuffledShard leaves out the remainder); all of it alone.
   const std::uint64_t samples_per_epoch =
-      train_data->size() / static_cast<std::uint64_t>(world) * static_cast<std::uint64_t>(o.crops);
-  Trainer trainer(o, callbacks, open_device(o.device), samples_per_epoch, ranks);
+      train_data->size() / static_cast<std::uint64_t>(trainers) * static_cast<std::uint64_t>(o.crops);
+  Trainer trainer(o, callbacks, open_device(o.device), samples_per_epoch, edge ? nullptr : ranks);
   if (!o.resume.empty()) {
     const Checkpoint c = Checkpoint::load(o.resume);
     c.check_options(options, o.resume);  // the job's options, not this rank's share of them
@@ -639,12 +738,14 @@ TrainReport run_training(const TrainOptions& options, const TrainCallbacks& call
   if (callbacks.on_start) callbacks.on_start(report);
 
   const bool gpu_augment = o.augment == "gpu";
-  if (o.mode == "sync")
+  if (edge)
+    train_remote(o, *edge, trainer, test, report);
+  else if (o.mode == "sync")
     (gpu_augment ? train_sync_gpu : train_sync)(o, std::move(train_data), trainer, test, report);
   else
     (gpu_augment ? train_pipelined_gpu : train_pipelined)(o, std::move(train_data), trainer, test, report);
   report.transfers = trainer.device().transfers();
-  if (world > 1) gather_ranks(*ranks, trainer, report);
+  if (trainers > 1) gather_ranks(*ranks, trainer, report);
   return report;
 }
 

@@ -55,6 +55,9 @@ struct TrainOptions {
   std::string checkpoint;              ///< directory checkpoints are written to; empty = none
   std::uint64_t checkpoint_every = 0;  ///< training steps between checkpoints; 0 = only at the end
   std::string resume;                  ///< checkpoint directory to go on from; empty = from the start
+  /// Rank 0 trains; every other rank runs read -> crops -> shuffle -> batch -> collate on
+  /// shards it asks rank 0 for, and sends it the batches (a remote edge, docs/scale-out.md).
+  bool remote_workers = false;
 
   std::uint64_t seed = 1;          ///< crops, mirrors, shuffle and initial weights
   std::string device = "auto";     ///< auto, cpu or cuda
@@ -109,6 +112,11 @@ struct TrainReport {
     double starvation() const { return train_seconds > 0 ? input_wait_seconds / train_seconds : 0; }
   };
   std::vector<Rank> ranks;
+  /// --remote-workers: this rank made batches for rank 0 and has nothing else to report.
+  bool worker = false;
+  std::uint32_t remote_workers = 0;  ///< at rank 0: the ranks that made its batches
+  std::uint64_t remote_bytes = 0;    ///< at rank 0: what they sent
+  std::size_t remote_peak = 0;       ///< at rank 0: the most batches sent and not yet taken at once
 
   std::uint64_t samples() const;
   std::uint64_t batches() const;

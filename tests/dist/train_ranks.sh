@@ -2,7 +2,8 @@
 # mpirun -np N stoker-train: data-parallel training on N ranks of this machine learns, reports
 # every rank, and ends with the same weights on every rank (stoker-train checks that itself,
 # and fails when they differ); a step that does not divide among the ranks is refused once;
-# a job killed mid-epoch resumes exactly on as many ranks, and is refused on another number.
+# a job killed mid-epoch resumes exactly on as many ranks, and is refused on another number;
+# with --remote-workers, rank 0 trains on every sample of every epoch, which the others made.
 #   train_ranks.sh MPIEXEC STOKER_TRAIN        (exit 77, skipped, without Fashion-MNIST)
 set -euo pipefail
 # shellcheck source=../await_checkpoint.sh
@@ -30,6 +31,30 @@ for ranks in 2 3; do
   want=$((2 * (2000 / ranks) * ranks * 5))
   [[ $samples == "$want" ]] || { echo "FAIL: $samples samples in all, $want expected" >&2; exit 1; }
 done
+
+# Remote workers: 2 ranks make the batches, rank 0 trains on them; every sample exactly once.
+json=$("$mpiexec" --oversubscribe -np 3 "$train" "${common[@]}" --epochs 2 --remote-workers | tail -n 1)
+accuracy=$(field test_accuracy "$json")
+samples=$(field samples "$(sed -E 's/"per_epoch".*//' <<<"$json")")
+echo "np 3, --remote-workers: world_size $(field world_size "$json"), $(field remote_workers "$json") workers, \
+$samples samples, test accuracy $accuracy, peak in flight $(field remote_peak_in_flight "$json")"
+[[ $(field world_size "$json") == 3 && $(field remote_workers "$json") == 2 ]] ||
+  { echo "FAIL: not 2 workers in a world of 3" >&2; exit 1; }
+[[ $samples == $((2 * 2000 * 5)) ]] || { echo "FAIL: $samples samples, 20000 expected" >&2; exit 1; }
+awk -v a="$accuracy" 'BEGIN { exit !(a > 0.6) }' || { echo "FAIL: accuracy $accuracy, chance is 0.1" >&2; exit 1; }
+# A worker that cannot read its data fails the job, naming itself, within a bounded time.
+status=0
+errors=$(timeout 60 "$mpiexec" --oversubscribe -np 1 "$train" "${common[@]}" --remote-workers : \
+  -np 1 "$train" "${common[@]}" --remote-workers --data /nonexistent 2>&1 >/dev/null) || status=$?
+echo "np 2, --remote-workers, rank 1 without data: exit status $status"
+[[ $status -ne 0 && $status -ne 124 ]] || { echo "FAIL: the job did not fail promptly ($status)" >&2; exit 1; }
+grep -q "worker rank 1 of remote edge 'batches': /nonexistent/train-images" <<<"$errors" ||
+  { echo "FAIL: the failure does not name worker rank 1 and its error: $errors" >&2; exit 1; }
+status=0
+errors=$("$mpiexec" --oversubscribe -np 1 "$train" "${common[@]}" --remote-workers 2>&1 >/dev/null) || status=$?
+echo "np 1, --remote-workers: exit status $status: $errors"
+grep -q "^stoker-train: --remote-workers needs 2 or more ranks" <<<"$errors" ||
+  { echo "FAIL: remote workers on one rank were not refused" >&2; exit 1; }
 
 status=0
 errors=$("$mpiexec" --oversubscribe -np 2 "$train" "${common[@]}" --epochs 2 --batch-size 255 2>&1 >/dev/null) || status=$?
