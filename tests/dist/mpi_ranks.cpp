@@ -189,9 +189,14 @@ void remote(Communicator& comm) {
     require(edge.stats().peak_in_flight <= capacity / workers, "a worker never has more items out than its credits");
     return;
   }
-  auto pipe = stoker::PipelineBuilder{}.epochs(2).source("batches", edge.receiver(), {.queue = 1}).build();
   // The trainer starts late: meanwhile the workers fill every credit, and must stop there.
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (edge.stats().peak_in_flight < capacity && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // time to send more, were it allowed
+  require(edge.stats().peak_in_flight == capacity,
+          "the workers filled the capacity, and no more, while the trainer waited");
+  auto pipe = stoker::PipelineBuilder{}.epochs(2).source("batches", edge.receiver(), {.queue = 1}).build();
   std::size_t epochs = 0;
   for (auto epoch : pipe.epochs()) {
     std::vector<int> seen(kRemoteSamples, 0);
@@ -208,7 +213,7 @@ void remote(Communicator& comm) {
   std::printf("remote: %zu workers, capacity %zu: peak in flight %zu, %llu items, %llu shards\n", workers, capacity,
               stats.peak_in_flight, static_cast<unsigned long long>(stats.items),
               static_cast<unsigned long long>(stats.shards));
-  require(stats.peak_in_flight == capacity, "the workers filled the capacity, and no more, while the trainer waited");
+  require(stats.peak_in_flight == capacity, "no more items in flight than the capacity while the trainer trained");
   std::printf("samples per worker:");
   for (const auto n : stats.worker_samples) std::printf(" %llu", static_cast<unsigned long long>(n));
   std::printf("\n");
