@@ -408,6 +408,7 @@ class MpiLink final : public Link {
         outstanding_ -= std::min<std::size_t>(outstanding_, unpack<std::uint32_t>(b));
       } else if (status.MPI_TAG == kShard) {
         reply_ = ShardRange{unpack<std::uint64_t>(b), unpack<std::uint64_t>(b, sizeof(std::uint64_t))};
+        if (reply_->end > reply_->begin) ++stats_.shards;
       } else if (status.MPI_TAG == kStop) {
         stopped_ = true;
         outbox_.clear();  // never sent: the trainer takes nothing more

@@ -187,6 +187,7 @@ void remote(Communicator& comm) {
     edge.serve(pipe);
     require(pipe.finished(), "a worker's pipeline runs its two epochs");
     require(edge.stats().peak_in_flight <= capacity / workers, "a worker never has more items out than its credits");
+    require(edge.stats().shards > 0 || comm.rank() == comm.size() - 1, "a fast worker counts the shards it got");
     return;
   }
   // The trainer starts late: meanwhile the workers fill every credit, and must stop there.
