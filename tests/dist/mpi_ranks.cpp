@@ -11,6 +11,7 @@
 //   remote_throw  the last worker's stage throws: the trainer's pipeline names its rank and stage
 //   remote_stop   the trainer stops mid-epoch; the workers, set to run forever, stop with it
 //   remote_epochs the workers run 1 epoch, the trainer wants 2: it fails, naming a worker
+//   remote_sizes  the last worker reads a data set of another size: refused, naming both ranks
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -157,9 +158,10 @@ constexpr std::uint64_t kRemoteSamples = 1003;
 // calls `check` on each id), batches of 7.
 template <class Check>
 stoker::Pipeline<Ids> worker_pipeline(stoker::dist::RemoteEdge<Ids>& edge, std::uint32_t epochs,
-                                      std::chrono::microseconds work, Check check) {
+                                      std::chrono::microseconds work, Check check,
+                                      std::uint64_t samples = kRemoteSamples) {
   const auto reader = std::make_shared<stoker::SyntheticSource>(
-      stoker::SyntheticOptions{.shape = {1, 1, 2, 2, false}, .count = kRemoteSamples});
+      stoker::SyntheticOptions{.shape = {1, 1, 2, 2, false}, .count = samples});
   return stoker::PipelineBuilder{}
       .seed(11)
       .epochs(epochs)
@@ -304,6 +306,33 @@ void remote_epochs(Communicator& comm) {
   }
 }
 
+void remote_sizes(Communicator& comm) {
+  if (comm.size() < 3) throw Failed("mode remote_sizes needs at least 3 ranks");
+  stoker::dist::RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 4, .shard = 16});
+  if (edge.role() == stoker::dist::RemoteRole::worker) {
+    const bool odd = comm.rank() == comm.size() - 1;
+    auto pipe = worker_pipeline(
+        edge, 0, std::chrono::microseconds(odd ? 0 : 200), [](std::uint64_t) {},
+        odd ? kRemoteSamples + 1 : kRemoteSamples);
+    edge.serve(pipe);  // until the trainer, failed, stops the edge
+    return;
+  }
+  auto pipe = stoker::PipelineBuilder{}.source("batches", edge.receiver()).build();
+  try {
+    for (auto epoch : pipe.epochs())
+      for (auto& batch : epoch) (void)batch;
+    throw Failed("the trainer's epochs ended though its workers read different data sets");
+  } catch (const stoker::StageError& e) {
+    std::printf("remote_sizes: the trainer got: %s\n", e.what());
+    const std::string what = e.what(), odd = std::to_string(comm.size() - 1);
+    require(
+        what.find("reads 1004 samples") != std::string::npos || what.find(" 1004: every worker") != std::string::npos,
+        "the error names the odd size");
+    require(what.find("worker rank " + odd) != std::string::npos, "the error names the odd worker's rank");
+    require(what.find("every worker must read the same data set") != std::string::npos, "the error says what to do");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -323,11 +352,14 @@ int main(int argc, char** argv) {
       remote_stop(comm);
     } else if (mode == "remote_epochs") {
       remote_epochs(comm);
+    } else if (mode == "remote_sizes") {
+      remote_sizes(comm);
     } else if (mode == "straggler" && argc > 2) {
       straggler(comm, argv[2]);
     } else {
       throw Failed("unknown mode '" + mode +
-                   "' (collectives, shards, throw, straggler DIR, remote, remote_throw, remote_stop, remote_epochs)");
+                   "' (collectives, shards, throw, straggler DIR, remote, remote_throw, remote_stop, remote_epochs, "
+                   "remote_sizes)");
     }
     if (comm.rank() == 0)
       std::printf("%s: passed on %d ranks (%s)\n", mode.c_str(), comm.size(), comm.engine().c_str());
