@@ -1,12 +1,14 @@
-// The `resume` suite: exact resume of the reference job (Fashion-MNIST, 5 random 24x24 crops per
-// image, a 10,000-crop shuffle buffer, batches of 255, collate), deterministic, stopped halfway
-// through an epoch. In the same run:
+// The `resume` suite: resuming the reference job (Fashion-MNIST, 5 random 24x24 crops per image,
+// a 10,000-crop shuffle buffer, batches of 255, collate), stopped halfway through an epoch.
+// Deterministic, in the same run:
 //   - the time from build() to the first batch: fresh (at an epoch's start), resumed from the
 //     state (PipelineBuilder::resume_from), and fast-forwarded, the way to get there without a
 //     state: a fresh pipeline whose first batches up to the stop are taken and thrown away;
 //   - the items the resume read again, and the state's size;
 //   - what state() costs: per call while the pipeline runs, and on an epoch's throughput when
 //     called once per `--every` batches, against the same epoch without it.
+// And in free order: the state's size, the time to the first batch resumed against fresh, and
+// what state() costs (free_order_figures() below).
 #include <chrono>
 #include <cstdint>
 #include <cstring>
@@ -57,9 +59,8 @@ class ReferenceJob {
   std::uint64_t batches_per_epoch() const { return (data_->size() * 5 + 254) / 255; }
 
   /// `seeks`: where the reader counts its seeks.
-  Pipeline<Batch> build(const std::optional<PipelineState>& resume = std::nullopt,
-                        std::shared_ptr<std::uint64_t> seeks = std::make_shared<std::uint64_t>(0),
-                        bool deterministic = true) {
+  Pipeline<Batch> build(bool deterministic = true, const std::optional<PipelineState>& resume = std::nullopt,
+                        std::shared_ptr<std::uint64_t> seeks = std::make_shared<std::uint64_t>(0)) {
     CountingReader source{IdxReader(data_, {.pool = image_pool_}), std::move(seeks)};
     auto builder =
         PipelineBuilder{}
@@ -94,6 +95,77 @@ double to_first_batch(Make&& make) {
   return seconds_since(t0);
 }
 
+// Seconds of an epoch with a call of state() every `every` batches, and without, pushed to
+// `with` and `without`. Which goes first alternates with `repeat`: the second of two runs in a
+// row is not slowed or sped up by its place.
+void time_state_calls(ReferenceJob& job, bool deterministic, int repeat, std::size_t every, std::vector<double>& with,
+                      std::vector<double>& without) {
+  for (const bool call : {repeat % 2 == 1, repeat % 2 == 0}) {
+    auto pipe = job.build(deterministic);
+    std::uint64_t n = 0;
+    PipelineState taken;
+    const auto t0 = Clock::now();
+    for (auto& b : pipe.epoch()) {
+      (void)b;
+      if (call && ++n % every == 0) taken = pipe.state();
+    }
+    (call ? with : without).push_back(seconds_since(t0));
+  }
+}
+
+// Nanoseconds per state() call once `at` batches were taken, while the pipeline runs.
+double state_call_ns(ReferenceJob& job, bool deterministic, std::uint64_t at, int calls) {
+  auto pipe = job.build(deterministic);
+  for (std::uint64_t i = 0; i < at; ++i) pipe.next();
+  PipelineState taken;
+  const auto t0 = Clock::now();
+  for (int i = 0; i < calls; ++i) taken = pipe.state();
+  return seconds_since(t0) * 1e9 / calls;
+}
+
+// A free-order state after `stop` batches, and what resuming from it costs: the state's size
+// and the items in flight it lists, the time to the first batch against a fresh free-order
+// start, the images read again, and what state() costs in free order (it lists what is in
+// flight, so it costs more than in deterministic mode).
+Json free_order_figures(ReferenceJob& job, std::uint64_t stop, const ResumeOptions& o, const CommonOptions& common) {
+  PipelineState state;
+  {
+    auto pipe = job.build(false);
+    for (std::uint64_t i = 0; i < stop; ++i) pipe.next();
+    state = pipe.state();
+  }
+  const std::size_t bytes = state.to_json().size(), in_flight = state.taken->except.size();
+  std::cout << "free order, stopped after batch " << stop << ": the state is " << bytes << " bytes of JSON, listing "
+            << in_flight << " crops in flight\n";
+  std::vector<double> fresh, resumed, per_call_ns, with_state, without_state;
+  std::uint64_t remade = 0;
+  for (int r = 0; r < common.repeats; ++r) {
+    fresh.push_back(to_first_batch([&] { return job.build(false); }));
+    const auto seeks = std::make_shared<std::uint64_t>(0);
+    resumed.push_back(to_first_batch([&] { return job.build(false, state, seeks); }));
+    remade = *seeks - 1;
+    time_state_calls(job, false, r, o.every, with_state, without_state);
+    per_call_ns.push_back(state_call_ns(job, false, stop, 200));
+  }
+  std::vector<double> cost;
+  for (std::size_t i = 0; i < with_state.size(); ++i) cost.push_back(without_state[i] / with_state[i]);
+  const Spread f = spread(fresh), re = spread(resumed), pc = spread(per_call_ns), c = spread(cost);
+  std::cout << "  time to the first batch: fresh " << f.median * 1e3 << " ms, resumed " << re.median * 1e3
+            << " ms (resumed / fresh " << re.median / f.median << "); the resume read " << remade << " images again\n"
+            << "  state(): " << pc.median / 1e3 << " us per call mid-epoch; an epoch with a call every " << o.every
+            << " batches runs at " << c.median << " of its speed without (min " << c.min << ", max " << c.max << ")\n";
+  return {{"state_bytes", bytes},
+          {"crops_in_flight", in_flight},
+          {"images_read_again", remade},
+          {"first_batch_fresh_ms", f.median * 1e3},
+          {"first_batch_resumed_ms", re.median * 1e3},
+          {"resumed_over_fresh", re.median / f.median},
+          {"state_call_ns", pc.median},
+          {"speed_with_state_calls", c.median},
+          {"speed_with_state_calls_min", c.min},
+          {"speed_with_state_calls_max", c.max}};
+}
+
 Json run(const ResumeOptions& o, const CommonOptions& common) {
   ReferenceJob job(o);
   const std::uint64_t stop = job.batches_per_epoch() / 2;
@@ -112,11 +184,10 @@ Json run(const ResumeOptions& o, const CommonOptions& common) {
 
   std::vector<double> fresh, resumed, forwarded, per_call_ns, with_state, without_state, free_order;
   std::uint64_t remade = 0;
-  PipelineState taken;  // what the cost figures take, not `state`
   for (int r = 0; r < common.repeats; ++r) {
     fresh.push_back(to_first_batch([&] { return job.build(); }));
     const auto seeks = std::make_shared<std::uint64_t>(0);
-    resumed.push_back(to_first_batch([&] { return job.build(state, seeks); }));
+    resumed.push_back(to_first_batch([&] { return job.build(true, state, seeks); }));
     remade = *seeks - 1;
     forwarded.push_back(to_first_batch([&] {
       auto pipe = job.build();
@@ -125,7 +196,7 @@ Json run(const ResumeOptions& o, const CommonOptions& common) {
     }));
     // The batch after the stop, resumed, is the one the uninterrupted run yielded.
     {
-      auto pipe = job.build(state);
+      auto pipe = job.build(true, state);
       const auto b = pipe.next();
       if (!b || b->payload_bytes() != first_after_stop.payload_bytes() ||
           std::memcmp(b->data(), first_after_stop.data(), b->payload_bytes()) != 0)
@@ -134,31 +205,13 @@ Json run(const ResumeOptions& o, const CommonOptions& common) {
     // An epoch in free order, and deterministic with and without a call of state() per `every`
     // batches; and state() while the pipeline runs.
     {
-      auto pipe = job.build(std::nullopt, std::make_shared<std::uint64_t>(0), false);
+      auto pipe = job.build(false);
       const auto t0 = Clock::now();
       for (auto& b : pipe.epoch()) (void)b;
       free_order.push_back(seconds_since(t0));
     }
-    // Which goes first alternates: the second of two runs in a row is not slowed or sped up by
-    // its place.
-    for (const bool call : {r % 2 == 1, r % 2 == 0}) {
-      auto pipe = job.build();
-      std::uint64_t n = 0;
-      const auto t0 = Clock::now();
-      for (auto& b : pipe.epoch()) {
-        (void)b;
-        if (call && ++n % o.every == 0) taken = pipe.state();
-      }
-      (call ? with_state : without_state).push_back(seconds_since(t0));
-    }
-    {
-      auto pipe = job.build();
-      for (int i = 0; i < 50; ++i) pipe.next();
-      constexpr int kCalls = 10'000;
-      const auto t0 = Clock::now();
-      for (int i = 0; i < kCalls; ++i) taken = pipe.state();
-      per_call_ns.push_back(seconds_since(t0) * 1e9 / kCalls);
-    }
+    time_state_calls(job, true, r, o.every, with_state, without_state);
+    per_call_ns.push_back(state_call_ns(job, true, 50, 10'000));
   }
   const Spread f = spread(fresh), re = spread(resumed), fw = spread(forwarded), pc = spread(per_call_ns);
   std::vector<double> cost, determinism;
@@ -198,7 +251,8 @@ Json run(const ResumeOptions& o, const CommonOptions& common) {
             {"speed_with_state_calls_max", c.max},
             {"deterministic_over_free_order", d.median},
             {"deterministic_over_free_order_min", d.min},
-            {"deterministic_over_free_order_max", d.max}}}};
+            {"deterministic_over_free_order_max", d.max},
+            {"free_order", free_order_figures(job, stop, o, common)}}}};
 }
 
 }  // namespace

@@ -213,20 +213,21 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
                "(docs/scale-out.md)")
       ->group("Pipeline");
   app.add_flag("--deterministic", o.deterministic,
-               "Make the pipeline yield the same batches in the same order whatever its threads; needed by "
-               "--checkpoint and --resume")
+               "Make the pipeline yield the same batches in the same order whatever its threads, so that "
+               "--resume goes on exactly, bit for bit")
       ->group("Pipeline");
   app.add_option("--checkpoint", o.checkpoint,
                  "Write the model, its optimizer and the pipeline's state to DIR/checkpoint at the end, and every "
-                 "--checkpoint-every steps; each write replaces the last whole (needs --deterministic)")
+                 "--checkpoint-every steps; each write replaces the last whole")
       ->type_name("DIR")
       ->group("Output");
   app.add_option("--checkpoint-every", o.checkpoint_every, "Training steps between checkpoints (0: only at the end)")
       ->capture_default_str()
       ->group("Output");
   app.add_option("--resume", o.resume,
-                 "Go on from DIR/checkpoint exactly where that run stood, mid-epoch included: the rest of the run "
-                 "is the same as without the stop (same options, --deterministic)")
+                 "Go on from DIR/checkpoint where that run stood, mid-epoch included, with the same options: with "
+                 "--deterministic the rest of the run is the same as without the stop, bit for bit; without, the "
+                 "epoch goes on with every sample it had not trained on, once each")
       ->type_name("DIR")
       ->group("Data");
   app.add_flag("--json", json, "Also print the result as one JSON object on the last line of stdout")->group("Output");

@@ -649,11 +649,13 @@ void PipelineCore::wait_for(const StageBase& from, const std::function<bool()>& 
 void PipelineCore::begin_epoch(std::uint32_t epoch, const PipelineState* resume) {
   for (auto& e : edges_) e->begin_epoch(epoch);
   for (auto& s : stages_) s->begin_epoch(epoch);
+  if (taken_) taken_->reset();
   // From the consumer up: each stage learns how far its output had been taken, and tells how
   // far its input had (Producer::resume).
   if (resume) {
     std::uint64_t taken = resume->consumed;
     for (auto s = stages_.rbegin(); s != stages_.rend(); ++s) taken = (*s)->resume(taken, *resume);
+    if (taken_) taken_->restore(resume->taken->below, resume->taken->except);
   }
   if (consumer_track_) consumer_track_->epoch(Clock::now(), epoch);
   if (monitor_) monitor_->note({{"type", "epoch"}, {"epoch", epoch}});
@@ -680,11 +682,31 @@ void PipelineCore::describe_for_resume() {
   }
   auto& why = cannot_resume_;
   why = unknown_data;
-  if (why.empty() && !options_.deterministic)
-    why =
-        "the pipeline is not deterministic (PipelineBuilder::deterministic()): in free order, which items the "
-        "consumer has taken does not follow from how many";
   for (std::size_t i = 0; i < stages_.size() && why.empty(); ++i) why = stages_[i]->resume_problem();
+  if (!options_.deterministic) {
+    // Free order: the consumer's items are traced, by their origins, to the items of the queue
+    // the batch stage takes from (or of the last queue), which the stages before it can make
+    // again. So one batch stage at most, and after it only maps, which keep a batch's number.
+    std::size_t batch = stages_.size();
+    for (std::size_t i = 0; i < stages_.size() && why.empty(); ++i) {
+      if (stages_[i]->batches() && batch != stages_.size())
+        why =
+            "in free order a resume traces the consumer's items through one batch stage, and this pipeline has "
+            "two: '" +
+            stages_[batch]->name() + "' and '" + stages_[i]->name() + "'";
+      else if (stages_[i]->batches())
+        batch = i;
+      else if (batch != stages_.size() && stages_[i]->describe() != "map")
+        why = "in free order a resume traces the consumer's items through batch '" + stages_[batch]->name() +
+              "', which only maps may follow, not '" + stages_[i]->name() + "' (" + stages_[i]->describe() + ")";
+    }
+    const std::size_t traced = batch == stages_.size() ? stages_.size() - 1 : batch - 1;  // the queue's producer
+    for (std::size_t j = 0; j <= traced && why.empty(); ++j)
+      if (!stages_[j]->remakes())
+        why = "stage '" + stages_[j]->name() + "' (" + stages_[j]->describe() + ") cannot make its items again";
+    if (why.empty()) taken_ = std::make_unique<TakenItems>(edges_[traced]->name(), batch != stages_.size());
+    return;
+  }
   // A shuffle is rebuilt by the stages before it making its items again: each must be able to,
   // with no other shuffle between.
   for (std::size_t i = 0; i < edges_.size() && why.empty(); ++i) {
@@ -710,14 +732,25 @@ PipelineState PipelineCore::state(std::uint32_t epoch, std::uint64_t consumed) c
   PipelineState st = resume_shape_;
   st.epoch = epoch;
   st.consumed = consumed;
-  for (EdgeBase* e : shuffles_)
-    if (const auto total = e->input_total()) st.shuffle_inputs[e->name()] = *total;
+  st.deterministic = options_.deterministic;
+  if (taken_)
+    st.taken = PipelineState::Taken{taken_->queue(), taken_->below(), taken_->except()};
+  else
+    for (EdgeBase* e : shuffles_)
+      if (const auto total = e->input_total()) st.shuffle_inputs[e->name()] = *total;
   return st;
 }
 
 void PipelineCore::check_state(const PipelineState& state) const {
   const auto mine = this->state(state.epoch, state.consumed);  // throws when it cannot resume
   const std::string refused = "cannot resume from a state of another pipeline: ";
+  const auto mode = [](bool deterministic) { return deterministic ? "deterministic" : "free order"; };
+  if (mine.deterministic != state.deterministic)
+    throw StateError(refused + "it was taken in " + mode(state.deterministic) + ", and this pipeline runs in " +
+                     mode(mine.deterministic));
+  if (state.taken && state.taken->queue != mine.taken->queue)
+    throw StateError(refused + "its consumer's items are traced to queue '" + state.taken->queue +
+                     "', this pipeline's to '" + mine.taken->queue + "'");
   if (mine.seed != state.seed)
     throw StateError(refused + "its seed is " + std::to_string(state.seed) + ", this pipeline's " +
                      std::to_string(mine.seed));

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <utility>
 
 namespace stoker {
 
@@ -20,9 +21,16 @@ std::string errno_text() { return std::strerror(errno); }
 std::string PipelineState::to_json() const {
   nlohmann::json stage_list = nlohmann::json::array();
   for (const auto& [name, what] : stages) stage_list.push_back({{"name", name}, {"what", what}});
-  const nlohmann::json j = {
-      {"format", kFormat},    {"version", kVersion}, {"seed", seed},         {"epoch", epoch},
-      {"consumed", consumed}, {"data", data},        {"stages", stage_list}, {"shuffle_inputs", shuffle_inputs}};
+  nlohmann::json j = {{"format", kFormat}, {"version", kVersion},  {"order", deterministic ? "deterministic" : "free"},
+                      {"seed", seed},      {"epoch", epoch},       {"consumed", consumed},
+                      {"data", data},      {"stages", stage_list}, {"shuffle_inputs", shuffle_inputs}};
+  if (taken) {
+    // Ascending origins as differences from the one before: small numbers, a few characters each.
+    nlohmann::json except = nlohmann::json::array();
+    std::uint64_t previous = 0;
+    for (const auto o : taken->except) except.push_back(o - std::exchange(previous, o));
+    j["taken"] = {{"queue", taken->queue}, {"below", taken->below}, {"except", std::move(except)}};
+  }
   return j.dump();
 }
 
@@ -46,10 +54,16 @@ PipelineState PipelineState::from_json(std::string_view text, const std::string&
   if (!j.is_object() || !j.contains("format") || j["format"] != kFormat)
     throw StateError(origin + ": not a pipeline state (no \"format\": \"stoker-pipeline-state\")");
   const auto version = field(j, "version", is_count).get<std::uint64_t>();
-  if (version != kVersion)
+  if (version != 1 && version != kVersion)
     throw StateError(origin + ": version " + std::to_string(version) +
-                     " of the pipeline state, but this stoker reads " + std::to_string(kVersion));
+                     " of the pipeline state, but this stoker reads 1 and " + std::to_string(kVersion));
   PipelineState s;
+  if (version >= 2) {
+    const auto order = field(j, "order", is_string).get<std::string>();
+    if (order != "deterministic" && order != "free")
+      throw StateError(origin + ": the field 'order' is '" + order + "', not 'deterministic' or 'free'");
+    s.deterministic = order == "deterministic";
+  }
   s.seed = field(j, "seed", is_count).get<std::uint64_t>();
   const auto epoch = field(j, "epoch", is_count).get<std::uint64_t>();
   if (epoch > UINT32_MAX) throw StateError(origin + ": the field 'epoch' is out of range");
@@ -63,6 +77,25 @@ PipelineState PipelineState::from_json(std::string_view text, const std::string&
        field(j, "shuffle_inputs", [](const nlohmann::json& v) { return v.is_object(); }).items()) {
     if (!n.is_number_unsigned()) throw StateError(origin + ": shuffle_inputs['" + name + "'] is not a count");
     s.shuffle_inputs[name] = n.get<std::uint64_t>();
+  }
+  if (!s.deterministic) {
+    const auto& t = field(j, "taken", [](const nlohmann::json& v) { return v.is_object(); });
+    auto& taken = s.taken.emplace();
+    taken.queue = field(t, "queue", is_string).get<std::string>();
+    taken.below = field(t, "below", is_count).get<std::uint64_t>();
+    const auto& except = field(t, "except", [](const nlohmann::json& v) { return v.is_array(); });
+    if (except.size() > taken.below) throw StateError(origin + ": taken.except lists more items than lie below");
+    taken.except.reserve(except.size());
+    std::uint64_t o = 0;
+    for (const auto& d : except) {
+      if (!d.is_number_unsigned()) throw StateError(origin + ": taken.except holds something that is not a count");
+      const auto step = d.get<std::uint64_t>();
+      if ((!taken.except.empty() && step == 0) || step >= taken.below - o)
+        throw StateError(origin + ": taken.except is not ascending below " + std::to_string(taken.below));
+      taken.except.push_back(o += step);
+    }
+  } else if (j.contains("taken")) {
+    throw StateError(origin + ": a deterministic state with the free-order field 'taken'");
   }
   return s;
 }

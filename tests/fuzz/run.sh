@@ -69,6 +69,7 @@ npy_seed "$seeds/npy/u8-2d.npy" 1 "{'descr': '|u1', 'fortran_order': False, 'sha
 npy_seed "$seeds/npy/u16-3d.npy" 1 "{'descr': '<u2', 'fortran_order': False, 'shape': (2, 3, 2), }" 24
 npy_seed "$seeds/npy/f32-3d-v2.npy" 2 "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2, 2), }" 32
 printf '%s' '{"consumed":13,"data":"2000 samples, shard 0 of 1","epoch":3,"format":"stoker-pipeline-state","seed":3,"shuffle_inputs":{"shuffle":10000},"stages":[{"name":"read","what":"source"},{"name":"crops","what":"flat_map fanout 5"},{"name":"shuffle","what":"shuffle window 2001 seed 3"},{"name":"batch","what":"batch 255"}],"version":1}' >"$seeds/state/state.json"
+printf '%s' '{"consumed":13,"data":"2000 samples, shard 0 of 1","epoch":3,"format":"stoker-pipeline-state","order":"free","seed":3,"shuffle_inputs":{},"stages":[{"name":"read","what":"source"},{"name":"crops","what":"flat_map fanout 5"},{"name":"shuffle","what":"shuffle"},{"name":"batch","what":"batch 255"}],"taken":{"below":4000,"except":[17,3,1,250,9],"queue":"shuffle"},"version":2}' >"$seeds/state/free.json"
 
 # --- run ----------------------------------------------------------------------------------
 mkdir -p "$build_dir/artifacts"

@@ -1,11 +1,15 @@
 // Exact resume: Pipeline::state() and PipelineBuilder::resume_from().
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
 
 #include "pipeline/pipeline_support.h"
 #include "stoker/core/pipeline.h"
@@ -51,6 +55,8 @@ struct Shape {
   std::size_t batch = 16;
   bool drop_remainder = false;
   std::uint32_t epochs = 2;
+  bool deterministic = true;
+  bool mark_batches = true;  // the check stage marks each batch with its index
 };
 
 using Batch = std::vector<Item>;
@@ -74,7 +80,7 @@ Pipeline<Batch> build(const Shape& s, int threads, const std::optional<PipelineS
       PipelineBuilder{}
           .threads(threads)
           .seed(7)
-          .deterministic()
+          .deterministic(s.deterministic)
           .epochs(s.epochs)
           .source("numbers", source, {.queue = 32})
           .map("map",
@@ -91,8 +97,8 @@ Pipeline<Batch> build(const Shape& s, int threads, const std::optional<PipelineS
   if (s.capacity != 0) b.shuffle("shuffle", {.capacity = s.capacity, .min_after_dequeue = s.min_after_dequeue});
   auto batched = b.batch("batch", s.batch, {.drop_remainder = s.drop_remainder, .queue = 4})
                      .map("check",
-                          [](Batch v, const StageContext& ctx) {
-                            if (!v.empty()) v.front().draw ^= ctx.index;  // the batch's index counts too
+                          [mark = s.mark_batches](Batch v, const StageContext& ctx) {
+                            if (mark && !v.empty()) v.front().draw ^= ctx.index;  // the batch's index counts too
                             return v;
                           },
                           {.threads = threads, .queue = 4});
@@ -161,6 +167,94 @@ void check_shape(const Shape& s) {
   check_resume(s, reference, 1, batches / 3, 1, 4);
 }
 
+// Free order promises the items, not their order: an epoch's items, sorted.
+std::vector<Item> items_of(const std::vector<Batch>& batches) {
+  std::vector<Item> items;
+  for (const auto& b : batches) items.insert(items.end(), b.begin(), b.end());
+  std::sort(items.begin(), items.end(), [](const Item& a, const Item& b) {
+    return std::tie(a.source, a.part, a.draw) < std::tie(b.source, b.part, b.draw);
+  });
+  return items;
+}
+
+// Free order: takes `cut` batches of epoch `epoch`, resumes from the state read back from JSON
+// (from `resume` when given: a resumed run taken again), and checks that the batches taken and
+// the rest of the run hold every item of each epoch of `reference` exactly once. Returns the
+// state, so that a test can resume it again.
+PipelineState check_free_resume(const Shape& s, const std::vector<std::vector<Item>>& reference, std::uint32_t epoch,
+                                std::size_t cut, int threads_before, int threads_after,
+                                const std::optional<PipelineState>& resume = std::nullopt,
+                                std::vector<Batch> taken_before = {}) {
+  CAPTURE(epoch);
+  CAPTURE(cut);
+  CAPTURE(threads_before);
+  CAPTURE(threads_after);
+  std::vector<Batch> taken = std::move(taken_before);
+  PipelineState state;
+  {
+    auto pipe = build(s, threads_before, resume);
+    if (!resume)
+      for (std::uint32_t e = 0; e < epoch; ++e) drain_epoch(pipe);
+    for (std::size_t i = 0; i < cut; ++i) taken.push_back(*pipe.next());
+    state = pipe.state();
+  }
+  REQUIRE(!state.deterministic);
+  REQUIRE(state.taken);
+  CHECK(state.epoch == epoch);
+  const auto read_back = PipelineState::from_json(state.to_json());
+  CHECK(read_back == state);
+
+  auto resumed = build(s, threads_after, read_back);
+  auto rest = whole_run(resumed);
+  REQUIRE(rest.size() == reference.size() - epoch);
+  rest.front().insert(rest.front().end(), taken.begin(), taken.end());
+  for (std::size_t e = 0; e < rest.size(); ++e) {
+    CAPTURE(e);
+    const auto got = items_of(rest[e]);
+    const auto& want = reference[epoch + e];
+    if (!s.drop_remainder) {
+      REQUIRE(got == want);
+      continue;
+    }
+    // A short last batch is dropped: which items it held is free order's choice.
+    REQUIRE(got.size() == want.size() / s.batch * s.batch);
+    REQUIRE(std::adjacent_find(got.begin(), got.end()) == got.end());
+    REQUIRE(std::includes(want.begin(), want.end(), got.begin(), got.end(), [](const Item& a, const Item& b) {
+      return std::tie(a.source, a.part, a.draw) < std::tie(b.source, b.part, b.draw);
+    }));
+  }
+  return state;
+}
+
+// The items of every epoch: the same in free order as in deterministic mode, only their order
+// differs (every stage function sees the same StageContext::index for the same item).
+// In free order a batch's index does not name the same items on every run: the check stage
+// leaves the items alone.
+void check_free_shape(Shape shape) {
+  shape.mark_batches = false;
+  Shape s = shape;
+  s.drop_remainder = false;  // the reference holds every item
+  std::vector<std::vector<Item>> reference;
+  {
+    auto pipe = build(s, 2);
+    for (const auto& epoch : whole_run(pipe)) reference.push_back(items_of(epoch));
+  }
+  s = shape;
+  s.deterministic = false;
+  if (!s.drop_remainder) {
+    auto pipe = build(s, 2);
+    const auto run = whole_run(pipe);
+    REQUIRE(run.size() == reference.size());
+    for (std::size_t e = 0; e < run.size(); ++e) CHECK(items_of(run[e]) == reference[e]);
+  }
+  const std::size_t batches = reference[0].size() / s.batch;
+  for (const std::size_t cut : {std::size_t{0}, std::size_t{1}, batches / 2, batches - 1}) {
+    check_free_resume(s, reference, 0, cut, 2, 1);
+    check_free_resume(s, reference, 0, cut, 1, 3);
+  }
+  check_free_resume(s, reference, 1, batches / 3, 3, 2);
+}
+
 }  // namespace
 
 TEST_SUITE("Resume") {
@@ -200,9 +294,22 @@ TEST_SUITE("Resume") {
   }
 
   TEST_CASE("state() refuses, naming why, what a resume could not reproduce") {
-    SUBCASE("free order") {
-      auto pipe = PipelineBuilder{}.source("numbers", Numbers{.n = 10}).batch("batch", 2).build();
-      CHECK_THROWS_WITH_AS(pipe.state(), doctest::Contains("not deterministic"), StateError);
+    SUBCASE("free order, two batch stages") {
+      auto pipe = PipelineBuilder{}.source("numbers", Numbers{.n = 10}).batch("pairs", 2).batch("batch", 2).build();
+      CHECK_THROWS_WITH_AS(pipe.state(),
+                           doctest::Contains("one batch stage, and this pipeline has two: 'pairs' and 'batch'"),
+                           StateError);
+    }
+    SUBCASE("free order, a flat_map after the batch") {
+      auto pipe = PipelineBuilder{}
+                      .source("numbers", Numbers{.n = 10})
+                      .batch("batch", 2)
+                      .flat_map<std::uint64_t>(
+                          "unbatch", [](std::vector<std::uint64_t> v, Emitter<std::uint64_t>& e) { e(v[0]), e(v[1]); },
+                          {.fanout = 2})
+                      .build();
+      CHECK_THROWS_WITH_AS(pipe.state(), doctest::Contains("only maps may follow, not 'unbatch' (flat_map fanout 2)"),
+                           StateError);
     }
     SUBCASE("a source that cannot seek") {
       auto pipe = PipelineBuilder{}.deterministic().source("count", CountUpTo{10}).batch("batch", 2).build();
@@ -338,13 +445,143 @@ TEST_SUITE("Resume") {
     bad.replace(bad.find("\"consumed\":"), 11, "\"consumed\":-");
     refused(bad, "the field 'consumed' has the wrong type");
     bad = text;
-    bad.replace(bad.find("\"version\":1"), 11, "\"version\":9");
-    refused(bad, "version 9 of the pipeline state, but this stoker reads 1");
+    bad.replace(bad.find("\"version\":2"), 11, "\"version\":9");
+    refused(bad, "version 9 of the pipeline state, but this stoker reads 1 and 2");
+    bad = text;
+    bad.replace(bad.find("\"deterministic\""), 15, "\"sorted\"");
+    refused(bad, "the field 'order' is 'sorted'");
     bad = text;
     bad.replace(bad.find("\"seed\""), 6, "\"sead\"");
     refused(bad, "the field 'seed' is missing");
     CHECK_THROWS_WITH_AS(PipelineState::load(dir / "absent.json"), doctest::Contains("absent.json: cannot open"),
                          StateError);
     std::filesystem::remove_all(dir);
+  }
+
+  TEST_CASE("free order: a resumed pipeline yields every item the consumer had not taken, once each" *
+            doctest::timeout(120)) {
+    SUBCASE("the usual shape") { check_free_shape({}); }
+    SUBCASE("min_after_dequeue next to the capacity") { check_free_shape({.capacity = 100, .min_after_dequeue = 99}); }
+    SUBCASE("no shuffle minimum") { check_free_shape({.capacity = 50, .min_after_dequeue = 0}); }
+    SUBCASE("a window larger than the epoch") {
+      check_free_shape({.items = 40, .capacity = 500, .min_after_dequeue = 400, .batch = 7});
+    }
+    SUBCASE("no shuffle, batches of one, one output per input") {
+      check_free_shape({.items = 300, .fanout = 1, .capacity = 0, .batch = 1});
+    }
+    SUBCASE("remainders dropped") { check_free_shape({.items = 997, .batch = 10, .drop_remainder = true}); }
+  }
+
+  TEST_CASE("free order: a state of a resumed run resumes again, and the state holds only what was in flight" *
+            doctest::timeout(120)) {
+    Shape s{.items = 20'000,
+            .fanout = 5,
+            .capacity = 4000,
+            .min_after_dequeue = 2000,
+            .batch = 64,
+            .epochs = 1,
+            .mark_batches = false};
+    std::vector<std::vector<Item>> reference;
+    {
+      auto pipe = build(s, 2);
+      for (const auto& epoch : whole_run(pipe)) reference.push_back(items_of(epoch));
+    }
+    s.deterministic = false;
+    std::vector<Batch> taken;
+    PipelineState first;
+    {
+      auto pipe = build(s, 2);
+      for (int i = 0; i < 500; ++i) taken.push_back(*pipe.next());  // 32,000 of 100,000 items
+      first = pipe.state();
+    }
+    // What had been made and not taken: at most the shuffle, the queues and a chunk per body.
+    const std::size_t in_flight = s.capacity + 32 * s.fanout + std::max<std::size_t>(s.capacity, 32) + 8 * s.batch;
+    CHECK(first.taken->except.size() <= in_flight);
+    CHECK(first.taken->below - first.taken->except.size() == 500 * s.batch);
+    MESSAGE("free-order state after 32,000 of 100,000 items: ", first.to_json().size(), " bytes, ",
+            first.taken->except.size(), " items in flight");
+    // Resumed, 300 batches more, then taken again and resumed again: every item once.
+    check_free_resume(s, reference, 0, 300, 1, 2, first, taken);
+  }
+
+  TEST_CASE("free order: a map on several threads reorders a FIFO, and the resume still finds every item") {
+    auto build_free = [](int threads, const std::optional<PipelineState>& resume) {
+      auto b = PipelineBuilder{}
+                   .threads(threads)
+                   .source("numbers", Numbers{.n = 5000}, {.queue = 16})
+                   .map("slow",
+                        [](std::uint64_t x) {
+                          if (x % 7 == 0) spin_for(std::chrono::microseconds(20));  // uneven: chunks overtake
+                          return x;
+                        },
+                        {.threads = threads, .queue = 16})
+                   // Its input arrives out of order; the index still names the item.
+                   .map("index", [](std::uint64_t x, const StageContext& ctx) { return x * 1000 + ctx.index; });
+      if (resume) b.resume_from(*resume);
+      return b.build();
+    };
+    std::vector<std::uint64_t> got;
+    PipelineState state;
+    {
+      auto pipe = build_free(3, std::nullopt);
+      for (int i = 0; i < 2500; ++i) got.push_back(*pipe.next());
+      state = pipe.state();
+    }
+    CHECK(state.taken->queue == "index->consumer");
+    auto resumed = build_free(2, PipelineState::from_json(state.to_json()));
+    for (auto x : drain_epoch(resumed)) got.push_back(x);
+    std::sort(got.begin(), got.end());
+    REQUIRE(got.size() == 5000);
+    for (std::uint64_t i = 0; i < 5000; ++i) REQUIRE(got[i] == i * 1000 + i);  // the index is the item's
+  }
+
+  TEST_CASE("a state is resumed only in the mode it was taken in") {
+    const Shape s{.items = 100, .epochs = 1};
+    auto pipe = build(s, 1);
+    REQUIRE(pipe.next());
+    auto free = s;
+    free.deterministic = false;
+    CHECK_THROWS_WITH_AS(build(free, 1, pipe.state()),
+                         doctest::Contains("it was taken in deterministic, and this pipeline runs in free order"),
+                         StateError);
+    auto free_pipe = build(free, 1);
+    REQUIRE(free_pipe.next());
+    CHECK_THROWS_WITH_AS(build(s, 1, free_pipe.state()),
+                         doctest::Contains("it was taken in free order, and this pipeline runs in deterministic"),
+                         StateError);
+  }
+
+  TEST_CASE("a version 1 state still reads; a free-order state's list is checked") {
+    const Shape s{.items = 100, .epochs = 1};
+    auto pipe = build(s, 1);
+    REQUIRE(pipe.next());
+    const auto state = pipe.state();
+    std::string v1 = state.to_json();
+    v1.replace(v1.find("\"version\":2"), 11, "\"version\":1");
+    v1.erase(v1.find("\"order\":\"deterministic\","), 24);
+    CHECK(PipelineState::from_json(v1) == state);
+
+    auto free = s;
+    free.deterministic = false;
+    auto free_pipe = build(free, 1);
+    REQUIRE(free_pipe.next());
+    const auto taken = free_pipe.state();
+    REQUIRE(taken.taken);
+    const std::string text = taken.to_json();
+    CHECK(PipelineState::from_json(text) == taken);
+    auto refused = [](std::string bad, const char* why) {
+      CAPTURE(bad);
+      CHECK_THROWS_WITH_AS(PipelineState::from_json(bad, "f.json"), doctest::Contains(why), StateError);
+    };
+    std::string bad = text;
+    bad.replace(bad.find("\"except\":["), 10, "\"except\":[0,0,");
+    refused(bad, "f.json: taken.except is not ascending");
+    bad = text;
+    bad.replace(bad.find("\"except\":["), 10, "\"except\":[99999999,");
+    refused(bad, "f.json: taken.except is not ascending below");
+    bad = text;
+    const auto at = bad.find("\"taken\":");
+    bad.erase(at, bad.find('}', at) + 2 - at);  // the object and the comma after it
+    refused(bad, "f.json: the field 'taken' is missing");
   }
 }

@@ -350,8 +350,9 @@ class Pipeline {
     while (!finished_) {
       if (taken_ < chunk_.size()) {
         core_->count_consumed();
+        if (auto* taken = core_->taken_items()) taken->took(chunk_.origins[taken_]);
         ++consumed_;
-        return std::move(chunk_[taken_++]);
+        return std::move(chunk_.items[taken_++]);
       }
       chunk_.clear();
       taken_ = 0;
@@ -404,11 +405,14 @@ class Pipeline {
   PipelineSummary summary() const { return core_->summary(); }
 
   /// Where the run stands: after the items next() has returned so far. A pipeline built with
-  /// the same stages, seed and data and `.resume_from(state)` yields, from its first next(),
-  /// exactly what this one yields from its next one; with any thread counts. Needs
-  /// deterministic mode, a source function with `seek(index)`, and a fanout for every flat_map;
-  /// throws StateError naming what prevents it otherwise. From the consumer's thread; costs
-  /// a fraction of a microsecond.
+  /// the same stages, seed and data and `.resume_from(state)` goes on from there, with any thread
+  /// counts: in deterministic mode it yields, from its first next(), exactly what this one yields
+  /// from its next one; in free order, every item of the epoch this one has not returned yet,
+  /// once each, in another order. Needs a source function with `seek(index)` and a fanout for
+  /// every flat_map (and in free order at most one batch stage, followed by maps only); throws
+  /// StateError naming what prevents it otherwise. From the consumer's thread; costs a fraction
+  /// of a microsecond in deterministic mode, and in free order about a nanosecond for each item
+  /// in flight.
   PipelineState state() const { return core_->state(epoch_, consumed_); }
 
  private:
@@ -453,7 +457,7 @@ class Pipeline {
   std::uint32_t epochs_ = 0;
   std::uint32_t epoch_ = 0;
   std::atomic<bool> finished_{false};
-  std::vector<T> chunk_;  // taken from the last queue at once, handed out one by one
+  detail::Chunk<T> chunk_;  // taken from the last queue at once, handed out one by one
   std::size_t taken_ = 0;
   std::uint64_t consumed_ = 0;  // items next() returned in this epoch
 };

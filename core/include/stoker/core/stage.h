@@ -17,9 +17,12 @@ namespace stoker {
 struct StageContext {
   std::uint64_t seed = 0;   ///< the pipeline's seed
   std::uint32_t epoch = 0;  ///< the epoch the item belongs to
-  /// The item's position in the stage's input in this epoch, from 0; for a source, the number
-  /// of calls before this one. Distinct for every item of an epoch; in deterministic mode the
-  /// same item has the same index on every run.
+  /// Which item of the epoch this is, from 0, as the stages before numbered it: for a source,
+  /// the number of calls before this one; a map keeps its input's index, a flat_map with a
+  /// fanout k gives the j-th output of input i the index i * k + j, a shuffle keeps it, and a
+  /// batch is numbered in the order the batch stage makes it. Distinct for every item of an
+  /// epoch, and the same item has the same index on every run, in free order too. (Outputs of
+  /// a flat_map without a fanout are numbered as they reach the next queue.)
   std::uint64_t index = 0;
   /// Which of the stage's bodies makes the call, from 0 to threads - 1. No two calls running at
   /// the same time have the same, so it can index per-body scratch space.

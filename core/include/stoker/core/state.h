@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -19,18 +20,34 @@ class StateError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// Where a deterministic pipeline stands: the epoch, and how many items of it the consumer has
-/// taken. Nothing of the data or of the queues' contents is kept: a few hundred bytes, whatever
-/// the data set and the buffers. Resuming (PipelineBuilder::resume_from) derives every stage's
-/// position from these, rebuilds each shuffle buffer by reading again only the items it held,
-/// and then yields exactly the items, bit for bit, that the run would have yielded next, with
-/// any thread counts (docs/resume.md says how).
+/// Where a pipeline stands in its run, to go on from there after a restart
+/// (PipelineBuilder::resume_from; docs/resume.md says how).
+///
+/// Deterministic mode: the epoch, and how many items of it the consumer has taken. Nothing of
+/// the data or of the queues' contents is kept: a few hundred bytes, whatever the data set and
+/// the buffers. Resuming derives every stage's position from these, rebuilds each shuffle
+/// buffer by reading again only the items it held, and then yields exactly the items, bit for
+/// bit, that the run would have yielded next, with any thread counts.
+///
+/// Free order: also which items the consumer had not taken yet among those the pipeline had
+/// made (`taken`): about a byte or two for each item in flight, bounded by the queues'
+/// capacities. Resuming yields every item of the epoch the consumer had not taken, once each,
+/// in another order.
 ///
 /// Also kept, to refuse a state from another pipeline with the difference named: the seed, the
 /// source's data set (its function's `fingerprint()`), and the stages and what decides their
 /// outputs (kind, fanout, batch size, shuffle window and seed).
 struct PipelineState {
-  static constexpr std::uint32_t kVersion = 1;
+  static constexpr std::uint32_t kVersion = 2;  ///< reads 1 too (deterministic states only)
+
+  /// Free order: the consumer's items traced back to the items of one queue (what the batch
+  /// stage takes, or the last queue when there is none), by their origins (StageContext::index).
+  struct Taken {
+    std::string queue;
+    std::uint64_t below = 0;            ///< every item whose origin is lower had been made...
+    std::vector<std::uint64_t> except;  ///< ...and taken, but for these (ascending)
+    bool operator==(const Taken&) const = default;
+  };
 
   std::uint64_t seed = 0;
   std::uint32_t epoch = 0;     ///< the epoch the consumer is in
@@ -41,6 +58,8 @@ struct PipelineState {
   /// For a shuffle whose input had ended when the state was taken: the items it got this epoch
   /// (the last draws of an epoch come from fewer than the window).
   std::map<std::string, std::uint64_t> shuffle_inputs;
+  bool deterministic = true;   ///< the pipeline's mode
+  std::optional<Taken> taken;  ///< free order only
 
   /// The state as one line of JSON.
   std::string to_json() const;

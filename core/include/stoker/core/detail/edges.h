@@ -21,6 +21,34 @@
 
 namespace stoker::detail {
 
+/// Items on their way between stages, each with its origin: the position the stages before it
+/// gave it in the epoch, which is what StageContext::index is for the stage that takes it. A
+/// source numbers its items by call, a map keeps the number, a flat_map with a fanout k gives the
+/// j-th output of input o the number o * k + j, a shuffle keeps it, a batch numbers its batches.
+/// So an item's origin is the same on every run, whatever the threads and the order, and a
+/// resume can make the item at any origin again (Producer::remake). A chunk without origins (a
+/// flat_map with no fanout cannot number its outputs) is numbered by the queue, by arrival.
+template <class T>
+struct Chunk {
+  std::vector<T> items;
+  std::vector<std::uint64_t> origins;  // one per item, or none at all
+
+  std::size_t size() const noexcept { return items.size(); }
+  bool empty() const noexcept { return items.empty(); }
+  void clear() noexcept {
+    items.clear();
+    origins.clear();
+  }
+  void reserve(std::size_t n) {
+    items.reserve(n);
+    origins.reserve(n);
+  }
+  void push(T&& item, std::uint64_t origin) {
+    items.push_back(std::move(item));
+    origins.push_back(origin);
+  }
+};
+
 enum class Pop {
   items,   ///< appended at least one item
   empty,   ///< nothing may be taken now; more will come
@@ -59,7 +87,12 @@ class EdgeBase : public QueueMeter {
   /// Prepares epoch `epoch`; called while no stage body runs.
   virtual void begin_epoch(std::uint32_t epoch) = 0;
 
-  std::size_t room() const noexcept { return capacity() - held_.load(); }
+  /// Free places; none while the queue holds more than its capacity, as a resumed free-order
+  /// run's queue may at first (Edge::resume).
+  std::size_t room() const noexcept {
+    const std::size_t held = held_.load();
+    return held < capacity() ? capacity() - held : 0;
+  }
   std::size_t max_chunk() const noexcept { return std::max<std::size_t>(1, (capacity() - floor_) / 2); }
   /// True when a pop would not report `empty`.
   bool ready() const noexcept { return closed_.load() || ended_.load() || held_.load() > floor_; }
@@ -79,11 +112,11 @@ class EdgeBase : public QueueMeter {
     std::lock_guard lock(mutex_);
     return ended_.load() ? std::optional(pushed_) : std::nullopt;
   }
-  /// Exact resume: the first `n` items the producer pushes from now on are dropped (the outputs
-  /// of a flat_map's first input that the consumer had taken).
-  void skip_pushes(std::uint64_t n) {
+  /// Exact resume: items pushed from now on whose origin is below `origin` are dropped (the
+  /// outputs of a flat_map's first input that the consumer had taken, or holds again).
+  void skip_before(std::uint64_t origin) {
     std::lock_guard lock(mutex_);
-    skip_ = n;
+    skip_before_ = origin;
   }
 
   /// For good (the pipeline stops): pops report `closed`, pushes fail, the consumer wakes.
@@ -123,7 +156,8 @@ class EdgeBase : public QueueMeter {
   bool consumer_waiting_ = false;  // under mutex_
   std::uint64_t popped_ = 0;       // under mutex_: items taken this epoch
   std::uint64_t pushed_ = 0;       // under mutex_: items put this epoch (their positions)
-  std::uint64_t skip_ = 0;         // under mutex_: pushed items to drop (skip_pushes)
+  std::uint64_t skip_before_ = 0;  // under mutex_: pushed items below this origin are dropped
+  bool deterministic_ = false;
   std::atomic<std::size_t> held_{0};
   std::atomic<bool> ended_{false}, closed_{false};
 
@@ -146,6 +180,7 @@ class Edge final : public EdgeBase {
   // Deterministic mode draws from the oldest items (ShuffleRule::oldest_window), which does not
   // depend on how far the producer ran ahead; free order from all held, as TensorFlow does.
   void start(bool deterministic, std::uint64_t seed) override {
+    deterministic_ = deterministic;
     if (!shuffle_options_) return;
     const auto& o = *shuffle_options_;
     seed_ = o.seed.value_or(derive_seed(seed, hash_name(name())));
@@ -155,86 +190,98 @@ class Edge final : public EdgeBase {
   void begin_epoch(std::uint32_t epoch) override {
     std::lock_guard lock(mutex_);
     ended_.store(false);
-    popped_ = pushed_ = skip_ = 0;
+    popped_ = pushed_ = skip_before_ = 0;
     epoch_seed_ = derive_seed(seed_, epoch);
     if (shuffle_) shuffle_->reseed(epoch_seed_);
   }
+  // In free order only the items a shuffle holds count, not their order.
   std::string describe() const override {
     if (!shuffle_options_) return {};
+    if (!deterministic_) return "shuffle";
     return "shuffle window " + std::to_string(window_) + " seed " + std::to_string(seed_);
   }
 
-  /// Exact resume, in deterministic mode, after begin_epoch() and while nothing runs: the
-  /// consumer has taken the epoch's first `taken` items. A FIFO was then empty. A shuffle
-  /// held the items its draws had not taken yet: which ones is found by drawing `taken` times
-  /// from positions instead of items (the oldest-window rule depends on nothing else, and on
-  /// `total`, the items it got in the epoch, once its input had ended); `remake(positions)`
-  /// makes the items at those positions of the producer's output again, in that order, and
-  /// they go back in the places they held. Returns the position, in the producer's output, of
-  /// the first item it must push.
+  /// Exact resume, after begin_epoch() and while nothing runs: the consumer has taken the
+  /// epoch's first `taken` items. Puts back what the queue held then, which `remake(origins)`
+  /// makes again (the items of those origins, ascending), and returns the origin of the first
+  /// item the producer must push.
+  /// - A FIFO in deterministic mode was empty: its items leave in order.
+  /// - A shuffle in deterministic mode held the items its draws had not taken yet: which ones is
+  ///   found by drawing `taken` times from origins instead of items (the oldest-window rule
+  ///   depends on nothing else, and on the items it got in the epoch once its input had ended,
+  ///   state.shuffle_inputs); they go back in the places they held.
+  /// - In free order the queue the consumer's items are traced to (state.taken) gets back every
+  ///   item below state.taken->below that the consumer had not taken, wherever it was: this
+  ///   queue or one before, a stage, a batch being made. That may be more than its capacity
+  ///   (never more than the pipeline held); it takes no more until it is under. Every other
+  ///   queue starts empty.
   template <class Remake>
-  std::uint64_t resume(std::uint64_t taken, std::optional<std::uint64_t> total, Remake&& remake) {
-    std::uint64_t pushed = taken;
-    std::optional<ShuffleBuffer<T>> rebuilt;
-    if (shuffle_) {
-      ShuffleBuffer<std::uint64_t> draws(window_, epoch_seed_);
-      pushed = 0;
-      const std::uint64_t end = total.value_or(UINT64_MAX);
+  std::uint64_t resume(std::uint64_t taken, const PipelineState& state, Remake&& remake) {
+    std::uint64_t next = taken;
+    std::vector<std::uint64_t> origins;
+    std::optional<ShuffleBuffer<std::uint64_t>> draws;
+    if (state.taken && state.taken->queue == name()) {
+      next = state.taken->below;
+      origins = state.taken->except;
+    } else if (shuffle_ && deterministic_) {
+      const auto total = state.shuffle_inputs.find(name());
+      const std::uint64_t end = total == state.shuffle_inputs.end() ? UINT64_MAX : total->second;
+      draws.emplace(window_, epoch_seed_);
+      next = 0;
       for (std::uint64_t i = 0; i < taken; ++i) {
-        while (pushed < end && draws.size() < window_) draws.push(pushed++);
-        if (draws.size() == 0) break;  // the consumer took the whole epoch
-        draws.take();
+        while (next < end && draws->size() < window_) draws->push(next++);
+        if (draws->size() == 0) break;  // the consumer took the whole epoch
+        draws->take();
       }
-      std::vector<std::uint64_t> held;
-      held.reserve(draws.size());
-      draws.for_each([&](std::uint64_t p) { held.push_back(p); });
-      std::sort(held.begin(), held.end());
-      std::vector<T> items = remake(held);
-      rebuilt.emplace(draws.map([&](std::uint64_t p) {
-        return std::move(items[static_cast<std::size_t>(std::lower_bound(held.begin(), held.end(), p) - held.begin())]);
-      }));
+      origins.reserve(draws->size());
+      draws->for_each([&](std::uint64_t p) { origins.push_back(p); });
+      std::sort(origins.begin(), origins.end());
     }
+    std::vector<T> items = origins.empty() ? std::vector<T>() : remake(origins);
     std::lock_guard lock(mutex_);
     popped_ = taken;
-    pushed_ = pushed;
-    if (rebuilt) {
-      Count counted(*this, +1);
-      counted.n = rebuilt->size();
-      shuffle_ = std::move(rebuilt);
+    pushed_ = next;
+    Count counted(*this, +1);
+    if (draws) {
+      shuffle_ = draws->map([&](std::uint64_t p) {
+        const auto i = static_cast<std::size_t>(std::lower_bound(origins.begin(), origins.end(), p) - origins.begin());
+        return Held{std::move(items[i]), p};
+      });
+      counted.n = shuffle_->size();
+    } else {
+      for (std::size_t i = 0; i < items.size(); ++i, ++counted.n) put_locked(Held{std::move(items[i]), origins[i]});
     }
-    return pushed;
+    return next;
   }
 
-  /// Moves all of `items` in and empties it, or takes nothing and returns false (no room, or
-  /// closed). `items.size()` must be at most max_chunk().
-  bool try_push(std::vector<T>& items) {
+  /// Moves all of `chunk` in and empties it, or takes nothing and returns false (no room, or
+  /// closed). `chunk.size()` must be at most max_chunk().
+  bool try_push(Chunk<T>& chunk) {
     bool wake = false;
     {
       std::lock_guard lock(mutex_);
-      if (skip_ != 0) {
-        const auto n = static_cast<std::ptrdiff_t>(std::min<std::uint64_t>(skip_, items.size()));
-        items.erase(items.begin(), items.begin() + n);
-        skip_ -= static_cast<std::uint64_t>(n);
-      }
+      if (skip_before_ != 0 && !chunk.origins.empty()) drop_before(chunk, skip_before_);
+      auto& items = chunk.items;
       if (closed_.load() || held_.load() + items.size() > capacity()) return false;
       Count counted(*this, +1);
       try {
+        const bool numbered = !chunk.origins.empty();
         for (auto& v : items) {
-          if (shuffle_)
-            shuffle_->push(std::move(v));
-          else
-            fifo_.push_back(std::move(v));
+          put_locked(Held{std::move(v), numbered ? chunk.origins[counted.n] : pushed_ + counted.n});
           ++counted.n;
         }
-      } catch (...) {  // a move threw: what went in stays in, and leaves `items`
-        items.erase(items.begin(), items.begin() + static_cast<std::ptrdiff_t>(counted.n));
+      } catch (...) {  // a move threw: what went in stays in, and leaves `chunk`
+        const auto n = static_cast<std::ptrdiff_t>(counted.n);
+        items.erase(items.begin(), items.begin() + n);
+        if (!chunk.origins.empty()) chunk.origins.erase(chunk.origins.begin(), chunk.origins.begin() + n);
+        pushed_ += counted.n;
         throw;
       }
       pushed_ += counted.n;
       counted.publish();
       wake = wake_consumer_locked();  // after held_ counts the items
     }
-    items.clear();
+    chunk.clear();
     if (wake) wake_consumer();
     return true;
   }
@@ -250,16 +297,17 @@ class Edge final : public EdgeBase {
     if (wake) wake_consumer();
   }
 
-  /// Appends up to `max` items to `out` (for a shuffle, drawn at random) and sets `first` to the
-  /// position of the first of them in the epoch's stream. On `items`, `out` grew.
-  Pop pop(std::vector<T>& out, std::size_t max, std::uint64_t& first) {
+  /// Appends up to `max` items to `out` (for a shuffle, drawn at random), with their origins,
+  /// and sets `first` to the position of the first of them in the order taken this epoch. On
+  /// `items`, `out` grew.
+  Pop pop(Chunk<T>& out, std::size_t max, std::uint64_t& first) {
     std::lock_guard lock(mutex_);
     return pop_locked(out, max, first);
   }
 
   /// pop() for the consumer's thread, the only one that pops the last queue: waits while it
   /// would report `empty`.
-  Pop pop_wait(std::vector<T>& out, std::size_t max, std::uint64_t& first) {
+  Pop pop_wait(Chunk<T>& out, std::size_t max, std::uint64_t& first) {
     std::unique_lock lock(mutex_);
     while (!ready()) {
       consumer_waiting_ = true;
@@ -273,6 +321,11 @@ class Edge final : public EdgeBase {
   }
 
  private:
+  struct Held {
+    T value;
+    std::uint64_t origin;
+  };
+
   // Keeps held_ and the meter equal to what the container holds, also when a move throws.
   struct Count {
     Edge& edge;
@@ -292,7 +345,28 @@ class Edge final : public EdgeBase {
     ~Count() { publish(); }
   };
 
-  Pop pop_locked(std::vector<T>& out, std::size_t max, std::uint64_t& first) {
+  static void drop_before(Chunk<T>& chunk, std::uint64_t origin) {
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < chunk.size(); ++i) {
+      if (chunk.origins[i] < origin) continue;
+      if (kept != i) {
+        chunk.items[kept] = std::move(chunk.items[i]);
+        chunk.origins[kept] = chunk.origins[i];
+      }
+      ++kept;
+    }
+    chunk.items.erase(chunk.items.begin() + static_cast<std::ptrdiff_t>(kept), chunk.items.end());
+    chunk.origins.resize(kept);
+  }
+
+  void put_locked(Held&& h) {
+    if (shuffle_)
+      shuffle_->push(std::move(h));
+    else
+      fifo_.push_back(std::move(h));
+  }
+
+  Pop pop_locked(Chunk<T>& out, std::size_t max, std::uint64_t& first) {
     if (closed_.load()) return Pop::closed;
     const std::size_t n = std::min(max, poppable_locked());
     if (n == 0) return ended_.load() && held_.load() == 0 ? Pop::ended : Pop::empty;
@@ -301,9 +375,10 @@ class Edge final : public EdgeBase {
     Count counted(*this, -1);
     for (std::size_t i = 0; i < n; ++i) {
       if (shuffle_) {
-        out.push_back(shuffle_->take());
+        Held h = shuffle_->take();
+        out.push(std::move(h.value), h.origin);
       } else {
-        out.push_back(std::move(fifo_.front()));
+        out.push(std::move(fifo_.front().value), fifo_.front().origin);
         fifo_.pop_front();
       }
       ++counted.n;
@@ -312,9 +387,9 @@ class Edge final : public EdgeBase {
     return Pop::items;
   }
 
-  std::deque<T> fifo_;
+  std::deque<Held> fifo_;
   std::optional<ShuffleOptions> shuffle_options_;
-  std::optional<ShuffleBuffer<T>> shuffle_;
+  std::optional<ShuffleBuffer<Held>> shuffle_;
   std::size_t window_ = 0;  // a shuffle's: what a take draws from
   std::uint64_t seed_ = 0, epoch_seed_ = 0;
 };

@@ -18,6 +18,7 @@
 
 #include "stoker/core/autotune.h"
 #include "stoker/core/detail/edges.h"
+#include "stoker/core/detail/taken.h"
 #include "stoker/core/detail/trace.h"
 #include "stoker/core/stage.h"
 #include "stoker/core/stage_stats.h"
@@ -126,8 +127,10 @@ class StageBase {
   virtual std::string resume_problem() const { return {}; }
   /// Items skipped (OnError::skip) in the current epoch.
   std::uint64_t skipped_this_epoch() const { return skipped_.load() - skipped_before_epoch_; }
-  /// Whether it can make the items at any positions of its output again (Producer::remake).
+  /// Whether it can make the items of any origins of its output again (Producer::remake).
   virtual bool remakes() const = 0;
+  /// Whether it groups items into batches (a batch stage).
+  virtual bool batches() const { return false; }
   /// After begin_epoch(), while no body runs: sets the stage and its output queue up to go on
   /// from where the queue's consumer had taken `taken` items of the epoch. Returns how many
   /// items of its own input had been taken then.
@@ -282,6 +285,9 @@ class PipelineCore {
   /// Throws StateError, naming what differs or what cannot be resumed, unless this pipeline
   /// can resume from `state`.
   void check_state(const PipelineState& state) const;
+  /// In free order, when the pipeline can be resumed: what its consumer has taken. Null
+  /// otherwise (in deterministic mode, how many says which).
+  TakenItems* taken_items() const noexcept { return taken_.get(); }
   /// Waits until every body has returned and no task is pending. Bodies only ever wait for a
   /// chunk's work, so this is brief.
   void wait_idle() const;
@@ -334,6 +340,7 @@ class PipelineCore {
   PipelineState resume_shape_;
   std::string cannot_resume_;
   std::vector<EdgeBase*> shuffles_;
+  std::unique_ptr<TakenItems> taken_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Monitor> monitor_;
   std::unique_ptr<Tuner> tuner_;

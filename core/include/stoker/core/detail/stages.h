@@ -122,7 +122,7 @@ class Output {
   /// Adds the items made from the inputs [key.first, key.first + span): a piece with `span` 0
   /// when more made from the same inputs follow (the last piece carries the span, and its claim
   /// goes back once it is sent). Then sends what may go. True when `items` has been sent.
-  bool put(Key key, std::vector<T>&& items, std::uint64_t span) {
+  bool put(Key key, Chunk<T>&& items, std::uint64_t span) {
     bool sent = false, pushed = false;
     {
       std::lock_guard lock(mutex_);
@@ -169,7 +169,7 @@ class Output {
 
  private:
   struct Entry {
-    std::vector<T> items;
+    Chunk<T> items;
     std::uint64_t span = 0;
     bool end = false;
   };
@@ -236,25 +236,22 @@ class Producer : public StageBase {
   }
 
   std::uint64_t resume(std::uint64_t taken, const PipelineState& state) final {
-    auto& edge = out_.edge();
-    const auto total = state.shuffle_inputs.find(edge.name());
-    const std::uint64_t made =
-        edge.resume(taken, total == state.shuffle_inputs.end() ? std::nullopt : std::optional(total->second),
-                    [this](const std::vector<std::uint64_t>& positions) { return remake(positions); });
-    return resume_input(made);
+    const std::uint64_t next =
+        out_.edge().resume(taken, state, [this](const std::vector<std::uint64_t>& origins) { return remake(origins); });
+    return resume_input(next);
   }
-  /// Makes the items at `positions` (ascending) of this epoch's output again, calling the
-  /// stage's function and those of the stages before it; while no body runs. For the stages
-  /// whose remakes() is true.
-  virtual std::vector<T> remake(const std::vector<std::uint64_t>& positions) = 0;
+  /// Makes the items of this epoch's output at `origins` (ascending) again, calling the stage's
+  /// function and those of the stages before it; while no body runs. For the stages whose
+  /// remakes() is true.
+  virtual std::vector<T> remake(const std::vector<std::uint64_t>& origins) = 0;
 
  protected:
-  /// Exact resume: the stage's next output is the epoch's `made`-th; sets the stage up to go
-  /// on from there and returns the position of its next input.
-  virtual std::uint64_t resume_input(std::uint64_t made) = 0;
+  /// Exact resume: the stage's next output has origin `next`, and none below it is to be made;
+  /// sets the stage up to go on from there and returns the origin of its next input.
+  virtual std::uint64_t resume_input(std::uint64_t next) = 0;
 
   /// Output::put, and a wake-up for a sibling if the chunk gave its claim back.
-  bool put(typename Output<T>::Key key, std::vector<T>&& items, std::uint64_t span) {
+  bool put(typename Output<T>::Key key, Chunk<T>&& items, std::uint64_t span) {
     const bool sent = out_.put(key, std::move(items), span);
     if (slots() > 1) wake();
     return sent;
@@ -281,7 +278,7 @@ class Consumer : public Producer<Out> {
 
  protected:
   /// Edge::pop, and a wake-up for the stage upstream, which may wait for the room made.
-  Pop pop(std::vector<In>& out, std::size_t max, std::uint64_t& first) {
+  Pop pop(Chunk<In>& out, std::size_t max, std::uint64_t& first) {
     const Pop r = in_->pop(out, max, first);
     if (r == Pop::items) upstream_->wake();
     return r;
@@ -342,11 +339,11 @@ class SourceStage final : public Producer<T> {
   }
 
  protected:
-  std::uint64_t resume_input(std::uint64_t made) override {
-    calls_ = made;
-    this->out_.resume_at(made);
-    if constexpr (Seeks<F>) seek(fn_, this->context_at(made));
-    return made;
+  std::uint64_t resume_input(std::uint64_t next) override {
+    calls_ = next;
+    this->out_.resume_at(next);
+    if constexpr (Seeks<F>) seek(fn_, this->context_at(next));
+    return next;
   }
 
   Step step(StageBase::Body& body) override {
@@ -354,7 +351,7 @@ class SourceStage final : public Producer<T> {
     if (ended_.load()) return Step::done;
     if (!this->out_.try_claim()) return Step::blocked;
     const std::size_t n = this->chunk_size(std::min(max_chunk_, this->out_.cap()));
-    std::vector<T> items;
+    Chunk<T> items;
     items.reserve(n);
     const std::uint64_t first = calls_;
     const auto t0 = Clock::now();
@@ -369,7 +366,7 @@ class SourceStage final : public Producer<T> {
         ended = true;
         break;
       }
-      items.push_back(std::move(*v));
+      items.push(std::move(*v), body.ctx.index);
       if (coarse_ticks() != tick && Clock::now() - t0 > this->kChunkTime) break;  // slow: hand on what is made
     }
     this->measured(calls_ - first,
@@ -487,11 +484,11 @@ class TransformStage final : public Consumer<In, Out> {
   }
 
  protected:
-  std::uint64_t resume_input(std::uint64_t made) override {
+  std::uint64_t resume_input(std::uint64_t next) override {
     const std::uint64_t per_input = std::max<std::uint64_t>(fanout_, 1);  // 0: refused before
-    this->out_.edge().skip_pushes(made % per_input);
-    this->out_.resume_at(made / per_input);
-    return made / per_input;
+    this->out_.edge().skip_before(next);  // the first input's outputs below `next` were made
+    this->out_.resume_at(next / per_input);
+    return next / per_input;
   }
 
   Step step(StageBase::Body& body) override {
@@ -542,9 +539,23 @@ class TransformStage final : public Consumer<In, Out> {
   struct Spill {
     TransformStage& stage;
     StageBase::Body& body;
-    std::vector<Out>& outputs;
+    Chunk<Out>& outputs;  // the emitter appends to its items; number() gives them their origins
     Key key;
+    bool numbered;            // false: the queue numbers the outputs (Chunk)
     std::size_t spilled = 0;  // items sent so far
+    std::uint64_t input = 0;  // the origin of the input whose call emits now
+    std::uint64_t made = 0;   // its outputs numbered so far
+
+    // Origins for the outputs emitted since the last call: the j-th output of input o is
+    // o * fanout + j. A flat_map without a fanout cannot number them, nor can end_epoch().
+    void number() {
+      if (!numbered) return;
+      while (outputs.origins.size() < outputs.items.size()) outputs.origins.push_back(input * stage.fanout_ + made++);
+    }
+    void next_input(std::uint64_t origin) {
+      input = origin;
+      made = 0;
+    }
 
     static void full(void* self) { static_cast<Spill*>(self)->send(true); }
     // Sends what is made so far, and returns once it has gone (`wait`) or at once; a piece
@@ -553,10 +564,11 @@ class TransformStage final : public Consumer<In, Out> {
     void send(bool wait) {
       try {
         if (!wait && key.piece != 0 && !gone(Key{key.first, key.piece - 1})) return;
+        number();
         const Key k = key;
         ++key.piece;
         spilled += outputs.size();
-        const std::size_t capacity = outputs.capacity();
+        const std::size_t capacity = outputs.items.capacity();
         const bool sent = stage.put(k, std::move(outputs), 0);
         outputs.clear();
         outputs.reserve(capacity);
@@ -573,29 +585,39 @@ class TransformStage final : public Consumer<In, Out> {
       stage.flush();  // what has room goes, and siblings learn of claims given back
       return stage.out_.gone(k);
     }
-    Emitter<Out> emitter(std::size_t limit) { return EmitterAccess<Out>::make(outputs, limit, &Spill::full, this); }
+    Emitter<Out> emitter(std::size_t limit) {
+      return EmitterAccess<Out>::make(outputs.items, limit, &Spill::full, this);
+    }
   };
 
-  void process(StageBase::Body& body, std::vector<In>& inputs, std::uint64_t first) {
-    std::vector<Out> outputs;
+  void process(StageBase::Body& body, Chunk<In>& inputs, std::uint64_t first) {
+    Chunk<Out> outputs;
     const std::size_t limit = std::min(max_chunk_, this->out_.cap());
     // Never grown while a call emits: a growth would move the items already emitted, in the
     // function's call but not its doing (see Spill).
     outputs.reserve(Flat ? limit : inputs.size());
-    Spill spill{*this, body, outputs, Key{first, 0}};
+    Spill spill{*this, body, outputs, Key{first, 0}, fanout_ != 0};
     auto emit = spill.emitter(limit);
     const auto t0 = Clock::now();
     const auto tick = coarse_ticks();
     const auto blocked0 = body.blocked;
     for (std::size_t i = 0; i < inputs.size() && !this->stopping(); ++i) {
-      body.ctx.index = first + i;
+      body.ctx.index = inputs.origins[i];
       this->guarded(body.ctx.index, [&] {
         if constexpr (Flat) {
           const std::size_t before = spill.spilled + outputs.size();
-          call_with_context(fn(body), body.ctx, std::move(inputs[i]), emit);
+          spill.next_input(body.ctx.index);
+          try {
+            call_with_context(fn(body), body.ctx, std::move(inputs.items[i]), emit);
+          } catch (...) {  // what it emitted before it threw goes on (OnError::skip), as its own
+            spill.number();
+            throw;
+          }
+          spill.number();
           check_fanout(spill.spilled + outputs.size() - before, body.ctx.index);
-        } else
-          outputs.push_back(call_with_context(fn(body), body.ctx, std::move(inputs[i])));
+        } else {
+          outputs.push(call_with_context(fn(body), body.ctx, std::move(inputs.items[i])), body.ctx.index);
+        }
       });
       // Slower than usual: hand on what is made rather than keep it from the stages downstream.
       if (i + 1 < inputs.size() && !outputs.empty() && coarse_ticks() != tick && Clock::now() - t0 > this->kChunkTime)
@@ -623,10 +645,10 @@ class TransformStage final : public Consumer<In, Out> {
     const std::uint64_t inputs = this->in_->taken();
     if constexpr (Flat && EndsEpoch<F, Out>) {
       // Every call of the function for this epoch has returned.
-      std::vector<Out> outputs;
+      Chunk<Out> outputs;
       const std::size_t limit = std::min(max_chunk_, this->out_.cap());
       outputs.reserve(limit);  // see process()
-      Spill spill{*this, body, outputs, Key{inputs, 0}};
+      Spill spill{*this, body, outputs, Key{inputs, 0}, false};
       auto emit = spill.emitter(limit);
       for (auto& f : fns_) {
         if constexpr (requires { f.end_epoch(emit, body.ctx); })
@@ -651,7 +673,7 @@ class TransformStage final : public Consumer<In, Out> {
   const bool copy_per_body_, tunable_;
   const std::size_t fanout_;                  // outputs per input; 0: any number
   std::vector<F> fns_;                        // one, or one per body
-  std::vector<std::vector<In>> inputs_;       // per body slot
+  std::vector<Chunk<In>> inputs_;             // per body slot
   std::atomic<std::size_t> mean_fanout_{16};  // outputs per input, times 16, averaged over chunks
   std::atomic<int> processing_{0};            // chunks taken and not yet put
   std::atomic<bool> finished_{false};
@@ -669,6 +691,7 @@ class BatchStage final : public Consumer<T, std::vector<T>> {
       : Consumer<T, std::vector<T>>(std::move(name), 1, OnError::fail), size_(size), drop_remainder_(drop_remainder) {
     batch_.reserve(size_);
   }
+  bool batches() const override { return true; }
 
   void begin_epoch(std::uint32_t epoch) override {
     Consumer<T, std::vector<T>>::begin_epoch(epoch);
@@ -691,10 +714,10 @@ class BatchStage final : public Consumer<T, std::vector<T>> {
   }
 
  protected:
-  std::uint64_t resume_input(std::uint64_t made) override {
-    batches_ = made;
-    this->out_.resume_at(made);
-    return made * size_;
+  std::uint64_t resume_input(std::uint64_t next) override {
+    batches_ = next;
+    this->out_.resume_at(next);
+    return next * size_;
   }
 
   // Takes what the batch still lacks in one pop, when that much is there.
@@ -720,18 +743,19 @@ class BatchStage final : public Consumer<T, std::vector<T>> {
  private:
   void send() {
     this->out_.try_claim();  // serial, and flushed before: never refused
-    std::vector<std::vector<T>> one;
-    one.push_back(std::move(batch_));
+    Chunk<std::vector<T>> one;
+    one.push(std::move(batch_.items), batches_);
+    if (auto* taken = this->core().taken_items()) taken->batched(batches_, std::move(batch_.origins));
     this->count_out(1);
     this->put(Key{batches_, 0}, std::move(one), 1);
     ++batches_;
-    batch_ = std::vector<T>();  // not `= {}`: that assigns an initializer_list, which copies
+    batch_ = Chunk<T>();
     batch_.reserve(size_);
   }
 
   const std::size_t size_;
   const bool drop_remainder_;
-  std::vector<T> batch_;
+  Chunk<T> batch_;
   std::uint64_t batches_ = 0;  // one body at a time
   std::atomic<bool> finished_{false};
 };
