@@ -535,6 +535,33 @@ TEST_SUITE("Resume") {
     for (std::uint64_t i = 0; i < 5000; ++i) REQUIRE(got[i] == i * 1000 + i);  // the index is the item's
   }
 
+  TEST_CASE("free order: a queue given back more than it holds starts its consumer" * doctest::timeout(30)) {
+    // The consumer took items 50 to 99 of the batch stage's input: 0 to 49 go back into that
+    // queue, twelve times its capacity, so that its producer waits until the batch stage takes
+    // them. Nothing but the start of the epoch wakes the batch stage then.
+    auto build_free = [](const std::optional<PipelineState>& resume) {
+      auto b = PipelineBuilder{}
+                   .threads(2)
+                   .source("numbers", Numbers{.n = 300})
+                   .map("id", [](std::uint64_t x) { return x; }, {.threads = 2, .queue = 4});
+      if (resume) b.resume_from(*resume);
+      return b.batch("batch", 3, {.queue = 2}).build();
+    };
+    PipelineState state = build_free(std::nullopt).state();
+    REQUIRE(state.taken);
+    CHECK(state.taken->queue == "id->batch");
+    state.taken->below = 100;
+    for (std::uint64_t i = 0; i < 50; ++i) state.taken->except.push_back(i);
+    auto resumed = build_free(state);
+    std::vector<std::uint64_t> got;
+    for (const auto& batch : drain_epoch(resumed)) got.insert(got.end(), batch.begin(), batch.end());
+    std::sort(got.begin(), got.end());
+    std::vector<std::uint64_t> want;
+    for (std::uint64_t i = 0; i < 300; ++i)
+      if (i < 50 || i >= 100) want.push_back(i);
+    CHECK(got == want);
+  }
+
   TEST_CASE("a state is resumed only in the mode it was taken in") {
     const Shape s{.items = 100, .epochs = 1};
     auto pipe = build(s, 1);

@@ -2,8 +2,10 @@
 // 8), an optional shuffle of any min_after_dequeue / capacity up to 0.99, an optional batch;
 // random threads, queues, chunk limits, modes; per-item spins and sleeps, oneTBB inside stage
 // functions, a tbb::global_control held now and then; exceptions (fail or skip) and stops at
-// random times. Every run must deliver each item exactly once per epoch (or end in a clean
-// StageError or stop), stay within the documented bound on what is in flight, and end in time.
+// random times; now and then, a state taken mid-epoch and the run resumed from it with other
+// thread counts (the flat_maps then have a fixed fan-out, which a resume needs). Every run must
+// deliver each item exactly once per epoch (or end in a clean StageError or stop), stay within
+// the documented bound on what is in flight, and end in time.
 //
 // It runs for STOKER_SOAK_SECONDS (default 10) from STOKER_SOAK_SEED (default: from the clock)
 // and prints the seed of a run that fails, which STOKER_SOAK_SEED then replays first.
@@ -23,6 +25,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "pipeline/pipeline_support.h"
@@ -64,7 +67,8 @@ enum class Fault { none, fail, skip };
 
 struct StageSpec {
   bool flat = false;
-  int max_fanout = 1;  // flat: outputs of an item are fanout(id, path) in [0, max_fanout]
+  int max_fanout = 1;  // flat: outputs of an item are fanout(id, path) in [0, max_fanout]...
+  bool fixed = false;  // ...or always max_fanout, given as StageOptions::fanout
   int threads = 1;
   std::size_t queue = 8;
   std::size_t max_chunk = 0;
@@ -89,6 +93,7 @@ struct Spec {
   std::size_t batch = 0;                  // 0: no batch stage
   std::size_t batch_queue = 4;
   std::optional<std::uint64_t> stop_after;  // items consumed before stop()
+  bool resume = false;                      // at stop_after, take a state and resume from it
 
   std::string str() const {
     std::ostringstream s;
@@ -97,8 +102,9 @@ struct Spec {
       << ", source queue " << source_queue;
     for (std::size_t i = 0; i < stages.size(); ++i) {
       const auto& st = stages[i];
-      s << " | s" << i << (st.flat ? " flat(" + std::to_string(st.max_fanout) + ")" : " map") << " t" << st.threads
-        << " q" << st.queue << " c" << st.max_chunk << (st.copy_per_body ? " copies" : "")
+      s << " | s" << i
+        << (st.flat ? std::string(st.fixed ? " flat(=" : " flat(") + std::to_string(st.max_fanout) + ")" : " map")
+        << " t" << st.threads << " q" << st.queue << " c" << st.max_chunk << (st.copy_per_body ? " copies" : "")
         << (st.spin_us ? " spin" : "") << (st.sleeps ? " sleep" : "") << (st.uses_tbb ? " tbb" : "")
         << (st.fault == Fault::fail   ? " fail@" + std::to_string(st.fault_id)
             : st.fault == Fault::skip ? " skip@" + std::to_string(st.fault_id)
@@ -106,7 +112,7 @@ struct Spec {
     }
     if (shuffle) s << " | shuffle " << shuffle->capacity << "/" << shuffle->min_after_dequeue;
     if (batch) s << " | batch " << batch << " q" << batch_queue;
-    if (stop_after) s << " | stop after " << *stop_after;
+    if (stop_after) s << (resume ? " | resume after " : " | stop after ") << *stop_after;
     return s.str();
   }
 };
@@ -118,6 +124,7 @@ std::string stage_name(std::size_t i) {
   return name;
 }
 int fanout(const StageSpec& st, std::size_t stage, const Item& x) {
+  if (st.fixed) return st.max_fanout;
   return static_cast<int>(hash(x.id, x.path ^ (stage << 56)) % static_cast<std::uint64_t>(st.max_fanout + 1));
 }
 
@@ -162,6 +169,15 @@ Spec random_spec(std::uint64_t seed) {
     s.batch_queue = 1 + r.below(8);
   }
   if (r.bernoulli(0.2)) s.stop_after = r.below(s.items);
+  // A resume: fixed fan-outs of at least 1, no faults (a skip makes state() refuse).
+  if (r.bernoulli(0.25)) {
+    s.resume = true;
+    s.stop_after = r.below(s.items);
+    for (auto& st : s.stages) {
+      st.fault = Fault::none;
+      if (st.flat) st.fixed = true, st.max_fanout = std::max(st.max_fanout, 1);
+    }
+  }
   return s;
 }
 
@@ -200,6 +216,20 @@ Expected expected(const Spec& s) {
   e.failing.erase(std::unique(e.failing.begin(), e.failing.end()), e.failing.end());
   return e;
 }
+
+// 0 .. items - 1 per epoch, from anywhere (a resume seeks).
+struct Source {
+  std::uint32_t items = 0;
+  std::uint32_t n = 0;
+  std::optional<Item> operator()() {
+    if (n >= items) {  // a resume may seek past the end: to the start of a short last batch's next
+      n = 0;
+      return std::nullopt;
+    }
+    return Item(n++, 0);
+  }
+  void seek(std::uint64_t k) { n = static_cast<std::uint32_t>(std::min<std::uint64_t>(k, items)); }
+};
 
 // The stage function of spec `st` at position `i`.
 struct StageFn {
@@ -281,23 +311,70 @@ struct Outcome {
   bool stopped = false;
 };
 
-template <class B>
-Outcome consume(B&& builder, const Spec& s) {
+// Builds the pipeline of `s` (resumed from `resume` when given) and hands it to `use`.
+template <class Use>
+Outcome with_pipeline(const Spec& s, const std::optional<PipelineState>& resume, Use&& use) {
+  auto b = PipelineBuilder{}
+               .threads(s.threads)
+               .epochs(s.epochs)
+               .deterministic(s.deterministic)
+               .seed(s.seed)
+               .source("read", Source{s.items}, {.queue = s.source_queue});
+  Builder<Item> chain = std::move(b);
+  for (std::size_t i = 0; i < s.stages.size(); ++i) {
+    const auto& st = s.stages[i];
+    const StageOptions o{.threads = st.threads,
+                         .queue = st.queue,
+                         .max_chunk = st.max_chunk,
+                         .on_error = st.fault == Fault::skip ? OnError::skip : OnError::fail,
+                         .copy_per_body = st.copy_per_body,
+                         .fanout = st.fixed ? static_cast<std::size_t>(st.max_fanout) : 0};
+    const std::string name = stage_name(i);
+    if (st.flat)
+      chain = std::move(chain).flat_map<Item>(name, StageFn{st, i}, o);
+    else
+      chain = std::move(chain).map(name, StageFn{st, i}, o);
+  }
+  if (s.shuffle) chain.shuffle("shuffle", *s.shuffle);
+  if (resume) chain.resume_from(*resume);
+  if (s.batch) return use(std::move(chain).batch("batch", s.batch, {.queue = s.batch_queue}).build());
+  return use(std::move(chain).build());
+}
+
+// The same pipeline with other thread counts.
+Spec other_threads(const Spec& s) {
+  Spec other = s;
+  other.threads = s.threads % 4 + 1;
+  for (auto& st : other.stages) st.threads = st.threads % 3 + 1;
+  return other;
+}
+
+template <class P>
+Outcome consume(P&& pipe, const Spec& s) {
   Outcome out;
-  auto pipe = std::move(builder).build();
   std::uint64_t consumed = 0;
   try {
     for (std::uint32_t e = 0; e < s.epochs && !out.stopped; ++e) {
       auto& got = out.epochs.emplace_back();
-      for (auto& x : pipe.epoch()) {
-        add_item(got, x);
-        if (s.stop_after && ++consumed > *s.stop_after) {
-          const auto t0 = Clock::now();
+      while (auto x = pipe.next()) {
+        add_item(got, *x);
+        if (!s.stop_after || ++consumed != *s.stop_after + 1) continue;
+        if (s.resume) {  // the rest from a new pipeline, with other threads
+          const auto state = PipelineState::from_json(pipe.state().to_json());
           pipe.stop();
-          CHECK_MESSAGE(ms_since(t0) < 3000.0, s.str());
-          out.stopped = true;
-          break;
+          with_pipeline(other_threads(s), state, [&](auto&& resumed) {
+            // The same spec has the same stages: only the branch of this pipeline's type runs.
+            if constexpr (std::is_same_v<std::remove_cvref_t<decltype(resumed)>, std::remove_cvref_t<P>>)
+              pipe = std::move(resumed);
+            return Outcome{};
+          });
+          continue;
         }
+        const auto t0 = Clock::now();
+        pipe.stop();
+        CHECK_MESSAGE(ms_since(t0) < 3000.0, s.str());
+        out.stopped = true;
+        break;
       }
     }
   } catch (const StageError& e) {
@@ -307,37 +384,7 @@ Outcome consume(B&& builder, const Spec& s) {
 }
 
 Outcome run(const Spec& s) {
-  auto b = PipelineBuilder{}
-               .threads(s.threads)
-               .epochs(s.epochs)
-               .deterministic(s.deterministic)
-               .seed(s.seed)
-               .source("read",
-                       [n = std::uint32_t{0}, items = s.items]() mutable -> std::optional<Item> {
-                         if (n == items) {
-                           n = 0;
-                           return std::nullopt;
-                         }
-                         return Item(n++, 0);
-                       },
-                       {.queue = s.source_queue});
-  Builder<Item> chain = std::move(b);
-  for (std::size_t i = 0; i < s.stages.size(); ++i) {
-    const auto& st = s.stages[i];
-    const StageOptions o{.threads = st.threads,
-                         .queue = st.queue,
-                         .max_chunk = st.max_chunk,
-                         .on_error = st.fault == Fault::skip ? OnError::skip : OnError::fail,
-                         .copy_per_body = st.copy_per_body};
-    const std::string name = stage_name(i);
-    if (st.flat)
-      chain = std::move(chain).flat_map<Item>(name, StageFn{st, i}, o);
-    else
-      chain = std::move(chain).map(name, StageFn{st, i}, o);
-  }
-  if (s.shuffle) chain.shuffle("shuffle", *s.shuffle);
-  if (s.batch) return consume(std::move(chain).batch("batch", s.batch, {.queue = s.batch_queue}), s);
-  return consume(std::move(chain), s);
+  return with_pipeline(s, std::nullopt, [&](auto&& pipe) { return consume(pipe, s); });
 }
 
 void check(const Spec& s) {
@@ -349,7 +396,9 @@ void check(const Spec& s) {
   if (s.host_limit) host.emplace(tbb::global_control::max_allowed_parallelism, *s.host_limit);
   const Outcome got = run(s);
   CHECK(live.load() == 0);
-  CHECK(max_live.load() <= bound(s));
+  // A resumed run's first queue gets back, beyond its capacity, what the stopped run had in
+  // flight, while the pipeline it stopped may still hold it: twice the bound at most.
+  CHECK(max_live.load() <= (s.resume ? 2 : 1) * bound(s));
   if (got.failed_stage) {
     CHECK(std::find(want.failing.begin(), want.failing.end(), *got.failed_stage) != want.failing.end());
     return;
@@ -370,10 +419,7 @@ void check(const Spec& s) {
   if (!got.stopped) CHECK(got.epochs.size() == s.epochs);
   // Deterministic mode: another run, with other threads, gives the same sequence.
   if (s.deterministic && !got.stopped && want.failing.empty() && s.seed % 4 == 0) {
-    Spec other = s;
-    other.threads = s.threads % 4 + 1;
-    for (auto& st : other.stages) st.threads = st.threads % 3 + 1;
-    const Outcome again = run(other);
+    const Outcome again = run(other_threads(s));
     CHECK(again.epochs == got.epochs);
   }
 }

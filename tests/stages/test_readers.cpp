@@ -553,6 +553,22 @@ TEST_SUITE("sharding") {
     }
   }
 
+  TEST_CASE("a source sought to its end or past it ends the epoch, and the next starts at the first sample") {
+    // What a resume does after a short last batch: it seeks to where the next full one would start.
+    SyntheticSource reader({.shape = {1, 1, 1, 1, false}, .count = 5});
+    IdSource ids(reader);
+    for (const std::uint64_t k : {5, 9}) {
+      CAPTURE(k);
+      reader.seek(k);
+      CHECK(!reader());
+      CHECK(reader()->id == 0);
+      reader.rewind();
+      ids.seek(k);
+      CHECK(!ids());
+      CHECK(ids() == 0u);
+    }
+  }
+
   TEST_CASE("bad input: shard options out of range name the option") {
     const SyntheticOptions tiny{.count = 10};
     CHECK_THROWS_WITH_AS(SyntheticSource(tiny, {.shard_index = 3, .num_shards = 3}),

@@ -432,9 +432,12 @@ class Pipeline {
     start_epoch(resume ? &*resume : nullptr);
   }
 
+  // Every stage that has work starts: the source, and after a resume any stage whose queue was
+  // given items back (a free-order resume may give its queue more than it takes, so that its
+  // producer waits for this stage).
   void start_epoch(const PipelineState* resume = nullptr) {
     core_->begin_epoch(epoch_, resume);
-    core_->stages().front()->wake();
+    for (const auto& stage : core_->stages()) stage->wake();
   }
 
   // Epochs do not overlap: the next one starts once this one has fully left the graph,

@@ -109,7 +109,7 @@ class IdSource {
         step_(reader.options().num_shards),
         fingerprint_(reader.fingerprint()) {}
   std::optional<std::uint64_t> operator()() {
-    if (next_ == size_) {
+    if (next_ >= size_) {  // a resume may seek to the end, or past it (after a short last batch)
       next_ = 0;
       return std::nullopt;
     }
