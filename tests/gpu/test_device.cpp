@@ -1,11 +1,11 @@
-// The device layer on the CPU backend, which every machine has: streams, events, pools and the
-// host-to-device stage. The same code runs on the CUDA backend; see test_augment for kernels.
+// The device layer on every backend this machine has: streams, events, pools and the
+// host-to-device stage, each case on the CPU backend and, when a GPU is visible, on CUDA (the
+// CUDA half says so when it is skipped). test_augment covers the kernels.
 #include <doctest/doctest.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <future>
 #include <mutex>
@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "gpu/stream_tools.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/gpu/device.h"
 #include "stoker/gpu/dlpack.h"
@@ -21,31 +22,24 @@
 #include "stoker/stages/batch.h"
 
 using namespace std::chrono_literals;
+using stoker::gpu::Backend;
 using stoker::gpu::Device;
 using stoker::gpu::SlotPool;
+using stoker::test::StreamGate;
 
 namespace {
 
-// A closed gate that work on a stream can be made to wait at, to hold the stream back.
-class Gate {
- public:
-  void open() {
-    {
-      std::lock_guard lock(mutex_);
-      open_ = true;
-    }
-    cv_.notify_all();
-  }
-  void pass() {
-    std::unique_lock lock(mutex_);
-    cv_.wait(lock, [&] { return open_; });
-  }
+// Every backend of this machine: the CPU backend, and CUDA when it has a GPU.
+std::vector<std::shared_ptr<Device>> devices() {
+  std::vector<std::shared_ptr<Device>> out{Device::open("cpu")};
+  if (stoker::gpu::cuda_device_count() > 0)
+    out.push_back(Device::open("cuda"));
+  else
+    MESSAGE("no CUDA device found: the CUDA half of this case is skipped");
+  return out;
+}
 
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
+bool is_cuda(const Device& d) { return d.backend() == Backend::cuda; }
 
 // Appends to a log from any thread.
 class Log {
@@ -64,7 +58,16 @@ class Log {
   std::vector<std::string> entries_;
 };
 
-std::shared_ptr<Device> cpu() { return Device::open("cpu"); }
+// Host memory that streams copy to and from asynchronously on either backend.
+template <class T>
+struct Pinned {
+  Pinned(Device& device, std::size_t n) : memory(device.allocate_pinned(n * sizeof(T))), size(n) {}
+  T* data() const { return reinterpret_cast<T*>(memory.data()); }
+  T& operator[](std::size_t i) const { return data()[i]; }
+  std::vector<T> values() const { return std::vector<T>(data(), data() + size); }
+  stoker::gpu::Memory memory;
+  std::size_t size;
+};
 
 }  // namespace
 
@@ -76,105 +79,119 @@ TEST_CASE("cuda_device_count answers without throwing, with or without a GPU") {
 }
 
 TEST_CASE("Device::open picks the backend and rejects what it cannot give") {
-  CHECK(cpu()->backend() == stoker::gpu::Backend::cpu);
+  CHECK(Device::open("cpu")->backend() == Backend::cpu);
   CHECK_THROWS_WITH_AS(Device::open("tpu"), doctest::Contains("expected auto, cpu or cuda"), std::invalid_argument);
   if (stoker::gpu::cuda_device_count() == 0) {
-    CHECK(Device::open("auto")->backend() == stoker::gpu::Backend::cpu);
+    CHECK(Device::open("auto")->backend() == Backend::cpu);
     CHECK_THROWS_WITH_AS(Device::open("cuda"), doctest::Contains("device 'cuda'"), std::runtime_error);
   } else {
-    CHECK(Device::open("auto")->backend() == stoker::gpu::Backend::cuda);
+    CHECK(Device::open("auto")->backend() == Backend::cuda);
   }
 }
 
 TEST_CASE("a stream runs its work in order and an event completes when the stream reaches it" * doctest::timeout(30)) {
-  auto device = cpu();
-  auto stream = device->make_stream();
-  auto event = device->make_event();
-  CHECK(event->done());  // never recorded
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto stream = device->make_stream();
+    auto event = device->make_event();
+    CHECK(event->done());  // never recorded
 
-  Gate gate;
-  Log log;
-  std::vector<int> src(1000), dst(1000, -1);
-  std::iota(src.begin(), src.end(), 0);
-  stream->host_task([&] {
-    gate.pass();
-    log.add("first");
-  });
-  stream->copy_to_device(dst.data(), src.data(), src.size() * sizeof(int));
-  stream->record(*event);
-  stream->host_task([&] { log.add("after copy"); });
+    StreamGate gate(*device);
+    Log log;
+    constexpr std::size_t n = 1000;
+    Pinned<int> src(*device, n), dst(*device, n);
+    std::iota(src.data(), src.data() + n, 0);
+    std::fill(dst.data(), dst.data() + n, -1);
+    stoker::gpu::Memory on_device = device->allocate(n * sizeof(int));
+    const auto before = device->transfers();
+    gate.hold(*stream);
+    stream->host_task([&] { log.add("first"); });
+    stream->copy_to_device(on_device.data(), src.data(), n * sizeof(int));
+    stream->copy_to_host(dst.data(), on_device.data(), n * sizeof(int));
+    stream->record(*event);
+    stream->host_task([&] { log.add("after copy"); });
 
-  std::this_thread::sleep_for(20ms);
-  CHECK_FALSE(event->done());  // held back by the gate: recording does not complete anything
-  CHECK(dst[999] == -1);
-  gate.open();
-  event->synchronize();
-  CHECK(dst == src);
-  stream->synchronize();
-  CHECK(log.entries() == std::vector<std::string>{"first", "after copy"});
-  const auto counts = device->transfers();
-  CHECK(counts.h2d_copies == 1);
-  CHECK(counts.h2d_bytes == src.size() * sizeof(int));
-  CHECK(counts.d2h_copies == 0);
+    std::this_thread::sleep_for(20ms);
+    CHECK_FALSE(event->done());  // held back by the gate: recording does not complete anything
+    CHECK(dst[n - 1] == -1);
+    CHECK(log.entries().empty());
+    gate.open();
+    event->synchronize();
+    CHECK(dst.values() == src.values());
+    stream->synchronize();
+    CHECK(log.entries() == std::vector<std::string>{"first", "after copy"});
+    const auto counts = device->transfers();
+    CHECK(counts.h2d_copies - before.h2d_copies == 1);
+    CHECK(counts.h2d_bytes - before.h2d_bytes == n * sizeof(int));
+    CHECK(counts.d2h_copies - before.d2h_copies == 1);
+  }
 }
 
 TEST_CASE("a stream waits for another stream's event without the host waiting" * doctest::timeout(30)) {
-  auto device = cpu();
-  auto producer = device->make_stream(), consumer = device->make_stream();
-  auto event = device->make_event();
-  Gate gate;
-  Log log;
-  producer->host_task([&] {
-    gate.pass();
-    log.add("produced");
-  });
-  producer->record(*event);
-  consumer->wait(*event);  // returns at once: only the consumer stream waits
-  consumer->host_task([&] { log.add("consumed"); });
-  // A later record does not move the point the wait already saw.
-  producer->host_task([&] { log.add("later"); });
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto producer = device->make_stream(), consumer = device->make_stream();
+    auto event = device->make_event();
+    StreamGate gate(*device);
+    Log log;
+    gate.hold(*producer);
+    producer->host_task([&] { log.add("produced"); });
+    producer->record(*event);
+    consumer->wait(*event);  // returns at once: only the consumer stream waits
+    consumer->host_task([&] { log.add("consumed"); });
+    // A later record does not move the point the wait already saw.
+    StreamGate later(*device);
+    later.hold(*producer);
+    producer->host_task([&] { log.add("later"); });
+    producer->record(*event);
 
-  std::this_thread::sleep_for(20ms);
-  CHECK(log.entries().empty());
-  gate.open();
-  consumer->synchronize();
-  producer->synchronize();
-  const auto entries = log.entries();
-  REQUIRE(entries.size() == 3);
-  CHECK(entries[0] == "produced");
+    std::this_thread::sleep_for(20ms);
+    CHECK(log.entries().empty());
+    gate.open();
+    consumer->synchronize();
+    CHECK(log.entries() == std::vector<std::string>{"produced", "consumed"});
+    later.open();
+    producer->synchronize();
+    CHECK(log.entries().size() == 3);
+  }
 }
 
 TEST_CASE("a slot pool hands out its fixed buffers, reuses them and reports exhaustion" * doctest::timeout(30)) {
-  auto pool = SlotPool::create(cpu(), SlotPool::Kind::pinned, 2, 4096);
-  auto a = pool->acquire(4096);
-  auto b = pool->acquire(100);
-  CHECK(b.size() == 100);
-  CHECK(pool->in_use() == 2);
-  CHECK_FALSE(pool->try_acquire(1).has_value());
-  const std::byte* address = a.data();
-  a = stoker::Buffer();
-  auto c = pool->try_acquire(64);
-  REQUIRE(c.has_value());
-  CHECK(c->data() == address);  // the same memory, not a new allocation
-  CHECK_THROWS_WITH_AS(pool->acquire(4097), doctest::Contains("4097 bytes asked for"), std::invalid_argument);
-  CHECK_THROWS_AS(SlotPool::create(cpu(), SlotPool::Kind::device, 0, 1), std::invalid_argument);
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto pool = SlotPool::create(device, SlotPool::Kind::pinned, 2, 4096);
+    auto a = pool->acquire(4096);
+    auto b = pool->acquire(100);
+    CHECK(b.size() == 100);
+    CHECK(pool->in_use() == 2);
+    CHECK_FALSE(pool->try_acquire(1).has_value());
+    const std::byte* address = a.data();
+    a = stoker::Buffer();
+    auto c = pool->try_acquire(64);
+    REQUIRE(c.has_value());
+    CHECK(c->data() == address);  // the same memory, not a new allocation
+    CHECK_THROWS_WITH_AS(pool->acquire(4097), doctest::Contains("4097 bytes asked for"), std::invalid_argument);
+    CHECK_THROWS_AS(SlotPool::create(device, SlotPool::Kind::device, 0, 1), std::invalid_argument);
+  }
 }
 
 TEST_CASE("a buffer released after stream work returns once that work is done, without a host wait" *
           doctest::timeout(30)) {
-  auto device = cpu();
-  auto stream = device->make_stream();
-  auto pool = SlotPool::create(device, SlotPool::Kind::device, 1, 256);
-  Gate gate;
-  stream->host_task([&] { gate.pass(); });
-  pool->release_after(pool->acquire(256), *stream);  // returns at once
-  CHECK_FALSE(pool->try_acquire(256).has_value());
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto stream = device->make_stream();
+    auto pool = SlotPool::create(device, SlotPool::Kind::device, 1, 256);
+    StreamGate gate(*device);
+    gate.hold(*stream);
+    pool->release_after(pool->acquire(256), *stream);  // returns at once
+    CHECK_FALSE(pool->try_acquire(256).has_value());
 
-  // A blocked acquire() comes back as soon as the stream passes the event.
-  auto waiter = std::async(std::launch::async, [&] { return pool->acquire(256).size(); });
-  CHECK(waiter.wait_for(30ms) == std::future_status::timeout);
-  gate.open();
-  CHECK(waiter.get() == 256);
+    // A blocked acquire() comes back as soon as the stream passes the event.
+    auto waiter = std::async(std::launch::async, [&] { return pool->acquire(256).size(); });
+    CHECK(waiter.wait_for(30ms) == std::future_status::timeout);
+    gate.open();
+    CHECK(waiter.get() == 256);
+  }
 }
 
 namespace {
@@ -209,119 +226,155 @@ auto device_pipeline(const stoker::gpu::ToDevice& to_device, std::size_t n, std:
 
 std::size_t storage_bytes() { return stoker::Batch::storage_bytes(kShape, stoker::DType::f32, kBatch); }
 
+// A batch's samples and labels as the host sees them once the work issued to `stream` is done:
+// on CUDA through a copy back (counted in `copies`), on the CPU backend in place.
+struct HostView {
+  std::vector<float> samples;
+  std::vector<std::int32_t> labels;
+};
+HostView read_back(Device& device, stoker::gpu::Stream& stream, const stoker::gpu::DeviceBatch& b,
+                   std::uint64_t& copies) {
+  const std::size_t n = b.count * b.sample_elements();
+  HostView v{std::vector<float>(n), std::vector<std::int32_t>(b.count)};
+  if (!is_cuda(device)) {
+    stream.synchronize();
+    std::memcpy(v.samples.data(), b.data(), n * sizeof(float));
+    std::memcpy(v.labels.data(), b.labels(), b.count * sizeof(std::int32_t));
+    return v;
+  }
+  Pinned<float> samples(device, n);
+  Pinned<std::int32_t> labels(device, b.count);
+  stream.copy_to_host(samples.data(), b.data(), n * sizeof(float));
+  stream.copy_to_host(labels.data(), b.labels(), b.count * sizeof(std::int32_t));
+  stream.synchronize();
+  copies += 2;
+  return {samples.values(), labels.values()};
+}
+
 }  // namespace
 
 TEST_CASE("ToDevice delivers every batch with one copy each and its buffers recycled" * doctest::timeout(60)) {
-  auto device = cpu();
-  stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 4});
-  auto compute = device->make_stream();
-  constexpr std::size_t kSamples = 20 * kBatch + 3;
-  auto pipe = device_pipeline(to_device, kSamples, 2);
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 4});
+    auto compute = device->make_stream();
+    constexpr std::size_t kSamples = 20 * kBatch + 3;
+    const auto before = device->transfers();
+    auto pipe = device_pipeline(to_device, kSamples, 2);
 
-  std::size_t batches = 0, samples = 0;
-  std::vector<int> seen(kSamples, 0);
-  while (!pipe.finished()) {
-    for (auto& b : pipe.epoch()) {
-      compute->wait(b.ready());
-      compute->synchronize();  // the test reads the batch on the host: CPU-backend memory
-      const float* x = b.data_as<float>();
-      for (std::size_t i = 0; i < b.count; ++i) {
-        const auto id = static_cast<std::size_t>(x[i * kShape.elements()]);
-        REQUIRE(id < kSamples);
-        ++seen[id];
-        CHECK(x[i * kShape.elements() + kShape.elements() - 1] == static_cast<float>(id));
-        CHECK(b.labels()[i] == static_cast<std::int32_t>(id % 10));
-        CHECK(b.host_labels[i] == b.labels()[i]);
+    std::size_t batches = 0, samples = 0;
+    std::uint64_t read_backs = 0;
+    std::vector<int> seen(kSamples, 0);
+    while (!pipe.finished()) {
+      for (auto& b : pipe.epoch()) {
+        compute->wait(b.ready());
+        const HostView x = read_back(*device, *compute, b, read_backs);
+        for (std::size_t i = 0; i < b.count; ++i) {
+          const auto id = static_cast<std::size_t>(x.samples[i * kShape.elements()]);
+          REQUIRE(id < kSamples);
+          ++seen[id];
+          CHECK(x.samples[i * kShape.elements() + kShape.elements() - 1] == static_cast<float>(id));
+          CHECK(x.labels[i] == static_cast<std::int32_t>(id % 10));
+          CHECK(b.host_labels[i] == x.labels[i]);
+        }
+        samples += b.count;
+        ++batches;
+        b.release_after(*compute);
       }
-      samples += b.count;
-      ++batches;
-      b.release_after(*compute);
     }
+    CHECK(samples == 2 * kSamples);
+    for (int n : seen) CHECK(n == 2);
+    const auto counts = device->transfers();
+    CHECK(counts.h2d_copies - before.h2d_copies == batches);
+    CHECK(counts.d2h_copies - before.d2h_copies == read_backs);  // none but the test's own
+    const auto summary = pipe.summary();                         // the same counts, as the pipeline reports them
+    REQUIRE(summary.counters.size() == 4);
+    CHECK(summary.counters[0].name == "h2d_copies");
+    CHECK(summary.counters[0].value == counts.h2d_copies);
+    CHECK(to_device.staging()->slots() == 2);  // 42 batches went through two pinned buffers
   }
-  CHECK(samples == 2 * kSamples);
-  for (int n : seen) CHECK(n == 2);
-  const auto counts = device->transfers();
-  CHECK(counts.h2d_copies == batches);
-  CHECK(counts.d2h_copies == 0);
-  const auto summary = pipe.summary();  // the same counts, as the pipeline reports them
-  REQUIRE(summary.counters.size() == 4);
-  CHECK(summary.counters[0].name == "h2d_copies");
-  CHECK(summary.counters[0].value == batches);
-  CHECK(to_device.staging()->slots() == 2);  // 42 batches went through two pinned buffers
 }
 
 TEST_CASE("with two device buffers the copy of batch i+1 completes while compute on batch i is held" *
           doctest::timeout(60)) {
-  auto device = cpu();
-  stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
-  auto compute = device->make_stream();
-  auto pipe = device_pipeline(to_device, 4 * kBatch);
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
+    auto compute = device->make_stream();
+    auto pipe = device_pipeline(to_device, 4 * kBatch);
 
-  Gate gate;
-  Log log;
-  auto first = pipe.next();
-  REQUIRE(first.has_value());
-  compute->wait(first->ready());
-  compute->host_task([&] {
-    gate.pass();
-    log.add("compute 0 done");
-  });
-  first->release_after(*compute);
+    StreamGate gate(*device);
+    Log log;
+    auto first = pipe.next();
+    REQUIRE(first.has_value());
+    compute->wait(first->ready());
+    gate.hold(*compute);
+    compute->host_task([&] { log.add("compute 0 done"); });
+    first->release_after(*compute);
 
-  auto second = pipe.next();  // the copy of batch 1 is issued while compute 0 is held
-  REQUIRE(second.has_value());
-  second->ready().synchronize();
-  log.add("copy 1 done");
-  gate.open();
-  compute->synchronize();
-  CHECK(log.entries() == std::vector<std::string>{"copy 1 done", "compute 0 done"});
-  second->release_after(*compute);
+    auto second = pipe.next();  // the copy of batch 1 is issued while compute 0 is held
+    REQUIRE(second.has_value());
+    second->ready().synchronize();
+    log.add("copy 1 done");
+    gate.open();
+    compute->synchronize();
+    CHECK(log.entries() == std::vector<std::string>{"copy 1 done", "compute 0 done"});
+    second->release_after(*compute);
+  }
 }
 
 TEST_CASE("a pipeline stops while its device pool is exhausted by the consumer" * doctest::timeout(60)) {
-  auto device = cpu();
-  stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
-  std::vector<stoker::gpu::DeviceBatch> held;
-  auto stopped = std::async(std::launch::async, [&] {
-    auto pipe = device_pipeline(to_device, 50 * kBatch);
-    held.push_back(*pipe.next());
-    held.push_back(*pipe.next());  // the h2d stage now waits for a device buffer
-    std::this_thread::sleep_for(20ms);
-    const auto t0 = std::chrono::steady_clock::now();
-    pipe.stop();
-    return std::chrono::steady_clock::now() - t0;
-  });
-  REQUIRE(stopped.wait_for(10s) == std::future_status::ready);
-  CHECK(stopped.get() < 1s);
-  held.clear();
-  CHECK(to_device.device_pool()->in_use() == 0);
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
+    std::vector<stoker::gpu::DeviceBatch> held;
+    auto stopped = std::async(std::launch::async, [&] {
+      auto pipe = device_pipeline(to_device, 50 * kBatch);
+      held.push_back(*pipe.next());
+      held.push_back(*pipe.next());  // the h2d stage now waits for a device buffer
+      std::this_thread::sleep_for(20ms);
+      const auto t0 = std::chrono::steady_clock::now();
+      pipe.stop();
+      return std::chrono::steady_clock::now() - t0;
+    });
+    REQUIRE(stopped.wait_for(10s) == std::future_status::ready);
+    CHECK(stopped.get() < 1s);
+    held.clear();
+    CHECK(to_device.device_pool()->in_use() == 0);
+  }
 }
 
 TEST_CASE("a stage waiting for a device buffer the consumer holds is counted blocked, not busy" *
           doctest::timeout(60)) {
-  auto device = cpu();
-  stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
-  auto pipe = device_pipeline(to_device, 50 * kBatch);
-  std::vector<stoker::gpu::DeviceBatch> held;
-  held.push_back(*pipe.next());
-  held.push_back(*pipe.next());  // the h2d stage now waits for a device buffer
-  std::this_thread::sleep_for(300ms);
-  held.clear();
-  while (pipe.next()) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
+    auto pipe = device_pipeline(to_device, 50 * kBatch);
+    std::vector<stoker::gpu::DeviceBatch> held;
+    held.push_back(*pipe.next());
+    held.push_back(*pipe.next());  // the h2d stage now waits for a device buffer
+    std::this_thread::sleep_for(300ms);
+    held.clear();
+    while (pipe.next()) {
+    }
+    const auto summary = pipe.summary();
+    const auto h2d =
+        std::find_if(summary.stages.begin(), summary.stages.end(), [](auto& s) { return s.name == "h2d"; });
+    REQUIRE(h2d != summary.stages.end());
+    CHECK(h2d->blocked >= 250ms);
+    CHECK(h2d->busy < 100ms);
   }
-  const auto summary = pipe.summary();
-  const auto h2d = std::find_if(summary.stages.begin(), summary.stages.end(), [](auto& s) { return s.name == "h2d"; });
-  REQUIRE(h2d != summary.stages.end());
-  CHECK(h2d->blocked >= 250ms);
-  CHECK(h2d->busy < 100ms);
 }
 
 TEST_CASE("ToDevice rejects a batch that was not collated into its staging buffers") {
-  stoker::gpu::ToDevice to_device(cpu(), {.bytes = storage_bytes()});
-  auto pool = stoker::BufferPool::create();
-  auto batch = stoker::Batch::allocate(*pool, kShape, stoker::DType::f32, kBatch);
-  CHECK_THROWS_WITH_AS(to_device(std::move(batch)), doctest::Contains("staging pool"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(stoker::gpu::ToDevice(cpu(), {}), doctest::Contains("bytes"), std::invalid_argument);
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes()});
+    auto pool = stoker::BufferPool::create();
+    auto batch = stoker::Batch::allocate(*pool, kShape, stoker::DType::f32, kBatch);
+    CHECK_THROWS_WITH_AS(to_device(std::move(batch)), doctest::Contains("staging pool"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(stoker::gpu::ToDevice(device, {}), doctest::Contains("bytes"), std::invalid_argument);
+  }
 }
 
 TEST_CASE(
@@ -331,33 +384,35 @@ TEST_CASE(
   // Collate fills every staging buffer into its deep output queue, then waits for one; only
   // h2d gives them back. With as many collate bodies as threads, all may wait at once, and h2d
   // must run on a waiting one (StageContext::help_downstream, which SlotPool::acquire calls).
-  for (const int threads : {1, 2}) {
-    CAPTURE(threads);
-    auto device = cpu();
-    stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2});
-    auto compute = device->make_stream();
-    auto pool = stoker::BufferPool::create();
-    constexpr std::size_t kSamples = 200 * kBatch;
-    auto pipe = stoker::PipelineBuilder{}
-                    .threads(threads)
-                    .epochs(1)
-                    .source("read",
-                            [pool, i = std::size_t{0}]() mutable -> std::optional<stoker::Sample> {
-                              if (i == kSamples) return std::nullopt;
-                              stoker::Sample s(*pool, kShape, stoker::DType::f32, 0, i++);
-                              return s;
-                            })
-                    .batch("batch", kBatch, {.queue = 16})  // more batches than staging buffers
-                    .map("collate", stoker::Collate{.pool = to_device.staging()}, {.threads = threads})
-                    .map("h2d", to_device)
-                    .build();
-    std::size_t batches = 0;
-    for (auto& b : pipe.epoch()) {
-      compute->wait(b.ready());
-      b.release_after(*compute);
-      ++batches;
+  for (const auto& device : devices()) {
+    for (const int threads : {1, 2}) {
+      CAPTURE(device->name());
+      CAPTURE(threads);
+      stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2});
+      auto compute = device->make_stream();
+      auto pool = stoker::BufferPool::create();
+      constexpr std::size_t kSamples = 200 * kBatch;
+      auto pipe = stoker::PipelineBuilder{}
+                      .threads(threads)
+                      .epochs(1)
+                      .source("read",
+                              [pool, i = std::size_t{0}]() mutable -> std::optional<stoker::Sample> {
+                                if (i == kSamples) return std::nullopt;
+                                stoker::Sample s(*pool, kShape, stoker::DType::f32, 0, i++);
+                                return s;
+                              })
+                      .batch("batch", kBatch, {.queue = 16})  // more batches than staging buffers
+                      .map("collate", stoker::Collate{.pool = to_device.staging()}, {.threads = threads})
+                      .map("h2d", to_device)
+                      .build();
+      std::size_t batches = 0;
+      for (auto& b : pipe.epoch()) {
+        compute->wait(b.ready());
+        b.release_after(*compute);
+        ++batches;
+      }
+      CHECK(batches == kSamples / kBatch);
     }
-    CHECK(batches == kSamples / kBatch);
   }
 }
 
@@ -378,73 +433,74 @@ std::vector<stoker::Sample> samples_for_staging() {
 
 TEST_CASE("DLPack: a device batch is exported over its device buffer, which returns when both tensors are released" *
           doctest::timeout(60)) {
-  auto device = cpu();
-  stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
-  stoker::DLPackBatch t;
-  std::vector<std::int32_t> host_labels;
-  {
-    auto pipe = device_pipeline(to_device, 4 * kBatch);
-    auto b = pipe.next();
-    REQUIRE(b.has_value());
-    stoker::gpu::Event& ready = b->ready();   // before the export: an empty batch has no event
-    CHECK(ready.native_handle() == nullptr);  // the CPU backend has no CUDA event to share
-    const void* data = b->data();
-    const std::int32_t* labels = b->labels();
-    t = stoker::to_dlpack(std::move(*b));
-    CHECK(b->empty());
-    host_labels = b->host_labels;  // they stay with the batch
-    ready.synchronize();           // what a consumer's stream would wait for
-    REQUIRE(t.samples != nullptr);
-    REQUIRE(t.labels != nullptr);
-    CHECK(t.samples->dl_tensor.data == data);
-    CHECK(t.labels->dl_tensor.data == labels);
-  }  // the pipeline and every batch it still held are gone
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    const bool cuda = is_cuda(*device);
+    stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
+    auto stream = device->make_stream();
+    stoker::DLPackBatch t;
+    std::vector<std::int32_t> host_labels;
+    {
+      auto pipe = device_pipeline(to_device, 4 * kBatch);
+      auto b = pipe.next();
+      REQUIRE(b.has_value());
+      stoker::gpu::Event& ready = b->ready();             // before the export: an empty batch has no event
+      CHECK((ready.native_handle() != nullptr) == cuda);  // the CPU backend has no CUDA event to share
+      const void* data = b->data();
+      const std::int32_t* labels = b->labels();
+      t = stoker::to_dlpack(std::move(*b));
+      CHECK(b->empty());
+      host_labels = b->host_labels;  // they stay with the batch
+      stream->wait(ready);           // what a consumer's stream does
+      REQUIRE(t.samples != nullptr);
+      REQUIRE(t.labels != nullptr);
+      CHECK(t.samples->dl_tensor.data == data);
+      CHECK(t.labels->dl_tensor.data == labels);
+    }  // the pipeline and every batch it still held are gone
 
-  const DLTensor& s = t.samples->dl_tensor;
-  CHECK(s.device.device_type == kDLCPU);  // the CPU backend's device memory is host memory
-  CHECK(s.device.device_id == 0);
-  CHECK(s.dtype.code == kDLFloat);
-  CHECK(s.dtype.bits == 32);
-  CHECK(s.dtype.lanes == 1);
-  REQUIRE(s.ndim == 4);
-  CHECK(std::vector<std::int64_t>(s.shape, s.shape + 4) == std::vector<std::int64_t>{kBatch, 1, 4, 4});
-  CHECK(std::vector<std::int64_t>(s.strides, s.strides + 4) == std::vector<std::int64_t>{16, 16, 4, 1});
-  CHECK(s.byte_offset == 0);
-  const DLTensor& l = t.labels->dl_tensor;
-  CHECK(l.device.device_type == kDLCPU);
-  CHECK(l.dtype.code == kDLInt);
-  CHECK(l.dtype.bits == 32);
-  REQUIRE(l.ndim == 1);
-  CHECK(l.shape[0] == static_cast<std::int64_t>(kBatch));
-  const auto* x = static_cast<const float*>(s.data);
-  const auto* y = static_cast<const std::int32_t*>(l.data);
-  REQUIRE(host_labels.size() == kBatch);
-  for (std::size_t i = 0; i < kBatch; ++i) {
-    CHECK(y[i] == host_labels[i]);
-    CHECK(y[i] == static_cast<std::int32_t>(static_cast<std::size_t>(x[i * kShape.elements()]) % 10));
+    const DLTensor& s = t.samples->dl_tensor;
+    CHECK(s.device.device_type == (cuda ? kDLCUDA : kDLCPU));  // the CPU backend's device memory is host memory
+    CHECK(s.device.device_id == 0);
+    CHECK(s.dtype.code == kDLFloat);
+    CHECK(s.dtype.bits == 32);
+    CHECK(s.dtype.lanes == 1);
+    REQUIRE(s.ndim == 4);
+    CHECK(std::vector<std::int64_t>(s.shape, s.shape + 4) == std::vector<std::int64_t>{kBatch, 1, 4, 4});
+    CHECK(std::vector<std::int64_t>(s.strides, s.strides + 4) == std::vector<std::int64_t>{16, 16, 4, 1});
+    CHECK(s.byte_offset == 0);
+    const DLTensor& l = t.labels->dl_tensor;
+    CHECK(l.device.device_type == s.device.device_type);
+    CHECK(l.dtype.code == kDLInt);
+    CHECK(l.dtype.bits == 32);
+    REQUIRE(l.ndim == 1);
+    CHECK(l.shape[0] == static_cast<std::int64_t>(kBatch));
+    Pinned<float> x(*device, kBatch * kShape.elements());
+    Pinned<std::int32_t> y(*device, kBatch);
+    stream->copy_to_host(x.data(), s.data, x.size * sizeof(float));
+    stream->copy_to_host(y.data(), l.data, y.size * sizeof(std::int32_t));
+    stream->synchronize();
+    REQUIRE(host_labels.size() == kBatch);
+    for (std::size_t i = 0; i < kBatch; ++i) {
+      CHECK(y[i] == host_labels[i]);
+      CHECK(y[i] == static_cast<std::int32_t>(static_cast<std::size_t>(x[i * kShape.elements()]) % 10));
+    }
+
+    CHECK(to_device.device_pool()->in_use() == 1);  // only the exported buffer is out
+    t.samples->deleter(t.samples);
+    CHECK(to_device.device_pool()->in_use() == 1);
+    t.labels->deleter(t.labels);
+    CHECK(to_device.device_pool()->in_use() == 0);
+    CHECK_THROWS_AS(stoker::to_dlpack(stoker::gpu::DeviceBatch{}), std::invalid_argument);
   }
-
-  CHECK(to_device.device_pool()->in_use() == 1);  // only the exported buffer is out
-  t.samples->deleter(t.samples);
-  CHECK(to_device.device_pool()->in_use() == 1);
-  t.labels->deleter(t.labels);
-  CHECK(to_device.device_pool()->in_use() == 0);
-  CHECK_THROWS_AS(stoker::to_dlpack(stoker::gpu::DeviceBatch{}), std::invalid_argument);
 }
 
 TEST_CASE(
     "DLPack: a batch collated into pinned staging is exported as pinned memory on CUDA, host memory on the CPU "
     "backend" *
     doctest::timeout(60)) {
-  std::vector<std::string> backends{"cpu"};
-  if (stoker::gpu::cuda_device_count() > 0)
-    backends.push_back("cuda");
-  else
-    MESSAGE("no CUDA device found: skipping the kDLCUDAHost and kDLCUDA exports");
-  for (const auto& backend : backends) {
-    CAPTURE(backend);
-    const bool cuda = backend == "cuda";
-    auto device = Device::open(backend);
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    const bool cuda = is_cuda(*device);
     stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
     const stoker::Collate collate{.pool = to_device.staging()};
 
