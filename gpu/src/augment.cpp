@@ -8,6 +8,7 @@
 #include <string>
 
 #include "augment_crop.h"
+#include "backends.h"
 
 namespace stoker::gpu {
 
@@ -68,7 +69,8 @@ struct GpuAugment::State {
     for (Stream* s : {copy.get(), compute.get()}) {
       try {
         if (s) s->synchronize();
-      } catch (...) {  // a destructor must not throw; the device is lost anyway
+      } catch (...) {
+        detail::log_teardown_failure("GpuAugment's destructor");
       }
     }
   }
@@ -87,6 +89,10 @@ struct GpuAugment::State {
       ~Done() { busy.store(false); }
     } done{busy};
     try {
+      // Work this stage issued earlier that failed fails it now, so that the consumer hears of
+      // it as this stage's error.
+      copy->check();
+      compute->check();
       f();
     } catch (...) {
       drop_window();
@@ -224,6 +230,11 @@ struct GpuAugment::State {
     return reinterpret_cast<std::int32_t*>(window_memory.data() + window_labels_at);
   }
 
+  void crop_into_window(const std::byte* images, std::size_t image_count, const CropJob* jobs, std::size_t count) {
+    kernels->crop(*compute, images, image_count, jobs, count, table_data, window_crops(), window_labels(),
+                  window_slots);
+  }
+
   // Records the end of the work that fills minibatch m in `buffer`, and emits it.
   void finish(Minibatch& m, Buffer buffer, Emitter<DeviceBatch>& emit) {
     compute->record(outputs->event(buffer));
@@ -270,15 +281,13 @@ struct GpuAugment::State {
     std::size_t cropped = 0;
     for (std::size_t i = 0; i < minibatches.size(); ++i) {
       Minibatch& m = minibatches[i];
-      kernels->crop(*compute, dev.data(), dev_jobs + cropped, m.jobs_before - cropped, table_data, window_crops(),
-                    window_labels());
+      crop_into_window(dev.data(), images.count, dev_jobs + cropped, m.jobs_before - cropped);
       cropped = m.jobs_before;
-      kernels->gather(*compute, window_crops(), window_labels(), dev_picks + m.first, m.count, crops_of(out[i]),
-                      labels_of(out[i], m));
+      kernels->gather(*compute, window_crops(), window_labels(), window_slots, dev_picks + m.first, m.count,
+                      crops_of(out[i]), labels_of(out[i], m));
       finish(m, std::move(out[i]), emit);
     }
-    kernels->crop(*compute, dev.data(), dev_jobs + cropped, jobs.size() - cropped, table_data, window_crops(),
-                  window_labels());
+    crop_into_window(dev.data(), images.count, dev_jobs + cropped, jobs.size() - cropped);
     device_staging->release_after(std::move(dev), *compute);
   }
 
@@ -301,12 +310,12 @@ struct GpuAugment::State {
       Minibatch& m = minibatches[i];
       if (resident()) {
         const auto* host_jobs = reinterpret_cast<const CropJob*>(host.data());
-        kernels->crop(*compute, resident_images.data(), host_jobs + m.first, m.count, table_data, crops_of(out[i]),
-                      labels_of(out[i], m));
+        kernels->crop(*compute, resident_images.data(), dataset->size(), host_jobs + m.first, m.count, table_data,
+                      crops_of(out[i]), labels_of(out[i], m), m.count);
       } else {
         const auto* host_picks = reinterpret_cast<const std::uint32_t*>(host.data());
-        kernels->gather(*compute, window_crops(), window_labels(), host_picks + m.first, m.count, crops_of(out[i]),
-                        labels_of(out[i], m));
+        kernels->gather(*compute, window_crops(), window_labels(), window_slots, host_picks + m.first, m.count,
+                        crops_of(out[i]), labels_of(out[i], m));
       }
       finish(m, std::move(out[i]), emit);
     }

@@ -26,6 +26,8 @@ enum class PixelType : std::uint8_t { u8, u16, f32 };
 /// its label to labels[jobs[i].dst].
 struct CropArgs {
   const void* images = nullptr;  // images of `pixel` elements, one after the other
+  std::size_t image_count = 0;   // a job outside them traps
+  std::size_t out_slots = 0;     // crops `out` holds: a job's dst outside them traps
   PixelType pixel = PixelType::u8;
   std::uint32_t channels = 1, depth = 1, height = 1, width = 1;  // of one image
   std::uint32_t crop_depth = 1, crop_height = 1, crop_width = 1;
@@ -47,6 +49,7 @@ struct CropArgs {
 struct GatherArgs {
   const float* from = nullptr;
   const std::int32_t* from_labels = nullptr;
+  std::size_t from_slots = 0;  // crops `from` holds: a slot outside them traps
   const std::uint32_t* slots = nullptr;
   std::uint32_t count = 0;
   std::size_t elements = 0;  // floats per crop

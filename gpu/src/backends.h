@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 
 #include "stoker/gpu/device.h"
 
@@ -19,6 +20,15 @@ class DeviceBase : public Device {
   void counted_h2d(std::size_t bytes) noexcept { count_h2d(bytes); }
   void counted_d2h(std::size_t bytes) noexcept { count_d2h(bytes); }
 };
+
+/// What a failure of device work says once it surfaces: `what`, and why it may surface far from
+/// the work that failed.
+std::string async_failure(const std::string& what);
+
+/// For a destructor that caught a failure while it waited for device work (a sticky CUDA error,
+/// the CUDA runtime unloading at exit): logs the first such failure of the process through
+/// spdlog, counts the later ones at debug level, and returns. Call it from a catch block.
+void log_teardown_failure(const char* where) noexcept;
 
 /// A named NVTX range for as long as it lives, in a build with CUDA; nothing otherwise.
 class TraceRange {

@@ -1,6 +1,10 @@
 #include "stoker/gpu/device.h"
 
+#include <atomic>
+#include <exception>
 #include <string>
+
+#include <spdlog/spdlog.h>
 
 #include "backends.h"
 
@@ -45,5 +49,35 @@ void Device::count_d2h(std::size_t bytes) noexcept {
   d2h_copies_.fetch_add(1, std::memory_order_relaxed);
   d2h_bytes_.fetch_add(bytes, std::memory_order_relaxed);
 }
+
+namespace detail {
+
+std::string async_failure(const std::string& what) {
+  return "device work failed: " + what +
+         ". Device work fails after the call that issued it returned, so this is reported by the first check that "
+         "followed (by the stage that issued the work, at its next call, or by whoever waits for it); run with "
+         "CUDA_LAUNCH_BLOCKING=1 to have each CUDA launch report its own failure";
+}
+
+void log_teardown_failure(const char* where) noexcept {
+  static std::atomic<bool> logged{false};
+  try {
+    std::string what = "unknown exception";
+    try {
+      if (const auto current = std::current_exception()) std::rethrow_exception(current);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    if (!logged.exchange(true))
+      spdlog::error("stoker::gpu: {} went on past a failure of device work (later ones are logged at debug level): {}",
+                    where, what);
+    else
+      spdlog::debug("stoker::gpu: {} went on past a failure of device work: {}", where, what);
+  } catch (...) {  // no memory to log with: the destructor goes on all the same
+  }
+}
+
+}  // namespace detail
 
 }  // namespace stoker::gpu

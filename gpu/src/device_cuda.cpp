@@ -2,6 +2,9 @@
 #include <cuda_runtime_api.h>
 #include <nvtx3/nvToolsExt.h>
 
+#include <mutex>
+#include <string>
+
 #include "stoker/core/pipeline.h"
 
 #include "backends.h"
@@ -75,23 +78,55 @@ class CudaStream final : public Stream {
     STOKER_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<CudaEvent&>(event).event, 0));
   }
   void host_task(std::function<void()> fn) override {
-    auto* owned = new std::function<void()>(std::move(fn));
-    const cudaError_t status = cudaLaunchHostFunc(
-        stream_,
-        [](void* p) {
-          std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()>*>(p));
-          (*f)();
-        },
-        owned);
-    if (status != cudaSuccess) delete owned;
+    auto* task = new HostTask{std::move(fn), this};
+    const cudaError_t status = cudaLaunchHostFunc(stream_, &HostTask::run, task);
+    if (status != cudaSuccess) delete task;
     STOKER_CUDA_CHECK(status);
   }
-  void synchronize() override { STOKER_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void synchronize() override {
+    STOKER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    check();
+  }
+  void check() override {
+    {
+      std::lock_guard lock(mutex_);
+      if (!host_failure_.empty()) throw DeviceError(async_failure(host_failure_));
+    }
+    const cudaError_t status = cudaStreamQuery(stream_);
+    if (status == cudaErrorNotReady) return;
+    STOKER_CUDA_CHECK(status);
+  }
   void* native_handle() noexcept override { return stream_; }
 
  private:
+  // A host task that throws cannot fail the CUDA stream it runs on; the stream keeps the failure
+  // for check() to report. It outlives its tasks: its destructor waits for them.
+  struct HostTask {
+    std::function<void()> fn;
+    CudaStream* stream;
+    static void run(void* p) {
+      std::unique_ptr<HostTask> task(static_cast<HostTask*>(p));
+      try {
+        task->fn();
+      } catch (const std::exception& e) {
+        task->stream->failed(std::string("a host task threw: ") + e.what());
+      } catch (...) {
+        task->stream->failed("a host task threw an exception that is not a std::exception");
+      }
+    }
+  };
+  void failed(std::string what) noexcept {
+    try {
+      std::lock_guard lock(mutex_);
+      if (host_failure_.empty()) host_failure_ = std::move(what);
+    } catch (...) {
+    }
+  }
+
   DeviceBase& device_;
   cudaStream_t stream_{};
+  std::mutex mutex_;
+  std::string host_failure_;
 };
 
 class CudaDevice final : public DeviceBase {

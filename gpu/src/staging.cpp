@@ -34,9 +34,17 @@ SlotPool::SlotPool(std::shared_ptr<Device> device, Kind kind, std::size_t slots,
 }
 
 // Buffers still out hold the pool alive (a Buffer keeps a shared_ptr to it), so by now
-// every slot is free or pending; the device may still be reading a pending one.
+// every slot is free or pending; the device may still be reading a pending one. A wait that
+// fails (a sticky CUDA error, the runtime unloading at exit) must not end the process with
+// the error it would report lost: it is logged, and the memory freed all the same.
 SlotPool::~SlotPool() {
-  for (std::size_t i : pending_) slots_[i].event->synchronize();
+  for (std::size_t i : pending_) {
+    try {
+      slots_[i].event->synchronize();
+    } catch (...) {
+      detail::log_teardown_failure("a slot pool's destructor");
+    }
+  }
 }
 
 std::size_t SlotPool::slot_of(const std::byte* data) const {
@@ -155,11 +163,16 @@ ToDevice::ToDevice(std::shared_ptr<Device> device, ToDeviceOptions options) : st
 
 // The copy stream finishes before the pools' memory goes.
 ToDevice::State::~State() {
-  if (copy_stream) copy_stream->synchronize();
+  try {
+    if (copy_stream) copy_stream->synchronize();
+  } catch (...) {
+    detail::log_teardown_failure("ToDevice's destructor");
+  }
 }
 
 DeviceBatch ToDevice::operator()(Batch batch, const StageContext& ctx) const {
   auto& s = *state_;
+  s.copy_stream->check();  // a copy of an earlier batch that failed fails this stage
   if (batch.storage.pool() != s.staging.get())
     throw std::invalid_argument(
         "to_device: the batch was not collated into the staging pool (use Collate{.pool = to_device.staging()})");

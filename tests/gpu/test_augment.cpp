@@ -547,9 +547,9 @@ void check_kernels(gpu::Device& device, Shape shape, DType dtype, CropSize size,
 
   auto* out = reinterpret_cast<float*>(d_out.data());
   auto* labels = reinterpret_cast<std::int32_t*>(d_labels.data());
-  kernels.crop(*stream, d_images.data(), reinterpret_cast<const gpu::detail::CropJob*>(d_jobs.data()), jobs,
-               d_table.data(), out, labels);
-  kernels.gather(*stream, out, labels, reinterpret_cast<const std::uint32_t*>(d_slots.data()), jobs,
+  kernels.crop(*stream, d_images.data(), images, reinterpret_cast<const gpu::detail::CropJob*>(d_jobs.data()), jobs,
+               d_table.data(), out, labels, jobs);
+  kernels.gather(*stream, out, labels, jobs, reinterpret_cast<const std::uint32_t*>(d_slots.data()), jobs,
                  reinterpret_cast<float*>(d_gathered.data()),
                  reinterpret_cast<std::int32_t*>(d_gathered_labels.data()));
   std::vector<float> got(jobs * elements), gathered(jobs * elements);

@@ -3,6 +3,9 @@
 // CUDA half says so when it is skipped). test_augment covers the kernels.
 #include <doctest/doctest.h>
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -10,6 +13,7 @@
 #include <future>
 #include <mutex>
 #include <numeric>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -67,6 +71,40 @@ struct Pinned {
   std::vector<T> values() const { return std::vector<T>(data(), data() + size); }
   stoker::gpu::Memory memory;
   std::size_t size;
+};
+
+// The message of the DeviceError that `f` throws; empty when it throws none.
+template <class F>
+std::string device_error_of(F&& f) {
+  try {
+    f();
+  } catch (const stoker::gpu::DeviceError& e) {
+    return e.what();
+  }
+  return {};
+}
+
+// What spdlog logs while it lives, at every level.
+class LogCapture {
+ public:
+  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(text_)), level_(spdlog::get_level()) {
+    spdlog::default_logger()->sinks().push_back(sink_);
+    spdlog::set_level(spdlog::level::trace);
+  }
+  ~LogCapture() {
+    auto& sinks = spdlog::default_logger()->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+    spdlog::set_level(level_);
+  }
+  std::string text() {
+    sink_->flush();
+    return text_.str();
+  }
+
+ private:
+  std::ostringstream text_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+  spdlog::level::level_enum level_;
 };
 
 }  // namespace
@@ -528,5 +566,87 @@ TEST_CASE(
     d.samples->deleter(d.samples);
     d.labels->deleter(d.labels);
     CHECK(to_device.device_pool()->in_use() == 0);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Failures of device work
+
+TEST_CASE("a host task that throws puts its stream in error, reported by check() and synchronize()" *
+          doctest::timeout(30)) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto stream = device->make_stream(), other = device->make_stream();
+    auto event = device->make_event();
+    StreamGate gate(*device);
+    std::atomic<bool> ran_after{false};
+    gate.hold(*stream);
+    stream->host_task([] { throw std::runtime_error("injected fault"); });
+    stream->record(*event);
+    other->wait(*event);
+    stream->host_task([&] { ran_after = true; });
+    CHECK_NOTHROW(stream->check());  // nothing has failed yet: the stream is held before the task
+    gate.open();
+    const std::string what = device_error_of([&] { stream->synchronize(); });
+    CHECK(what.find("injected fault") != std::string::npos);
+    CHECK(what.find("CUDA_LAUNCH_BLOCKING=1") != std::string::npos);
+    CHECK_THROWS_WITH_AS(stream->check(), doctest::Contains("injected fault"), stoker::gpu::DeviceError);
+    if (!is_cuda(*device)) {
+      // As a CUDA stream after a kernel fault: later work does not run, the events after the
+      // failure report it, and so does work that waits for them.
+      CHECK_FALSE(ran_after.load());
+      CHECK_THROWS_WITH_AS(event->done(), doctest::Contains("injected fault"), stoker::gpu::DeviceError);
+      CHECK_THROWS_WITH_AS(event->synchronize(), doctest::Contains("injected fault"), stoker::gpu::DeviceError);
+      CHECK_THROWS_WITH_AS(other->synchronize(), doctest::Contains("injected fault"), stoker::gpu::DeviceError);
+    }
+  }
+}
+
+TEST_CASE("a pool and a copy stage torn down after a failure of device work log it once and do not throw" *
+          doctest::timeout(30)) {
+  LogCapture log;
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto stream = device->make_stream();
+    auto pool = SlotPool::create(device, SlotPool::Kind::device, 2, 256);
+    stream->host_task([] { throw std::runtime_error("injected fault"); });
+    pool->release_after(pool->acquire(256), *stream);  // its slot waits for an event after the failure
+    pool->release_after(pool->acquire(256), *stream);
+    CHECK_THROWS_AS(stream->synchronize(), stoker::gpu::DeviceError);
+    CHECK_NOTHROW(pool.reset());  // without the catch, a throwing destructor ends the process
+  }
+  const std::string text = log.text();
+  CAPTURE(text);
+  // On the CPU backend the pool's events report the failure; logged once, at error level.
+  CHECK(text.find("[error]") != std::string::npos);
+  CHECK(text.find("slot pool's destructor") != std::string::npos);
+  CHECK(text.find("injected fault") != std::string::npos);
+  CHECK(text.find("[error]") == text.rfind("[error]"));
+}
+
+TEST_CASE("device work that fails reaches the consumer as a StageError naming the stage that issued it" *
+          doctest::timeout(60)) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto stream = device->make_stream();
+    auto pipe = stoker::PipelineBuilder{}
+                    .threads(2)
+                    .source("count", [i = 0]() mutable -> std::optional<int> { return i++; })
+                    .map("launch",
+                         [&](int i) {
+                           stream->check();  // as ToDevice and GpuAugment do at every call
+                           if (i == 3) stream->host_task([] { throw std::runtime_error("injected fault"); });
+                           return i;
+                         })
+                    .map("after", [](int i) { return i; })
+                    .build();
+    try {
+      for (int i = 0; i < 10'000'000; ++i) (void)pipe.next();
+      FAIL("the failure never reached the consumer");
+    } catch (const stoker::StageError& e) {
+      CHECK(e.stage() == "launch");
+      CHECK(std::string(e.what()).find("injected fault") != std::string::npos);
+      CHECK(std::string(e.what()).find("CUDA_LAUNCH_BLOCKING=1") != std::string::npos);
+    }
   }
 }

@@ -24,10 +24,17 @@ bool built_with_cuda() noexcept;
 /// machine without a GPU or driver, or when CUDA_VISIBLE_DEVICES hides them all.
 int cuda_device_count() noexcept;
 
-/// A failed CUDA call: the call, its error string, and where it was made.
-class CudaError : public std::runtime_error {
+/// Device work that failed: a failed CUDA call, or work that failed after it was issued (a
+/// kernel's fault; on either backend, a host task that threw).
+class DeviceError : public std::runtime_error {
  public:
-  CudaError(int code, const std::string& what) : std::runtime_error(what), code_(code) {}
+  using std::runtime_error::runtime_error;
+};
+
+/// A failed CUDA call: the call, its error string, and where it was made.
+class CudaError : public DeviceError {
+ public:
+  CudaError(int code, const std::string& what) : DeviceError(what), code_(code) {}
   int code() const noexcept { return code_; }
 
  private:
@@ -52,6 +59,7 @@ class Event {
   /// if the event was never recorded. Never waits.
   virtual bool done() = 0;
   /// Waits on the host until done(). The pipeline never calls it; tests and sync mode do.
+  /// Both throw DeviceError when the work before the point failed.
   virtual void synchronize() = 0;
   /// cudaEvent_t for the CUDA backend, null for the CPU backend: for a framework to make its
   /// own stream wait on it (cudaStreamWaitEvent) without the host waiting. Owned by the event.
@@ -74,10 +82,20 @@ class Stream {
   /// does not wait.
   virtual void wait(Event& event) = 0;
   /// Calls `fn` on a host thread once the work issued before it is done; later work waits for
-  /// it. `fn` must not throw nor issue work to a stream.
+  /// it. `fn` must not issue work to a stream. If it throws, the stream is in error from then
+  /// on, as a CUDA stream is after a kernel fault (see check()).
   virtual void host_task(std::function<void()> fn) = 0;
-  /// Waits on the host for everything issued so far.
+  /// Waits on the host for everything issued so far, then check()s.
   virtual void synchronize() = 0;
+  /// Throws the failure of work issued to this stream, if the stream has seen one, as
+  /// DeviceError (CudaError for a CUDA error); never waits. Work fails after it was issued, so
+  /// this reports it later than the call that issued it: a stage function that issues device
+  /// work checks its streams at every call, so that the failure reaches the consumer as a
+  /// StageError naming that stage. On CUDA a kernel fault is sticky: every later CUDA call in
+  /// the process fails with it, whichever stream it is made on. On the CPU backend a failure
+  /// stays with its stream: later work on it is skipped, and the events recorded on it after
+  /// the failure, and the streams that wait for them, report it too.
+  virtual void check() = 0;
   /// cudaStream_t for the CUDA backend, null for the CPU backend.
   virtual void* native_handle() noexcept = 0;
 };
