@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -552,15 +553,29 @@ void train_sync_gpu(const TrainOptions& o, std::shared_ptr<const IdxDataset> dat
       o, n, [&](std::uint64_t id) { return reader.read(id); }, augment, trainer, test, report);
 }
 
-// A device that is not there is a bad argument for this machine, reported as such.
+// A device that is not there, or not a device, is a bad argument for this machine, reported
+// as such.
 std::shared_ptr<gpu::Device> open_device(const std::string& which) {
   try {
     return gpu::Device::open(which);
-  } catch (const gpu::CudaError&) {
+  } catch (const gpu::DeviceError&) {
     throw;  // a device that is there but fails is not the user's mistake
-  } catch (const std::runtime_error& e) {
+  } catch (const std::exception& e) {
     throw std::invalid_argument("--device " + which + ": " + e.what());
   }
+}
+
+// The rank's place among the ranks of its machine, as the MPI launcher (Open MPI, MPICH) or
+// Slurm tells it; nullopt when none does.
+std::optional<int> local_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* value = std::getenv(name)) {
+      char* end = nullptr;
+      const long rank = std::strtol(value, &end, 10);
+      if (end != value && *end == '\0' && rank >= 0 && rank <= std::numeric_limits<int>::max())
+        return static_cast<int>(rank);
+    }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -590,8 +605,8 @@ void validate(const TrainOptions& o, int ranks) {
     fail("--batch-size (" + std::to_string(o.batch_size) +
          ") must be at most --shuffle-capacity minus --min-after-dequeue (" +
          std::to_string(o.shuffle_capacity - o.min_after_dequeue) + "), what a shuffle buffer can hand out at once");
-  if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
-    fail("--device must be auto, cpu or cuda, not '" + o.device + "'");
+  if (o.device != "auto" && o.device != "cpu" && o.device != "cuda" && !o.device.starts_with("cuda:"))
+    fail("--device must be auto, cpu, cuda or cuda:N, not '" + o.device + "'");
   if (o.augment != "cpu" && o.augment != "gpu") fail("--augment must be cpu or gpu, not '" + o.augment + "'");
   if (o.resident != "auto" && o.resident != "yes" && o.resident != "no")
     fail("--resident must be auto, yes or no, not '" + o.resident + "'");
@@ -629,6 +644,11 @@ void validate(const TrainOptions& o, int ranks) {
       fail("--batch-size " + std::to_string(o.batch_size) + " does not divide among " + std::to_string(ranks) +
            " ranks, which take equal shares of a step: give a multiple of " + std::to_string(ranks) + job);
   }
+}
+
+std::string device_for_rank(const std::string& device, std::optional<int> local_rank, int ranks, int cuda_devices) {
+  if (ranks < 2 || !local_rank || cuda_devices < 1 || (device != "auto" && device != "cuda")) return device;
+  return "cuda:" + std::to_string(*local_rank % cuda_devices);
 }
 
 std::uint64_t TrainReport::samples() const {
@@ -711,6 +731,8 @@ TrainReport run_training(const TrainOptions& options, const TrainCallbacks& call
   TrainOptions o = options;  // this rank's: its share of each step
   o.batch_size /= static_cast<std::size_t>(trainers);
   report.mode = o.mode;
+  // Before the data: a device that cannot be had is the first thing to hear of.
+  auto device = open_device(device_for_rank(o.device, local_rank(), trainers, gpu::cuda_device_count()));
   const auto t_load = Clock::now();
   auto train_data = std::make_shared<const IdxDataset>(load(o, "train"));
   auto test_data = std::make_shared<const IdxDataset>(load(o, "t10k"));
@@ -724,7 +746,7 @@ TrainReport run_training(const TrainOptions& options, const TrainCallbacks& call
   // A rank's share of an epoch (ShuffledShard leaves out the remainder); all of it alone.
   const std::uint64_t samples_per_epoch =
       train_data->size() / static_cast<std::uint64_t>(trainers) * static_cast<std::uint64_t>(o.crops);
-  Trainer trainer(o, callbacks, open_device(o.device), samples_per_epoch, edge ? nullptr : ranks);
+  Trainer trainer(o, callbacks, std::move(device), samples_per_epoch, edge ? nullptr : ranks);
   if (!o.resume.empty()) {
     const Checkpoint c = Checkpoint::load(o.resume);
     c.check_options(options, o.resume);  // the job's options, not this rank's share of them

@@ -59,8 +59,10 @@ struct TrainOptions {
   /// shards it asks rank 0 for, and sends it the batches (a remote edge, docs/scale-out.md).
   bool remote_workers = false;
 
-  std::uint64_t seed = 1;          ///< crops, mirrors, shuffle and initial weights
-  std::string device = "auto";     ///< auto, cpu or cuda
+  std::uint64_t seed = 1;  ///< crops, mirrors, shuffle and initial weights
+  /// auto, cpu, cuda (the current CUDA device) or cuda:N; in a job of several ranks, auto and
+  /// cuda give each rank of a machine its own GPU (device_for_rank).
+  std::string device = "auto";
   std::string augment = "cpu";     ///< cpu (crops on host threads) or gpu (crops on the device)
   std::string mode = "pipelined";  ///< pipelined or sync
 
@@ -76,6 +78,11 @@ struct TrainOptions {
 
 /// Throws std::invalid_argument naming the first bad option, for a job of `ranks` processes.
 void validate(const TrainOptions& options, int ranks = 1);
+
+/// The device a rank opens for --device `device`: in a job of several ranks, `auto` and `cuda`
+/// become cuda:(local_rank % cuda_devices), so that the ranks of one machine (local_rank among
+/// them, as the launcher says) each use their own GPU; anything else, or one rank, as given.
+std::string device_for_rank(const std::string& device, std::optional<int> local_rank, int ranks, int cuda_devices);
 
 struct EpochReport {
   std::uint32_t epoch = 0;  ///< from 1

@@ -11,8 +11,28 @@
 namespace stoker::gpu::detail {
 
 std::shared_ptr<Device> open_cpu_device();
-/// Throws std::runtime_error in a build without CUDA.
-std::shared_ptr<Device> open_cuda_device();
+/// CUDA device `ordinal`, which must be visible. Throws std::runtime_error in a build without
+/// CUDA.
+std::shared_ptr<Device> open_cuda_device(int ordinal);
+/// The calling thread's current CUDA device (0 when it has chosen none, or without CUDA).
+int current_cuda_device();
+
+/// Makes a CUDA device the calling thread's current one for as long as it lives, then puts
+/// back the device that was current, so that stoker never moves its caller to another device.
+/// Costs a cudaGetDevice when the device is already current (the common case). Does nothing
+/// for a CPU-backend stream, and in a build without CUDA.
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int ordinal);
+  /// The device `stream` belongs to.
+  explicit DeviceGuard(Stream& stream);
+  ~DeviceGuard();
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+ private:
+  int previous_ = -1;  // the device to put back; -1 when there is nothing to put back
+};
 
 /// Base of both backends' devices: gives their streams access to the copy counters.
 class DeviceBase : public Device {
@@ -30,6 +50,13 @@ std::string async_failure(const std::string& what);
 /// spdlog, counts the later ones at debug level, and returns. Call it from a catch block.
 void log_teardown_failure(const char* where) noexcept;
 
+/// State a library keeps per CUDA stream (a cuBLAS handle, bound to the stream), made by
+/// `make` with the stream's device current on first use, and destroyed with the stream after
+/// its work. `key` (the address of a static) tells one library's from another's. Throws
+/// std::logic_error for a stream that is not a CUDA one.
+std::shared_ptr<void> stream_resource(Stream& stream, const void* key,
+                                      const std::function<std::shared_ptr<void>()>& make);
+
 /// A named NVTX range for as long as it lives, in a build with CUDA; nothing otherwise.
 class TraceRange {
  public:
@@ -41,12 +68,15 @@ class TraceRange {
 
 /// Runs `cpu` in stream order on a CPU-backend stream, or `cuda(cudaStream_t)` on a CUDA one.
 /// The one place where a kernel's two implementations meet.
+/// The CUDA side runs with the stream's device current.
 template <class Cpu, class Cuda>
 void launch(Stream& stream, Cpu&& cpu, Cuda&& cuda) {
-  if (void* native = stream.native_handle())
+  if (void* native = stream.native_handle()) {
+    const DeviceGuard guard(stream);
     cuda(native);
-  else
+  } else {
     stream.host_task(std::forward<Cpu>(cpu));
+  }
 }
 
 }  // namespace stoker::gpu::detail

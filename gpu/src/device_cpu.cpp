@@ -172,6 +172,7 @@ class CpuDevice final : public DeviceBase {
  public:
   Backend backend() const noexcept override { return Backend::cpu; }
   std::string name() const override { return "cpu"; }
+  int ordinal() const noexcept override { return 0; }
   std::unique_ptr<Stream> make_stream() override { return std::make_unique<CpuStream>(*this); }
   std::unique_ptr<Event> make_event() override { return std::make_unique<CpuEvent>(); }
   Memory allocate(std::size_t bytes) override { return host(bytes); }
@@ -182,7 +183,8 @@ class CpuDevice final : public DeviceBase {
 
  private:
   static Memory host(std::size_t bytes) {
-    return Memory(::operator new[](bytes, kAlign), bytes, [](void* p) noexcept { ::operator delete[](p, kAlign); });
+    return Memory(::operator new[](bytes, kAlign), bytes,
+                  [](void* p, int) noexcept { ::operator delete[](p, kAlign); });
   }
 };
 

@@ -2,8 +2,13 @@
 #include <cuda_runtime_api.h>
 #include <nvtx3/nvToolsExt.h>
 
+#include <functional>
+#include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "stoker/core/pipeline.h"
 
@@ -29,13 +34,41 @@ namespace detail {
 TraceRange::TraceRange(const char* name) noexcept { nvtxRangePushA(name); }
 TraceRange::~TraceRange() { nvtxRangePop(); }
 
+int current_cuda_device() {
+  int device = 0;
+  STOKER_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+DeviceGuard::DeviceGuard(int ordinal) {
+  const int current = current_cuda_device();
+  if (current == ordinal) return;
+  STOKER_CUDA_CHECK(cudaSetDevice(ordinal));
+  previous_ = current;
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0) (void)cudaSetDevice(previous_);  // it was current a moment ago
+}
+
 namespace {
 
 class CudaEvent final : public Event {
  public:
-  CudaEvent() { STOKER_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming)); }
-  ~CudaEvent() override { (void)cudaEventDestroy(event); }
+  CudaEvent(int device, unsigned flags) : device_(device) {
+    const DeviceGuard guard(device_);
+    STOKER_CUDA_CHECK(cudaEventCreateWithFlags(&event, flags));
+  }
+  ~CudaEvent() override {
+    try {
+      const DeviceGuard guard(device_);
+      (void)cudaEventDestroy(event);
+    } catch (...) {
+      log_teardown_failure("a CUDA event's destructor");
+    }
+  }
   bool done() override {
+    const DeviceGuard guard(device_);
     const cudaError_t status = cudaEventQuery(event);
     if (status == cudaErrorNotReady) {
       (void)cudaGetLastError();
@@ -44,47 +77,72 @@ class CudaEvent final : public Event {
     STOKER_CUDA_CHECK(status);
     return true;
   }
-  void synchronize() override { STOKER_CUDA_CHECK(cudaEventSynchronize(event)); }
+  void synchronize() override {
+    const DeviceGuard guard(device_);
+    STOKER_CUDA_CHECK(cudaEventSynchronize(event));
+  }
   void* native_handle() noexcept override { return event; }
   cudaEvent_t event{};
+
+ private:
+  int device_;
 };
 
 class CudaStream final : public Stream {
  public:
-  explicit CudaStream(DeviceBase& device) : device_(device) {
+  explicit CudaStream(DeviceBase& device) : device_(device), ordinal_(device.ordinal()) {
+    const DeviceGuard guard(ordinal_);
     // Non-blocking: no implicit ordering with the legacy default stream.
     STOKER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   ~CudaStream() override {
-    (void)cudaStreamSynchronize(stream_);
-    (void)cudaStreamDestroy(stream_);
+    try {
+      const DeviceGuard guard(ordinal_);
+      const cudaError_t status = cudaStreamSynchronize(stream_);
+      // Once CUDA's runtime is unloading (process exit), a library handle must not be destroyed:
+      // its destructor would call into the runtime that is gone. The process ends anyway.
+      if (status == cudaErrorCudartUnloading) new std::vector<Resource>(std::move(resources_));
+      resources_.clear();
+      (void)cudaStreamDestroy(stream_);
+    } catch (...) {
+      log_teardown_failure("a CUDA stream's destructor");
+    }
   }
 
   void copy_to_device(void* dst, const void* src, std::size_t bytes) override {
+    const DeviceGuard guard(ordinal_);
     STOKER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
     device_.counted_h2d(bytes);
   }
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override {
+    const DeviceGuard guard(ordinal_);
     STOKER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     device_.counted_d2h(bytes);
   }
   void copy_on_device(void* dst, const void* src, std::size_t bytes) override {
+    const DeviceGuard guard(ordinal_);
     STOKER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
   }
   void record(Event& event) override {
+    const DeviceGuard guard(ordinal_);
     STOKER_CUDA_CHECK(cudaEventRecord(static_cast<CudaEvent&>(event).event, stream_));
   }
   void wait(Event& event) override {
+    const DeviceGuard guard(ordinal_);
     STOKER_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<CudaEvent&>(event).event, 0));
   }
   void host_task(std::function<void()> fn) override {
+    const DeviceGuard guard(ordinal_);
     auto* task = new HostTask{std::move(fn), this};
     const cudaError_t status = cudaLaunchHostFunc(stream_, &HostTask::run, task);
     if (status != cudaSuccess) delete task;
     STOKER_CUDA_CHECK(status);
   }
   void synchronize() override {
-    STOKER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    {
+      const DeviceGuard guard(ordinal_);
+      STOKER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
     check();
   }
   void check() override {
@@ -92,11 +150,25 @@ class CudaStream final : public Stream {
       std::lock_guard lock(mutex_);
       if (!host_failure_.empty()) throw DeviceError(async_failure(host_failure_));
     }
+    const DeviceGuard guard(ordinal_);
     const cudaError_t status = cudaStreamQuery(stream_);
-    if (status == cudaErrorNotReady) return;
+    if (status == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return;
+    }
     STOKER_CUDA_CHECK(status);
   }
   void* native_handle() noexcept override { return stream_; }
+
+  int ordinal() const noexcept { return ordinal_; }
+  std::shared_ptr<void> resource(const void* key, const std::function<std::shared_ptr<void>()>& make) {
+    std::lock_guard lock(mutex_);
+    for (const auto& [k, r] : resources_)
+      if (k == key) return r;
+    const DeviceGuard guard(ordinal_);
+    resources_.emplace_back(key, make());
+    return resources_.back().second;
+  }
 
  private:
   // A host task that throws cannot fail the CUDA stream it runs on; the stream keeps the failure
@@ -123,50 +195,85 @@ class CudaStream final : public Stream {
     }
   }
 
+  using Resource = std::pair<const void*, std::shared_ptr<void>>;
   DeviceBase& device_;
+  const int ordinal_;
   cudaStream_t stream_{};
   std::mutex mutex_;
   std::string host_failure_;
+  std::vector<Resource> resources_;  // destroyed before the stream, after its work
 };
+
+// Frees memory of device `device` with that device current, as it was allocated.
+template <cudaError_t (*Free)(void*)>
+void free_on(void* p, int device) noexcept {
+  try {
+    const DeviceGuard guard(device);
+    (void)Free(p);
+  } catch (...) {
+    log_teardown_failure("freeing CUDA memory");
+  }
+}
 
 class CudaDevice final : public DeviceBase {
  public:
-  CudaDevice() {
-    STOKER_CUDA_CHECK(cudaSetDevice(0));
+  explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
+    // The properties of a device are read without making it current: open() moves nobody.
     cudaDeviceProp props{};
-    STOKER_CUDA_CHECK(cudaGetDeviceProperties(&props, 0));
-    name_ = std::string(props.name) + " (cuda:0)";
+    STOKER_CUDA_CHECK(cudaGetDeviceProperties(&props, ordinal_));
+    name_ = std::string(props.name) + " (cuda:" + std::to_string(ordinal_) + ")";
     // Stage bodies as NVTX ranges, next to the copies and kernels in a profile. NVTX calls
     // cost a few nanoseconds when no profiler listens.
     set_body_tracer({[](const char* stage) { nvtxRangePushA(stage); }, [] { nvtxRangePop(); }});
   }
   Backend backend() const noexcept override { return Backend::cuda; }
   std::string name() const override { return name_; }
+  int ordinal() const noexcept override { return ordinal_; }
   std::unique_ptr<Stream> make_stream() override { return std::make_unique<CudaStream>(*this); }
-  std::unique_ptr<Event> make_event() override { return std::make_unique<CudaEvent>(); }
+  std::unique_ptr<Event> make_event() override { return std::make_unique<CudaEvent>(ordinal_, cudaEventDisableTiming); }
   Memory allocate(std::size_t bytes) override {
+    const DeviceGuard guard(ordinal_);
     void* p = nullptr;
     STOKER_CUDA_CHECK(cudaMalloc(&p, bytes));
-    return Memory(p, bytes, [](void* q) noexcept { (void)cudaFree(q); });
+    return Memory(p, bytes, &free_on<cudaFree>, ordinal_);
   }
   Memory allocate_pinned(std::size_t bytes) override {
+    const DeviceGuard guard(ordinal_);
     void* p = nullptr;
     STOKER_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
-    return Memory(p, bytes, [](void* q) noexcept { (void)cudaFreeHost(q); });
+    return Memory(p, bytes, &free_on<cudaFreeHost>, ordinal_);
   }
   std::size_t free_memory() const override {
+    const DeviceGuard guard(ordinal_);
     std::size_t free = 0, total = 0;
     STOKER_CUDA_CHECK(cudaMemGetInfo(&free, &total));
     return free;
   }
 
  private:
+  const int ordinal_;
   std::string name_;
 };
 
 }  // namespace
 
-std::shared_ptr<Device> open_cuda_device() { return std::make_shared<CudaDevice>(); }
+DeviceGuard::DeviceGuard(Stream& stream) {
+  if (auto* cuda = dynamic_cast<CudaStream*>(&stream)) {
+    const int current = current_cuda_device();
+    if (current == cuda->ordinal()) return;
+    STOKER_CUDA_CHECK(cudaSetDevice(cuda->ordinal()));
+    previous_ = current;
+  }
+}
+
+std::shared_ptr<void> stream_resource(Stream& stream, const void* key,
+                                      const std::function<std::shared_ptr<void>()>& make) {
+  auto* cuda = dynamic_cast<CudaStream*>(&stream);
+  if (!cuda) throw std::logic_error("stream_resource: not a CUDA stream");
+  return cuda->resource(key, make);
+}
+
+std::shared_ptr<Device> open_cuda_device(int ordinal) { return std::make_shared<CudaDevice>(ordinal); }
 
 }  // namespace detail
 }  // namespace stoker::gpu

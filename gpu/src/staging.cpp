@@ -120,6 +120,8 @@ MemoryKind SlotPool::memory_kind() const noexcept {
   return kind_ == Kind::pinned ? MemoryKind::pinned : MemoryKind::device;
 }
 
+int SlotPool::device_id() const noexcept { return device_->ordinal(); }
+
 std::size_t SlotPool::in_use() const {
   std::lock_guard lock(mutex_);
   return slots_.size() - free_.size();

@@ -45,6 +45,22 @@ std::vector<std::shared_ptr<Device>> devices() {
 
 bool is_cuda(const Device& d) { return d.backend() == Backend::cuda; }
 
+constexpr std::size_t kBatch = 8;
+const stoker::Shape kShape{.channels = 1, .height = 4, .width = 4};
+
+std::size_t storage_bytes() { return stoker::Batch::storage_bytes(kShape, stoker::DType::f32, kBatch); }
+
+// kBatch samples of kShape, pixels and labels as device_pipeline makes them.
+std::vector<stoker::Sample> samples_for_staging() {
+  auto pool = stoker::BufferPool::create();
+  std::vector<stoker::Sample> out;
+  for (std::size_t i = 0; i < kBatch; ++i) {
+    out.emplace_back(*pool, kShape, stoker::DType::f32, static_cast<std::int32_t>(i % 10), i);
+    for (float& x : out.back().as<float>()) x = static_cast<float>(i);
+  }
+  return out;
+}
+
 // Appends to a log from any thread.
 class Log {
  public:
@@ -116,15 +132,79 @@ TEST_CASE("cuda_device_count answers without throwing, with or without a GPU") {
   if (n == 0) MESSAGE("no CUDA device found: GPU tests are skipped on this machine");
 }
 
-TEST_CASE("Device::open picks the backend and rejects what it cannot give") {
+TEST_CASE("Device::open picks the backend and rejects what it cannot give, naming the option") {
   CHECK(Device::open("cpu")->backend() == Backend::cpu);
-  CHECK_THROWS_WITH_AS(Device::open("tpu"), doctest::Contains("expected auto, cpu or cuda"), std::invalid_argument);
-  if (stoker::gpu::cuda_device_count() == 0) {
+  CHECK(Device::open("cpu")->ordinal() == 0);
+  CHECK_THROWS_WITH_AS(Device::open("tpu"), doctest::Contains("device 'tpu': expected auto, cpu, cuda or cuda:N"),
+                       std::invalid_argument);
+  for (const char* bad : {"cuda:x", "cuda:-1", "cuda:", "cuda:+1", "cuda:1x", "cuda:99999999999"})
+    CHECK_THROWS_WITH_AS(
+        Device::open(bad),
+        doctest::Contains(("device '" + std::string(bad) + "': expected cuda:N with N the number").c_str()),
+        std::invalid_argument);
+  const int n = stoker::gpu::cuda_device_count();
+  // One past the last device: on this machine, or in this build, there is no such device.
+  const std::string missing = "cuda:" + std::to_string(n);
+  CHECK_THROWS_WITH_AS(Device::open(missing), doctest::Contains(("device '" + missing + "'").c_str()),
+                       std::runtime_error);
+  if (n == 0) {
     CHECK(Device::open("auto")->backend() == Backend::cpu);
     CHECK_THROWS_WITH_AS(Device::open("cuda"), doctest::Contains("device 'cuda'"), std::runtime_error);
+    CHECK_THROWS_WITH_AS(Device::open("cuda:7"), doctest::Contains("device 'cuda:7'"), std::runtime_error);
+    MESSAGE("no CUDA device found: opening cuda:N is checked for its errors only");
   } else {
+    CHECK_THROWS_WITH_AS(Device::open(missing),
+                         doctest::Contains(("there is no CUDA device " + std::to_string(n)).c_str()),
+                         std::runtime_error);
     CHECK(Device::open("auto")->backend() == Backend::cuda);
+    for (int i = 0; i < n; ++i) {
+      const auto d = Device::open("cuda:" + std::to_string(i));
+      CHECK(d->ordinal() == i);
+      CHECK(d->name().find("(cuda:" + std::to_string(i) + ")") != std::string::npos);
+      CHECK(SlotPool::create(d, SlotPool::Kind::device, 1, 64)->device_id() == i);
+    }
   }
+}
+
+TEST_CASE("opening and using a CUDA device never changes the caller's current device" * doctest::timeout(60)) {
+  const int n = stoker::gpu::cuda_device_count();
+  if (n == 0) {
+    MESSAGE("no CUDA device found: the current-device checks are skipped on this machine");
+    return;
+  }
+  if (n == 1) MESSAGE("one CUDA device: opening another one than the current is checked only with two or more");
+  for (int current = 0; current < n; ++current)
+    for (int opened = 0; opened < n; ++opened) {
+      CAPTURE(current);
+      CAPTURE(opened);
+      stoker::test::set_current_cuda_device(current);
+      CHECK(Device::open("cuda")->ordinal() == current);  // cuda and auto: the caller's device
+      CHECK(Device::open("auto")->ordinal() == current);
+      auto device = Device::open("cuda:" + std::to_string(opened));
+      CHECK(stoker::test::current_cuda_device() == current);
+      {
+        // Every entry point: memory, streams, events, copies, host tasks, the pools and the copy
+        // stage, and their teardown.
+        auto stream = device->make_stream();
+        auto event = device->make_event();
+        Pinned<int> host(*device, 16);
+        auto memory = device->allocate(16 * sizeof(int));
+        stream->copy_to_device(memory.data(), host.data(), 16 * sizeof(int));
+        stream->host_task([] {});
+        stream->record(*event);
+        (void)event->done();
+        event->synchronize();
+        stream->synchronize();
+        (void)device->free_memory();
+        stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
+        CHECK(to_device.device_pool()->device_id() == opened);
+        auto batch = to_device(stoker::Collate{.pool = to_device.staging()}(samples_for_staging()));
+        batch.release_after(*stream);
+        CHECK(stoker::test::current_cuda_device() == current);
+      }
+      CHECK(stoker::test::current_cuda_device() == current);
+    }
+  stoker::test::set_current_cuda_device(0);
 }
 
 TEST_CASE("a stream runs its work in order and an event completes when the stream reaches it" * doctest::timeout(30)) {
@@ -234,9 +314,6 @@ TEST_CASE("a buffer released after stream work returns once that work is done, w
 
 namespace {
 
-constexpr std::size_t kBatch = 8;
-const stoker::Shape kShape{.channels = 1, .height = 4, .width = 4};
-
 // A pipeline of `n` samples whose pixels are their id, collated into `to_device`'s staging
 // buffers and copied by it.
 auto device_pipeline(const stoker::gpu::ToDevice& to_device, std::size_t n, std::uint32_t epochs = 1) {
@@ -261,8 +338,6 @@ auto device_pipeline(const stoker::gpu::ToDevice& to_device, std::size_t n, std:
       .map("h2d", to_device, {.queue = 2})
       .build();
 }
-
-std::size_t storage_bytes() { return stoker::Batch::storage_bytes(kShape, stoker::DType::f32, kBatch); }
 
 // A batch's samples and labels as the host sees them once the work issued to `stream` is done:
 // on CUDA through a copy back (counted in `copies`), on the CPU backend in place.
@@ -453,21 +528,6 @@ TEST_CASE(
     }
   }
 }
-
-namespace {
-
-// kBatch samples of kShape, pixels and labels as device_pipeline makes them.
-std::vector<stoker::Sample> samples_for_staging() {
-  auto pool = stoker::BufferPool::create();
-  std::vector<stoker::Sample> out;
-  for (std::size_t i = 0; i < kBatch; ++i) {
-    out.emplace_back(*pool, kShape, stoker::DType::f32, static_cast<std::int32_t>(i % 10), i);
-    for (float& x : out.back().as<float>()) x = static_cast<float>(i);
-  }
-  return out;
-}
-
-}  // namespace
 
 TEST_CASE("DLPack: a device batch is exported over its device buffer, which returns when both tensors are released" *
           doctest::timeout(60)) {

@@ -301,6 +301,31 @@ TEST_CASE("bad trainer options are refused naming the option" * doctest::timeout
                        std::invalid_argument);
 }
 
+TEST_CASE(
+    "--device takes cuda:N, refuses a device that is not one or not there naming the option, and gives each "
+    "rank of a machine its own GPU" *
+    doctest::timeout(30)) {
+  using stoker::train::device_for_rank;
+  auto o = small_run("pipelined", 600);
+  o.device = "gpu";
+  CHECK_THROWS_WITH_AS(stoker::train::validate(o), doctest::Contains("--device must be auto, cpu, cuda or cuda:N"),
+                       std::invalid_argument);
+  // The device is opened before any data is read: these fail without the data set too.
+  for (const char* bad : {"cuda:x", "cuda:-1", "cuda:7"}) {
+    o.device = bad;
+    CHECK_NOTHROW(stoker::train::validate(o));
+    CHECK_THROWS_WITH_AS(stoker::train::run_training(o), doctest::Contains(("--device " + std::string(bad)).c_str()),
+                         std::invalid_argument);
+  }
+  CHECK(device_for_rank("auto", 3, 4, 2) == "cuda:1");
+  CHECK(device_for_rank("cuda", 2, 4, 2) == "cuda:0");
+  CHECK(device_for_rank("auto", 3, 4, 0) == "auto");             // no GPU: the CPU backend, as auto says
+  CHECK(device_for_rank("auto", std::nullopt, 4, 2) == "auto");  // no launcher to say where the rank is
+  CHECK(device_for_rank("auto", 1, 1, 2) == "auto");             // one rank: the current device
+  CHECK(device_for_rank("cuda:1", 0, 4, 2) == "cuda:1");         // as asked
+  CHECK(device_for_rank("cpu", 0, 4, 2) == "cpu");
+}
+
 TEST_CASE("a checkpoint is refused by a run with other options, and when truncated or missing" *
           doctest::timeout(120)) {
   if (!have_fashion_mnist()) {

@@ -103,19 +103,22 @@ class Stream {
 /// Memory of a device, or page-locked host memory: an owner that frees it when destroyed.
 class Memory {
  public:
-  using Free = void (*)(void*) noexcept;
+  /// Frees `data`, which belongs to device `device` (the free runs with that device current).
+  using Free = void (*)(void* data, int device) noexcept;
   Memory() = default;
-  Memory(void* data, std::size_t size, Free free) noexcept
-      : data_(static_cast<std::byte*>(data)), size_(size), free_(free) {}
-  Memory(Memory&& o) noexcept : data_(o.data_), size_(o.size_), free_(o.free_) { o.data_ = nullptr; }
+  Memory(void* data, std::size_t size, Free free, int device = 0) noexcept
+      : data_(static_cast<std::byte*>(data)), size_(size), free_(free), device_(device) {}
+  Memory(Memory&& o) noexcept : data_(o.data_), size_(o.size_), free_(o.free_), device_(o.device_) {
+    o.data_ = nullptr;
+  }
   Memory& operator=(Memory&& o) noexcept {
     Memory old(std::move(*this));
-    data_ = o.data_, size_ = o.size_, free_ = o.free_;
+    data_ = o.data_, size_ = o.size_, free_ = o.free_, device_ = o.device_;
     o.data_ = nullptr;
     return *this;
   }
   ~Memory() {
-    if (data_) free_(data_);
+    if (data_) free_(data_, device_);
   }
 
   std::byte* data() const noexcept { return data_; }
@@ -125,20 +128,31 @@ class Memory {
   std::byte* data_ = nullptr;
   std::size_t size_ = 0;
   Free free_ = nullptr;
+  int device_ = 0;
 };
 
 /// A device. Thread-safe. Streams, events and memory it made must not outlive it.
+///
+/// A CUDA device is one GPU, by its ordinal. Every call that touches it (allocation, streams,
+/// events, copies, launches) makes it the calling thread's current device for the duration
+/// of the call and then puts back the device that was current: nothing here changes the
+/// caller's current device, so that code around stoker (a framework, other GPUs of the
+/// process) keeps the device it chose.
 class Device {
  public:
-  /// "auto" picks CUDA when a device is visible, else the CPU backend; "cpu"; "cuda" throws
-  /// std::runtime_error when this build has no CUDA backend or no device is visible.
-  /// Anything else throws std::invalid_argument.
+  /// "auto": CUDA when a device is visible (the calling thread's current device), else the CPU
+  /// backend; "cpu"; "cuda": the calling thread's current CUDA device; "cuda:N": CUDA device N
+  /// (as numbered under CUDA_VISIBLE_DEVICES). Throws std::runtime_error when this build has no
+  /// CUDA backend or the device asked for is not visible, and std::invalid_argument for anything
+  /// else (`cuda:x`, `cuda:-1`), naming what it was given.
   static std::shared_ptr<Device> open(std::string_view backend = "auto");
 
   virtual ~Device() = default;
   virtual Backend backend() const noexcept = 0;
   /// What it is, for logs: "NVIDIA H100 80GB HBM3 (cuda:0)", or "cpu".
   virtual std::string name() const = 0;
+  /// The CUDA device's ordinal (N of cuda:N); 0 on the CPU backend.
+  virtual int ordinal() const noexcept = 0;
 
   virtual std::unique_ptr<Stream> make_stream() = 0;
   virtual std::unique_ptr<Event> make_event() = 0;

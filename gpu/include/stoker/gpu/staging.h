@@ -63,8 +63,8 @@ class SlotPool final : public BufferPool {
   Buffer acquire(std::size_t bytes, const StageContext& ctx) override;
   bool waits() const noexcept override { return true; }
   MemoryKind memory_kind() const noexcept override;
-  /// 0: a Device is CUDA device 0.
-  int device_id() const noexcept override { return 0; }
+  /// The ordinal of the device its memory belongs to (Device::ordinal()).
+  int device_id() const noexcept override;
   /// The same without waiting: nullopt when every slot is in use.
   std::optional<Buffer> try_acquire(std::size_t bytes);
 
