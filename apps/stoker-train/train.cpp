@@ -153,7 +153,7 @@ class Trainer {
       done.synchronize();
       current_.device_wait_seconds += seconds_since(t0);
     }
-    compute_->wait(batch.ready());
+    batch.use_on(*compute_);
     model_.train_step(*compute_, batch.data_as<float>(), batch.labels(), static_cast<int>(batch.count), learning_rate(),
                       ranks_ ? average_gradients_ : Mlp::Reduce{});
     batch.release_after(*compute_);

@@ -28,7 +28,8 @@ SlotPool::SlotPool(std::shared_ptr<Device> device, Kind kind, std::size_t slots,
   slots_.reserve(slots);
   for (std::size_t i = 0; i < slots; ++i) {
     Memory m = kind == Kind::pinned ? device_->allocate_pinned(slot_bytes) : device_->allocate(slot_bytes);
-    slots_.push_back({std::move(m), device_->make_event()});
+    slots_.push_back({std::move(m), {}});
+    slots_.back().events.push_back(device_->make_event());
     free_.push_back(slots - 1 - i);  // hand out slot 0 first
   }
 }
@@ -38,13 +39,14 @@ SlotPool::SlotPool(std::shared_ptr<Device> device, Kind kind, std::size_t slots,
 // fails (a sticky CUDA error, the runtime unloading at exit) must not end the process with
 // the error it would report lost: it is logged, and the memory freed all the same.
 SlotPool::~SlotPool() {
-  for (std::size_t i : pending_) {
-    try {
-      slots_[i].event->synchronize();
-    } catch (...) {
-      detail::log_teardown_failure("a slot pool's destructor");
+  for (const Pending& p : pending_)
+    for (std::size_t e = 0; e < p.events; ++e) {
+      try {
+        slots_[p.slot].events[e]->synchronize();
+      } catch (...) {
+        detail::log_teardown_failure("a slot pool's destructor");
+      }
     }
-  }
 }
 
 std::size_t SlotPool::slot_of(const std::byte* data) const {
@@ -53,19 +55,28 @@ std::size_t SlotPool::slot_of(const std::byte* data) const {
   throw std::invalid_argument("slot pool: this buffer is not one of the pool's");
 }
 
+// A buffer given back without release_after (a batch dropped before any use, a DLPack tensor
+// released) may still be written by the work that fills it: it waits for the slot's event,
+// which that work recorded, as any pending slot does.
 void SlotPool::release(std::byte* data, std::size_t) noexcept {
   {
     std::lock_guard lock(mutex_);
-    free_.push_back(slot_of(data));
+    pending_.push_back({slot_of(data), 1});
   }
   returned_.notify_one();
 }
 
+bool SlotPool::passed(std::size_t slot, std::size_t events) const {
+  for (std::size_t e = 0; e < events; ++e)
+    if (!slots_[slot].events[e]->done()) return false;
+  return true;
+}
+
 std::optional<Buffer> SlotPool::take_free(std::unique_lock<std::mutex>&, std::size_t bytes) {
-  if (free_.empty())  // slots whose event the device has passed come back now
-    std::erase_if(pending_, [&](std::size_t i) {
-      if (!slots_[i].event->done()) return false;
-      free_.push_back(i);
+  if (free_.empty())  // slots whose events the device has passed come back now
+    std::erase_if(pending_, [&](const Pending& p) {
+      if (!passed(p.slot, p.events)) return false;
+      free_.push_back(p.slot);
       return true;
     });
   if (free_.empty()) return std::nullopt;
@@ -104,16 +115,25 @@ Buffer SlotPool::acquire(std::size_t bytes, const StageContext& ctx) {
 }
 
 void SlotPool::release_after(Buffer buffer, Stream& stream) {
-  if (buffer.pool() != this) throw std::invalid_argument("slot pool: release_after got a buffer of another pool");
-  const auto keep_alive = shared_from_this();  // `buffer` may hold the last reference
-  const std::size_t i = slot_of(buffer.data());
-  stream.record(*slots_[i].event);
-  disown(buffer);  // the slot comes back through its event, in take_free()
-  std::lock_guard lock(mutex_);
-  pending_.push_back(i);
+  Stream* const streams[] = {&stream};
+  release_after(std::move(buffer), streams);
 }
 
-Event& SlotPool::event(const Buffer& buffer) { return *slots_[slot_of(buffer.data())].event; }
+void SlotPool::release_after(Buffer buffer, std::span<Stream* const> streams) {
+  if (buffer.pool() != this) throw std::invalid_argument("slot pool: release_after got a buffer of another pool");
+  if (streams.empty()) return;                 // `buffer` comes back through release(), after the slot's event
+  const auto keep_alive = shared_from_this();  // `buffer` may hold the last reference
+  const std::size_t i = slot_of(buffer.data());
+  // The slot is the holder's alone until it is pending: its events need no lock.
+  auto& events = slots_[i].events;
+  while (events.size() < streams.size()) events.push_back(device_->make_event());
+  for (std::size_t k = 0; k < streams.size(); ++k) streams[k]->record(*events[k]);
+  disown(buffer);  // the slot comes back through its events, in take_free()
+  std::lock_guard lock(mutex_);
+  pending_.push_back({i, streams.size()});
+}
+
+Event& SlotPool::event(const Buffer& buffer) { return *slots_[slot_of(buffer.data())].events.front(); }
 
 MemoryKind SlotPool::memory_kind() const noexcept {
   if (device_->backend() != Backend::cuda) return MemoryKind::host;
@@ -124,7 +144,9 @@ int SlotPool::device_id() const noexcept { return device_->ordinal(); }
 
 std::size_t SlotPool::in_use() const {
   std::lock_guard lock(mutex_);
-  return slots_.size() - free_.size();
+  const auto waiting =
+      std::count_if(pending_.begin(), pending_.end(), [&](const Pending& p) { return !passed(p.slot, p.events); });
+  return slots_.size() - free_.size() - pending_.size() + static_cast<std::size_t>(waiting);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -139,16 +161,69 @@ DeviceBatch::DeviceBatch(Buffer storage, Shape shape_, DType dtype_, std::size_t
       storage_(std::move(storage)),
       labels_offset_(labels_offset) {}
 
-Event& DeviceBatch::ready() const {
-  auto* pool = dynamic_cast<SlotPool*>(storage_.pool());
+DeviceBatch::DeviceBatch(DeviceBatch&& o) noexcept
+    : shape(o.shape),
+      dtype(o.dtype),
+      count(o.count),
+      host_labels(std::move(o.host_labels)),
+      storage_(std::move(o.storage_)),
+      labels_offset_(o.labels_offset_),
+      used_on_(std::move(o.used_on_)) {
+  o.used_on_.clear();
+}
+
+DeviceBatch& DeviceBatch::operator=(DeviceBatch&& o) noexcept {
+  if (this == &o) return *this;
+  give_back();
+  shape = o.shape;
+  dtype = o.dtype;
+  count = o.count;
+  host_labels = std::move(o.host_labels);
+  storage_ = std::move(o.storage_);
+  labels_offset_ = o.labels_offset_;
+  used_on_ = std::move(o.used_on_);
+  o.used_on_.clear();
+  return *this;
+}
+
+DeviceBatch::~DeviceBatch() { give_back(); }
+
+namespace {
+SlotPool& slot_pool_of(const Buffer& storage) {
+  auto* pool = dynamic_cast<SlotPool*>(storage.pool());
   if (!pool) throw std::logic_error("device batch: empty, or not from a slot pool");
-  return pool->event(storage_);
+  return *pool;
+}
+}  // namespace
+
+// A batch that ends without release_after: its buffer goes back after the streams it was used
+// on, or, used on none, after ready() (through the Buffer's own release).
+void DeviceBatch::give_back() noexcept {
+  if (storage_.empty()) return;
+  try {
+    slot_pool_of(storage_).release_after(std::move(storage_), used_on_);
+  } catch (...) {
+    // Recording failed, after a sticky CUDA error: the device runs no more work, and the
+    // buffer came back through its Buffer, after ready().
+    detail::log_teardown_failure("a device batch given back");
+  }
+  used_on_.clear();
+}
+
+Event& DeviceBatch::ready() const { return slot_pool_of(storage_).event(storage_); }
+
+void DeviceBatch::use_on(Stream& stream) {
+  Event& filled = ready();
+  if (std::find(used_on_.begin(), used_on_.end(), &stream) != used_on_.end()) return;
+  used_on_.reserve(used_on_.size() + 1);  // before the wait: nothing to undo if it throws
+  stream.wait(filled);
+  used_on_.push_back(&stream);
 }
 
 void DeviceBatch::release_after(Stream& stream) {
-  auto* pool = dynamic_cast<SlotPool*>(storage_.pool());
-  if (!pool) throw std::logic_error("device batch: empty, or not from a slot pool");
-  pool->release_after(std::move(storage_), stream);
+  use_on(stream);
+  slot_pool_of(storage_).release_after(std::move(storage_), used_on_);
+  used_on_.clear();
 }
 
 // ---------------------------------------------------------------------------------------------

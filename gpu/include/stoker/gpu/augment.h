@@ -14,7 +14,7 @@
 //       .flat_map<stoker::gpu::DeviceBatch>("gpu_augment", augment, {.queue = 2})
 //       .build();
 //   for (auto& b : pipe.epoch()) {
-//     compute.wait(b.ready());      // float32 [255, 1, 24, 24] and int32 labels, on the device
+//     b.use_on(compute);            // float32 [255, 1, 24, 24] and int32 labels, on the device
 //     train_step(b, compute);
 //     b.release_after(compute);
 //   }

@@ -10,7 +10,7 @@
 //       .map("h2d", to_device)                                          // one copy per batch
 //       .build();
 //   for (auto& b : pipe.epoch()) {
-//     compute.wait(b.ready());     // the device waits for the copy; the host does not
+//     b.use_on(compute);           // the device waits for the copy; the host does not
 //     train_step(b, compute);
 //     b.release_after(compute);    // the buffer goes back once the step is done
 //   }
@@ -22,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "stoker/gpu/device.h"
@@ -71,23 +72,37 @@ class SlotPool final : public BufferPool {
   /// Takes `buffer` (one of this pool's) and makes its slot free again once the work issued
   /// to `stream` so far is done. Never waits for the device: acquire() checks the slot's event.
   void release_after(Buffer buffer, Stream& stream);
-  /// The event that belongs to `buffer`'s slot, for the holder to record and share.
+  /// The same once the work issued so far to every one of `streams` is done (an event recorded
+  /// on each). With no stream, as a Buffer that is simply destroyed: once the point last
+  /// recorded on the slot's event() has passed.
+  void release_after(Buffer buffer, std::span<Stream* const> streams);
+  /// The event that belongs to `buffer`'s slot, for the holder to record and share. A buffer
+  /// destroyed without release_after() comes back once the point last recorded on it has
+  /// passed: the work that filled it, when its filler recorded that, is never overwritten.
   Event& event(const Buffer& buffer);
 
   Kind kind() const noexcept { return kind_; }
   std::size_t slots() const noexcept { return slots_.size(); }
   std::size_t slot_bytes() const noexcept { return slot_bytes_; }
-  std::size_t in_use() const;  ///< slots held, or waiting for their event
+  /// Slots held, or waiting for their events. Throws DeviceError when an event reports a failure.
+  std::size_t in_use() const;
 
  private:
   SlotPool(std::shared_ptr<Device> device, Kind kind, std::size_t slots, std::size_t slot_bytes);
   void release(std::byte* data, std::size_t size) noexcept override;
   std::size_t slot_of(const std::byte* data) const;
   std::optional<Buffer> take_free(std::unique_lock<std::mutex>& held, std::size_t bytes);
+  bool passed(std::size_t slot, std::size_t events) const;
 
   struct Slot {
     Memory memory;
-    std::unique_ptr<Event> event;
+    /// [0] the slot's own event (a batch's ready(), then its release); more for a release
+    /// after several streams, made as needed.
+    std::vector<std::unique_ptr<Event>> events;
+  };
+  struct Pending {
+    std::size_t slot;
+    std::size_t events;  // the slot's first `events` events must all be done
   };
   std::shared_ptr<Device> device_;
   const Kind kind_;
@@ -96,13 +111,18 @@ class SlotPool final : public BufferPool {
   mutable std::mutex mutex_;
   std::condition_variable returned_;
   std::vector<std::size_t> free_;
-  std::vector<std::size_t> pending_;  // released after an event that may not be done yet
+  std::vector<Pending> pending_;  // released after events that may not be done yet
 };
 
 /// A batch in device memory, laid out as stoker::Batch (samples, then labels). Move-only.
-/// Destroying it frees its buffer at once; when device work still reads it, hand it back
-/// with release_after() instead. to_dlpack() (stoker/gpu/dlpack.h) hands the buffer to
-/// DLPack tensors.
+///
+/// Its buffer has a stream-ordered lifetime, as a tensor given to PyTorch's record_stream:
+/// use_on() makes a stream wait for the batch and remembers that stream, and the buffer goes
+/// back to its pool only once the work issued to every stream it was used on is done, however
+/// the batch ends: release_after(), or destroyed (an early break, an exception in the training
+/// step, a forgotten release). A batch destroyed before any use comes back once ready() has
+/// passed. So no path hands the buffer to the next copy while queued work still reads it.
+/// to_dlpack() (stoker/gpu/dlpack.h) hands the buffer to DLPack tensors instead.
 class DeviceBatch {
  public:
   Shape shape;  ///< of one sample
@@ -113,6 +133,12 @@ class DeviceBatch {
   DeviceBatch() = default;
   DeviceBatch(Buffer storage, Shape shape, DType dtype, std::size_t count, std::size_t labels_offset,
               std::vector<std::int32_t> host_labels);
+  DeviceBatch(DeviceBatch&& other) noexcept;
+  /// Gives back the batch held before, as the destructor does.
+  DeviceBatch& operator=(DeviceBatch&& other) noexcept;
+  /// Gives the buffer back after the work of every stream the batch was used on. Never
+  /// waits; never throws (a failure to record is logged, and the buffer kept from reuse).
+  ~DeviceBatch();
 
   /// Device pointers (host pointers on the CPU backend).
   void* data() noexcept { return storage_.data(); }
@@ -132,17 +158,25 @@ class DeviceBatch {
   }
   std::size_t sample_elements() const noexcept { return shape.elements(); }
 
-  /// Recorded after the work that filled the batch: make a stream wait() on it before use.
+  /// Recorded after the work that filled the batch: make a stream wait() on it before use, or
+  /// use_on() the stream.
   Event& ready() const;
-  /// Gives the buffer back once the work issued to `stream` so far is done; the batch is empty
+  /// Makes `stream` wait for ready() (on the device; the host does not wait) and remembers it:
+  /// the buffer is not reused before the work issued to `stream` up to its release is done.
+  /// `stream` must outlive the batch's release. Once per stream is enough.
+  void use_on(Stream& stream);
+  /// Gives the buffer back once the work issued so far to `stream`, and to every stream the
+  /// batch was used on, is done (use_on(stream) first if it was not); the batch is empty
   /// afterwards.
   void release_after(Stream& stream);
   bool empty() const noexcept { return storage_.empty(); }
 
  private:
   friend DLPackBatch stoker::to_dlpack(DeviceBatch&& batch);
+  void give_back() noexcept;
   Buffer storage_;  // from a SlotPool of device memory
   std::size_t labels_offset_ = 0;
+  std::vector<Stream*> used_on_;
 };
 
 struct ToDeviceOptions {
