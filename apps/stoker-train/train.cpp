@@ -243,13 +243,19 @@ RandomCrops random_crops(const TrainOptions& o) {
                       .mirror = MirrorOptions{.axis = Axis::width, .p = o.mirror_p}});
 }
 
+}  // namespace
+
+gpu::OutputSizing output_sizing(const TrainOptions& o, std::size_t per_call) {
+  return {.per_call = per_call, .queued = o.batch_queue, .held = static_cast<std::size_t>(o.in_flight) + 1};
+}
+
+namespace {
+
 gpu::ToDeviceOptions to_device_options(const TrainOptions& o) {
   const Shape crop{1, 1, o.crop_size, o.crop_size, false};
-  // Device buffers: the batches queued after the copy, those the trainer holds (one being
-  // issued, in_flight queued on the device), and the one being copied into.
   return {.bytes = Batch::storage_bytes(crop, DType::f32, o.batch_size),
           .staging_buffers = o.staging_buffers,
-          .device_buffers = o.batch_queue + static_cast<std::size_t>(o.in_flight) + 2};
+          .device_buffers = output_sizing(o, 1).buffers()};
 }
 
 PipelineBuilder pipeline_builder(const TrainOptions& o, Trainer& trainer) {
@@ -404,9 +410,7 @@ gpu::GpuAugmentOptions gpu_augment_options(const TrainOptions& o, const Shape& i
                            .image = image,
                            .max_images = o.image_batch,
                            .staging_buffers = o.staging_buffers};
-  // The minibatches of one call, those queued for the trainer, and those it holds: one being
-  // issued and in_flight queued on the device.
-  a.output_buffers = gpu::GpuAugment::buffers_per_call(a) + o.batch_queue + static_cast<std::size_t>(o.in_flight) + 1;
+  a.output_buffers = output_sizing(o, gpu::GpuAugment::buffers_per_call(a)).buffers();
   return a;
 }
 

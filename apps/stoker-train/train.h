@@ -12,6 +12,7 @@
 
 #include "stoker/core/stage_stats.h"
 #include "stoker/gpu/device.h"
+#include "stoker/gpu/staging.h"
 #include "stoker/stages/idx.h"
 
 namespace stoker::dist {
@@ -78,6 +79,11 @@ struct TrainOptions {
 
 /// Throws std::invalid_argument naming the first bad option, for a job of `ranks` processes.
 void validate(const TrainOptions& options, int ranks = 1);
+
+/// The device buffers the trainer's input stage (h2d, or gpu_augment) needs, whose one call
+/// holds `per_call` of them: those queued for the trainer (batch_queue), and those the trainer
+/// holds at once: the batch it is issuing and the in_flight steps queued on the device.
+gpu::OutputSizing output_sizing(const TrainOptions& options, std::size_t per_call);
 
 /// The device a rank opens for --device `device`: in a job of several ranks, `auto` and `cuda`
 /// become cuda:(local_rank % cuda_devices), so that the ranks of one machine (local_rank among

@@ -40,6 +40,7 @@ GpuAugmentOptions checked(GpuAugmentOptions o) {
   if (o.staging_buffers == 0) fail("option staging_buffers must be at least 1");
   if (o.max_images == 0) fail("option max_images (the most images or indices per input batch) must be at least 1");
   if (o.crops.count < 1) fail("option crops.count must be at least 1");
+  if (o.wait_limit.count() < 0) fail("option wait_limit must not be negative");
   return o;
 }
 
@@ -112,12 +113,20 @@ struct GpuAugment::State {
       throw std::invalid_argument("GpuAugment: option output_buffers = " + std::to_string(options.output_buffers) +
                                   " is fewer than the " + std::to_string(need) +
                                   " minibatches that one call may give at once");
-    outputs = SlotPool::create(device, SlotPool::Kind::device,
-                               options.output_buffers != 0 ? options.output_buffers : need + 2,
-                               Batch::storage_bytes(kernels->crop(), DType::f32, B));
+    const std::size_t output_count = options.output_buffers != 0
+                                         ? options.output_buffers
+                                         : OutputSizing{.per_call = need, .queued = 1, .held = 1}.buffers();
+    outputs = SlotPool::create(
+        device, SlotPool::Kind::device, output_count, Batch::storage_bytes(kernels->crop(), DType::f32, B),
+        {.name = "GpuAugment outputs",
+         .sizing = "output_buffers (" + std::to_string(output_count) + ") must cover buffers_per_call (" +
+                   std::to_string(need) +
+                   ") + the minibatches queued after the stage + those the consumer holds at once (OutputSizing)",
+         .wait_limit = options.wait_limit});
     // The kernels read the crops to cut (resident) and the drain's gather slots from here.
     lists = SlotPool::create(device, SlotPool::Kind::pinned, options.staging_buffers,
-                             (std::max(max_jobs, mad) + B) * sizeof(CropJob));
+                             (std::max(max_jobs, mad) + B) * sizeof(CropJob),
+                             {.name = "GpuAugment lists", .sizing = {}, .wait_limit = options.wait_limit});
     if (resident()) return;
     // A staging buffer: the collated batch, then the crops to cut, the slots to gather and,
     // with the first batch, the normalization table; all of it in one copy.
@@ -125,8 +134,16 @@ struct GpuAugment::State {
         align_up(Batch::storage_bytes(kernels->image(), kernels->dtype(), options.max_images)) +
         align_up(max_jobs * sizeof(CropJob)) + align_up((max_jobs + B) * sizeof(std::uint32_t)) +
         kernels->table_bytes();
-    host_staging = SlotPool::create(device, SlotPool::Kind::pinned, options.staging_buffers, per_batch);
-    device_staging = SlotPool::create(device, SlotPool::Kind::device, options.staging_buffers, per_batch);
+    host_staging = SlotPool::create(
+        device, SlotPool::Kind::pinned, options.staging_buffers, per_batch,
+        {.name = "GpuAugment staging",
+         .sizing = "staging_buffers (" + std::to_string(options.staging_buffers) +
+                   ") must cover 1 batch being collated + the batches queued between the collate stage and "
+                   "gpu_augment + 1 being copied",
+         .wait_limit = options.wait_limit});
+    device_staging =
+        SlotPool::create(device, SlotPool::Kind::device, options.staging_buffers, per_batch,
+                         {.name = "GpuAugment device staging", .sizing = {}, .wait_limit = options.wait_limit});
     window_slots = mad + B;  // all the window can hold: a minibatch leaves as soon as it can
     window_labels_at = align_up(window_slots * kernels->crop_elements() * sizeof(float));
     window_memory = device->allocate(window_labels_at + window_slots * sizeof(std::int32_t));

@@ -13,18 +13,36 @@
 namespace stoker::gpu {
 
 // ---------------------------------------------------------------------------------------------
+// OutputSizing
+
+std::string OutputSizing::rule() const {
+  return std::to_string(per_call) + " per call + " + std::to_string(queued) + " queued + " + std::to_string(held) +
+         " held by the consumer = " + std::to_string(buffers()) + " buffers";
+}
+
+// ---------------------------------------------------------------------------------------------
 // SlotPool
 
+void SlotPool::Wakeup::notify() {
+  {
+    std::lock_guard lock(mutex);
+    ++generation;
+  }
+  changed.notify_all();
+}
+
 std::shared_ptr<SlotPool> SlotPool::create(std::shared_ptr<Device> device, Kind kind, std::size_t slots,
-                                           std::size_t slot_bytes) {
+                                           std::size_t slot_bytes, SlotPoolOptions options) {
   if (!device) throw std::invalid_argument("slot pool: no device");
   if (slots == 0) throw std::invalid_argument("slot pool: slots must be at least 1");
   if (slot_bytes == 0) throw std::invalid_argument("slot pool: slot_bytes must be at least 1");
-  return std::shared_ptr<SlotPool>(new SlotPool(std::move(device), kind, slots, slot_bytes));
+  if (options.wait_limit.count() < 0) throw std::invalid_argument("slot pool: wait_limit must not be negative");
+  return std::shared_ptr<SlotPool>(new SlotPool(std::move(device), kind, slots, slot_bytes, std::move(options)));
 }
 
-SlotPool::SlotPool(std::shared_ptr<Device> device, Kind kind, std::size_t slots, std::size_t slot_bytes)
-    : BufferPool(0), device_(std::move(device)), kind_(kind), slot_bytes_(slot_bytes) {
+SlotPool::SlotPool(std::shared_ptr<Device> device, Kind kind, std::size_t slots, std::size_t slot_bytes,
+                   SlotPoolOptions options)
+    : BufferPool(0), device_(std::move(device)), kind_(kind), slot_bytes_(slot_bytes), options_(std::move(options)) {
   slots_.reserve(slots);
   for (std::size_t i = 0; i < slots; ++i) {
     Memory m = kind == Kind::pinned ? device_->allocate_pinned(slot_bytes) : device_->allocate(slot_bytes);
@@ -60,10 +78,12 @@ std::size_t SlotPool::slot_of(const std::byte* data) const {
 // which that work recorded, as any pending slot does.
 void SlotPool::release(std::byte* data, std::size_t) noexcept {
   {
-    std::lock_guard lock(mutex_);
+    std::lock_guard lock(wake_->mutex);
     pending_.push_back({slot_of(data), 1});
+    ++returns_;
+    ++wake_->generation;
   }
-  returned_.notify_one();
+  wake_->changed.notify_all();
 }
 
 bool SlotPool::passed(std::size_t slot, std::size_t events) const {
@@ -77,6 +97,7 @@ std::optional<Buffer> SlotPool::take_free(std::unique_lock<std::mutex>&, std::si
     std::erase_if(pending_, [&](const Pending& p) {
       if (!passed(p.slot, p.events)) return false;
       free_.push_back(p.slot);
+      ++returns_;
       return true;
     });
   if (free_.empty()) return std::nullopt;
@@ -89,29 +110,77 @@ std::optional<Buffer> SlotPool::try_acquire(std::size_t bytes) {
   if (bytes > slot_bytes_)
     throw std::invalid_argument("slot pool: " + std::to_string(bytes) + " bytes asked for, but its buffers hold " +
                                 std::to_string(slot_bytes_));
-  std::unique_lock lock(mutex_);
+  std::unique_lock lock(wake_->mutex);
   return take_free(lock, bytes);
 }
 
 Buffer SlotPool::acquire(std::size_t bytes, const StageContext& ctx) {
+  using namespace std::chrono_literals;
+  using Clock = std::chrono::steady_clock;
   if (bytes > slot_bytes_) (void)try_acquire(bytes);  // throws the size error
-  std::unique_lock lock(mutex_);
+  std::unique_lock lock(wake_->mutex);
   if (auto b = take_free(lock, bytes)) return std::move(*b);
   // Exhausted: the stage calling waits for its consumer, as with a full output queue.
   const BlockedTime blocked(ctx);
+  ++waiters_;
+  struct Leave {  // the lock is held whenever this runs: on return, and on every throw below
+    std::size_t& waiters;
+    ~Leave() { --waiters; }
+  } leave{waiters_};
+  const auto limit = options_.wait_limit;
+  auto since = Clock::now();  // the last time a buffer came back, or the start of the wait
+  std::uint64_t returns = returns_;
   for (;;) {
     if (auto b = take_free(lock, bytes)) return std::move(*b);
     if (ctx.stop.stop_requested()) throw PipelineStopped();
     // The stage that gives buffers back may need this very thread: run it here meanwhile.
     lock.unlock();
-    const bool helped = ctx.help_downstream();
+    bool helped = false;
+    try {
+      helped = ctx.help_downstream();
+    } catch (...) {
+      lock.lock();
+      throw;
+    }
     lock.lock();
     if (helped) continue;
-    // A slot comes back either through a Buffer's destructor, which notifies, or when the
-    // device passes an event, which nobody announces: poll those briefly.
-    const auto wait = pending_.empty() ? std::chrono::microseconds(2000) : std::chrono::microseconds(20);
-    returned_.wait_for(lock, wait);
+    const auto now = Clock::now();
+    if (returns_ != returns) since = now, returns = returns_;
+    if (limit.count() > 0 && now - since >= limit) time_out(now - since);
+    // A buffer comes back when a Buffer is destroyed or given back, which notifies, or when the
+    // device passes its events. That is announced by a host task when a waiter was there at
+    // release_after; otherwise nobody announces it, and it is polled for. A pipeline's stage
+    // also wakes every 2 ms to help the stages after it: their work arrives unannounced.
+    const bool unannounced =
+        std::any_of(pending_.begin(), pending_.end(), [](const Pending& p) { return !p.announced; });
+    Clock::duration wait = limit.count() > 0 ? Clock::duration(since + limit - now) : Clock::duration(1h);
+    if (unannounced) wait = std::min<Clock::duration>(wait, 20us);
+    if (ctx.helper.run) wait = std::min<Clock::duration>(wait, 2ms);
+    const std::uint64_t seen = wake_->generation;
+    wake_->changed.wait_for(lock, ctx.stop, wait, [&] { return wake_->generation != seen; });
   }
+}
+
+void SlotPool::time_out(std::chrono::steady_clock::duration waited) const {
+  // A failure that kept a stream from announcing its events (its host tasks no longer run)
+  // is the error to report, not the wait.
+  for (const Pending& p : pending_) (void)passed(p.slot, p.events);
+  const auto seconds = std::chrono::duration<double>(waited).count();
+  std::string what = "slot pool '" + options_.name + "': no buffer came back in " + std::to_string(seconds) +
+                     " s of waiting, with all " + std::to_string(slots_.size()) + " of its buffers ";
+  if (pending_.empty()) {
+    what +=
+        "held and none on its way back, so this wait would never end: whatever holds them (the queue after the "
+        "stage, the consumer) holds more than the pool was sized for. Sizing: " +
+        (options_.sizing.empty() ? std::string("give it at least the buffers one call holds + those queued after "
+                                               "the stage + those the consumer holds at once")
+                                 : options_.sizing);
+  } else {
+    what += "in use, " + std::to_string(pending_.size()) +
+            " of them waiting for device work that has not finished (a hung device, or a stream held by work that "
+            "never ends)";
+  }
+  throw PoolTimeout(what + " (wait_limit " + std::to_string(options_.wait_limit.count()) + " ms)");
 }
 
 void SlotPool::release_after(Buffer buffer, Stream& stream) {
@@ -129,8 +198,19 @@ void SlotPool::release_after(Buffer buffer, std::span<Stream* const> streams) {
   while (events.size() < streams.size()) events.push_back(device_->make_event());
   for (std::size_t k = 0; k < streams.size(); ++k) streams[k]->record(*events[k]);
   disown(buffer);  // the slot comes back through its events, in take_free()
-  std::lock_guard lock(mutex_);
-  pending_.push_back({i, streams.size()});
+  bool announce = false;
+  {
+    std::lock_guard lock(wake_->mutex);
+    // A stage waiting in acquire() now would otherwise only find out by polling: each stream
+    // tells it once it has passed its event. Without a waiter, a host task per release would
+    // cost the streams a trip to the host for nothing.
+    announce = waiters_ > 0;
+    pending_.push_back({i, streams.size(), announce});
+    ++wake_->generation;
+  }
+  wake_->changed.notify_all();
+  if (announce)
+    for (Stream* stream : streams) stream->host_task([wake = wake_] { wake->notify(); });
 }
 
 Event& SlotPool::event(const Buffer& buffer) { return *slots_[slot_of(buffer.data())].events.front(); }
@@ -143,7 +223,7 @@ MemoryKind SlotPool::memory_kind() const noexcept {
 int SlotPool::device_id() const noexcept { return device_->ordinal(); }
 
 std::size_t SlotPool::in_use() const {
-  std::lock_guard lock(mutex_);
+  std::lock_guard lock(wake_->mutex);
   const auto waiting =
       std::count_if(pending_.begin(), pending_.end(), [&](const Pending& p) { return !passed(p.slot, p.events); });
   return slots_.size() - free_.size() - pending_.size() + static_cast<std::size_t>(waiting);
@@ -232,8 +312,22 @@ void DeviceBatch::release_after(Stream& stream) {
 ToDevice::ToDevice(std::shared_ptr<Device> device, ToDeviceOptions options) : state_(std::make_shared<State>()) {
   if (!device) throw std::invalid_argument("to_device: no device");
   if (options.bytes == 0) throw std::invalid_argument("to_device: bytes (the largest batch) must be at least 1");
-  state_->staging = SlotPool::create(device, SlotPool::Kind::pinned, options.staging_buffers, options.bytes);
-  state_->device_pool = SlotPool::create(device, SlotPool::Kind::device, options.device_buffers, options.bytes);
+  if (options.wait_limit.count() < 0) throw std::invalid_argument("to_device: wait_limit must not be negative");
+  const auto n = [](std::size_t v) { return std::to_string(v); };
+  state_->staging = SlotPool::create(
+      device, SlotPool::Kind::pinned, options.staging_buffers, options.bytes,
+      {.name = "ToDevice staging",
+       .sizing = "staging_buffers (" + n(options.staging_buffers) +
+                 ") must cover 1 batch being collated + the batches queued between the collate and h2d stages + 1 "
+                 "being copied",
+       .wait_limit = options.wait_limit});
+  state_->device_pool = SlotPool::create(
+      device, SlotPool::Kind::device, options.device_buffers, options.bytes,
+      {.name = "ToDevice device buffers",
+       .sizing = "device_buffers (" + n(options.device_buffers) +
+                 ") must cover 1 batch being copied + the batches queued after the h2d stage + those the consumer "
+                 "holds at once (OutputSizing)",
+       .wait_limit = options.wait_limit});
   state_->copy_stream = device->make_stream();
   state_->device = std::move(device);
 }

@@ -825,3 +825,94 @@ TEST_CASE(
     for (int n : seen) CHECK(n == 1);
   }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Waiting for a pool's buffers
+
+TEST_CASE("a wait in acquire() is woken when the stream passes a buffer released while it waited" *
+          doctest::timeout(60)) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto stream = device->make_stream();
+    // Outside a pipeline, with nothing on its way back, nothing makes the wait poll: it ends
+    // when it is told, or after a minute.
+    auto pool =
+        SlotPool::create(device, SlotPool::Kind::device, 1, 256, {.name = "test", .sizing = {}, .wait_limit = 60s});
+    auto held = pool->acquire(256);
+    std::atomic<bool> waiting{false};
+    auto waiter = std::async(std::launch::async, [&] {
+      waiting = true;
+      return pool->acquire(256).size();
+    });
+    while (!waiting) std::this_thread::yield();
+    std::this_thread::sleep_for(50ms);  // the waiter is asleep in acquire()
+    StreamGate gate(*device);
+    gate.hold(*stream);
+    pool->release_after(std::move(held), *stream);  // nothing to take yet: the stream is held
+    CHECK(waiter.wait_for(50ms) == std::future_status::timeout);
+    gate.open();  // the stream passes the release's event, and says so
+    REQUIRE(waiter.wait_for(20s) == std::future_status::ready);
+    CHECK(waiter.get() == 256);
+  }
+}
+
+TEST_CASE("a pool whose buffers are all held and none coming back fails the wait, naming itself and how to size it" *
+          doctest::timeout(60)) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto pool = SlotPool::create(device, SlotPool::Kind::device, 2, 256,
+                                 {.name = "test outputs", .sizing = "the rule", .wait_limit = 200ms});
+    auto a = pool->acquire(256), b = pool->acquire(256);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string what;
+    try {
+      (void)pool->acquire(256);
+    } catch (const stoker::gpu::PoolTimeout& e) {
+      what = e.what();
+    }
+    CAPTURE(what);
+    CHECK(what.find("slot pool 'test outputs': no buffer came back in") != std::string::npos);
+    CHECK(what.find("none on its way back") != std::string::npos);
+    CHECK(what.find("Sizing: the rule") != std::string::npos);
+    CHECK(std::chrono::steady_clock::now() - t0 >= 200ms);
+
+    // Held by a device that does not get on: the same bound, another reason.
+    auto stream = device->make_stream();
+    StreamGate gate(*device);
+    gate.hold(*stream);
+    pool->release_after(std::move(a), *stream);
+    CHECK_THROWS_WITH_AS(pool->acquire(256), doctest::Contains("waiting for device work that has not finished"),
+                         stoker::gpu::PoolTimeout);
+    gate.open();
+    CHECK(pool->acquire(256).size() == 256);  // and once it does, the buffer is there
+  }
+}
+
+TEST_CASE(
+    "a consumer that holds more batches than the device pool was sized for gets a StageError naming the stage "
+    "and the sizing rule" *
+    doctest::timeout(60)) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    stoker::gpu::ToDevice to_device(
+        device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2, .wait_limit = 300ms});
+    auto pipe = device_pipeline(to_device, 50 * kBatch);
+    std::vector<stoker::gpu::DeviceBatch> held;
+    try {
+      for (int i = 0; i < 3; ++i) held.push_back(*pipe.next());  // the third can never be copied
+      FAIL("a third batch came out of a pool of two");
+    } catch (const stoker::StageError& e) {
+      CHECK(e.stage() == "h2d");
+      const std::string what = e.what();
+      CHECK(what.find("ToDevice device buffers") != std::string::npos);
+      CHECK(what.find("device_buffers (2) must cover") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("output sizing adds what one call, the queue and the consumer hold") {
+  constexpr stoker::gpu::OutputSizing sizing{.per_call = 11, .queued = 4, .held = 3};
+  static_assert(sizing.buffers() == 18);
+  CHECK(sizing.rule() == "11 per call + 4 queued + 3 held by the consumer = 18 buffers");
+  CHECK(stoker::gpu::ToDeviceOptions{}.device_buffers == 4);
+}

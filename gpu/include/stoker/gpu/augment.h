@@ -10,8 +10,8 @@
 //   auto pipe = stoker::PipelineBuilder{}
 //       .source("read", reader)                                         // whole uint8 images
 //       .batch("images", 256)
-//       .map("collate", stoker::Collate{.pool = augment.staging()})     // straight into pinned memory
-//       .flat_map<stoker::gpu::DeviceBatch>("gpu_augment", augment, {.queue = 2})
+//       .map("collate", stoker::Collate{.pool = augment.staging()}, {.queue = 1})  // into pinned memory
+//       .flat_map<stoker::gpu::DeviceBatch>("gpu_augment", augment, {.queue = 1})  // queues as the pools are sized
 //       .build();
 //   for (auto& b : pipe.epoch()) {
 //     b.use_on(compute);            // float32 [255, 1, 24, 24] and int32 labels, on the device
@@ -36,6 +36,7 @@
 // PCIe, read by the kernel straight from pinned memory, and no copy is issued per batch.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -68,11 +69,15 @@ struct GpuAugmentOptions {
   DType dtype = DType::u8;
   std::size_t max_images = 0;       ///< most images (or indices) per input batch; required
   std::size_t staging_buffers = 3;  ///< pinned and device staging buffers: with 2 or more, copy i+1 overlaps crop i
-  /// Device buffers of minibatches. The minibatches of one call all need a buffer at once
-  /// (buffers_per_call: enough for count * max_images crops, and for the drain at the end of
-  /// an epoch). 0 = that, plus 2 for minibatches queued or held by the consumer; a pipeline
-  /// that holds more at a time needs more, or it waits for itself.
+  /// Device buffers of minibatches, by OutputSizing: the minibatches of one call all need a
+  /// buffer at once (buffers_per_call: enough for count * max_images crops, and for the drain
+  /// at the end of an epoch), plus those queued after the stage and those the consumer holds
+  /// at once. 0 = buffers_per_call + 1 queued + 1 held; a pipeline that holds more at a time
+  /// needs more, or it waits for itself (and fails after wait_limit, saying so).
   std::size_t output_buffers = 0;
+  /// How long a call waits for a buffer that does not come back before it fails
+  /// (SlotPoolOptions::wait_limit); 0 waits for ever.
+  std::chrono::milliseconds wait_limit{60'000};
 };
 
 /// The flat_map stage function that crops, shuffles and batches on the device. Serial: give

@@ -6,8 +6,8 @@
 //   auto pipe = stoker::PipelineBuilder{}
 //       ...
 //       .batch("batch", 255)
-//       .map("collate", stoker::Collate{.pool = to_device.staging()})  // straight into pinned memory
-//       .map("h2d", to_device)                                          // one copy per batch
+//       .map("collate", stoker::Collate{.pool = to_device.staging()}, {.queue = 2})  // into pinned memory
+//       .map("h2d", to_device, {.queue = 2})  // one copy per batch; 2 queued + 1 copied + 1 held = 4 buffers
 //       .build();
 //   for (auto& b : pipe.epoch()) {
 //     b.use_on(compute);           // the device waits for the copy; the host does not
@@ -16,6 +16,7 @@
 //   }
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -23,6 +24,8 @@
 #include <mutex>
 #include <optional>
 #include <span>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "stoker/gpu/device.h"
@@ -40,6 +43,38 @@ DLPackBatch to_dlpack(gpu::DeviceBatch&& batch);
 
 namespace stoker::gpu {
 
+/// How many buffers a pool of a stage's outputs needs so that the stage never waits for its own
+/// outputs: those one call holds at once, those the queue after the stage holds, and those the
+/// consumer holds at once (the one it works on, and any it keeps longer, such as training steps
+/// queued on the device). The one rule by which stoker sizes output pools: ToDevice's and
+/// GpuAugment's defaults, and stoker-train, derive their counts from it.
+struct OutputSizing {
+  std::size_t per_call = 1;  ///< outputs one call of the stage holds at once
+  std::size_t queued = 0;    ///< outputs the queue after the stage holds (its capacity)
+  std::size_t held = 1;      ///< outputs the consumer holds at once
+  constexpr std::size_t buffers() const noexcept { return per_call + queued + held; }
+  /// "11 per call + 4 queued + 3 held by the consumer = 18 buffers", for errors and logs.
+  std::string rule() const;
+};
+
+/// What a SlotPool says when a wait for one of its buffers gives up.
+struct SlotPoolOptions {
+  std::string name = "slot pool";  ///< which pool, in errors
+  /// How to size it, in errors: what its buffers must cover (e.g. OutputSizing::rule()).
+  std::string sizing;
+  /// How long acquire() waits without a buffer coming back before it throws PoolTimeout; 0
+  /// waits for ever. A pool sized by its rule waits for one only while the device works.
+  std::chrono::milliseconds wait_limit{60'000};
+};
+
+/// A wait for a pool's buffer that gave up: every buffer held and none coming back (the pool
+/// is smaller than what holds its buffers), or the device not passing the work the buffers wait
+/// for. The message names the pool and says how it must be sized.
+class PoolTimeout : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 /// A fixed number of equal buffers of pinned host memory or of device memory, all allocated
 /// when the pool is made and reused. An exhausted pool makes acquire() wait (counted as the
 /// calling stage's blocked time, stoker::BlockedTime): backpressure, like a full queue.
@@ -54,12 +89,15 @@ class SlotPool final : public BufferPool {
 
   /// Throws std::invalid_argument for zero slots or zero bytes.
   static std::shared_ptr<SlotPool> create(std::shared_ptr<Device> device, Kind kind, std::size_t slots,
-                                          std::size_t slot_bytes);
+                                          std::size_t slot_bytes, SlotPoolOptions options = {});
   ~SlotPool() override;
 
   using BufferPool::acquire;
   /// A free buffer of `bytes` (at most slot_bytes()). Waits while every slot is in use; gives
-  /// up by throwing PipelineStopped once `ctx.stop` is requested (its pipeline stops).
+  /// up by throwing PipelineStopped once `ctx.stop` is requested (its pipeline stops), and
+  /// PoolTimeout once no buffer has come back for options().wait_limit. Wakes as soon as a
+  /// buffer is destroyed, or the device passes the events of one given back with release_after
+  /// while it waits (a host task on each stream announces it).
   /// Throws std::invalid_argument when `bytes` exceeds slot_bytes().
   Buffer acquire(std::size_t bytes, const StageContext& ctx) override;
   bool waits() const noexcept override { return true; }
@@ -82,17 +120,20 @@ class SlotPool final : public BufferPool {
   Event& event(const Buffer& buffer);
 
   Kind kind() const noexcept { return kind_; }
+  const SlotPoolOptions& options() const noexcept { return options_; }
   std::size_t slots() const noexcept { return slots_.size(); }
   std::size_t slot_bytes() const noexcept { return slot_bytes_; }
   /// Slots held, or waiting for their events. Throws DeviceError when an event reports a failure.
   std::size_t in_use() const;
 
  private:
-  SlotPool(std::shared_ptr<Device> device, Kind kind, std::size_t slots, std::size_t slot_bytes);
+  SlotPool(std::shared_ptr<Device> device, Kind kind, std::size_t slots, std::size_t slot_bytes,
+           SlotPoolOptions options);
   void release(std::byte* data, std::size_t size) noexcept override;
   std::size_t slot_of(const std::byte* data) const;
   std::optional<Buffer> take_free(std::unique_lock<std::mutex>& held, std::size_t bytes);
   bool passed(std::size_t slot, std::size_t events) const;
+  [[noreturn]] void time_out(std::chrono::steady_clock::duration waited) const;
 
   struct Slot {
     Memory memory;
@@ -102,14 +143,25 @@ class SlotPool final : public BufferPool {
   };
   struct Pending {
     std::size_t slot;
-    std::size_t events;  // the slot's first `events` events must all be done
+    std::size_t events;      // the slot's first `events` events must all be done
+    bool announced = false;  // a host task on each stream wakes the waiters once they are
+  };
+  // What waiters wait on, shared with the host tasks that announce a slot's return: those
+  // must not hold the pool itself, whose destructor would then run on a stream's thread.
+  struct Wakeup {
+    std::mutex mutex;  // also guards the pool's books
+    std::condition_variable_any changed;
+    std::uint64_t generation = 0;  // bumped, under `mutex`, with every notification
+    void notify();
   };
   std::shared_ptr<Device> device_;
   const Kind kind_;
   const std::size_t slot_bytes_;
+  const SlotPoolOptions options_;
   std::vector<Slot> slots_;
-  mutable std::mutex mutex_;
-  std::condition_variable returned_;
+  const std::shared_ptr<Wakeup> wake_ = std::make_shared<Wakeup>();
+  std::size_t waiters_ = 0;    // threads in acquire(), under wake_->mutex
+  std::uint64_t returns_ = 0;  // slots given back or freed so far, under wake_->mutex
   std::vector<std::size_t> free_;
   std::vector<Pending> pending_;  // released after events that may not be done yet
 };
@@ -180,9 +232,17 @@ class DeviceBatch {
 };
 
 struct ToDeviceOptions {
-  std::size_t bytes = 0;            ///< largest batch storage, Batch::storage_bytes(...)
-  std::size_t staging_buffers = 4;  ///< pinned buffers batches are collated into
-  std::size_t device_buffers = 4;   ///< device buffers: queued batches + held by the consumer + 1
+  std::size_t bytes = 0;  ///< largest batch storage, Batch::storage_bytes(...)
+  /// Pinned buffers batches are collated into: one being collated, the batches queued between
+  /// the collate and h2d stages, and one being copied.
+  std::size_t staging_buffers = 4;
+  /// Device buffers, by OutputSizing: one being copied into, the batches queued after the h2d
+  /// stage, and those the consumer holds at once. The default suits a queue of 2 after h2d
+  /// and a consumer that holds one batch at a time.
+  std::size_t device_buffers = OutputSizing{.per_call = 1, .queued = 2, .held = 1}.buffers();
+  /// How long the stages wait for a buffer that does not come back before they fail
+  /// (SlotPoolOptions::wait_limit); 0 waits for ever.
+  std::chrono::milliseconds wait_limit{60'000};
 };
 
 /// The host-to-device stage (a map function, serial): one asynchronous copy per batch, of its
