@@ -88,7 +88,9 @@ class Trainer {
         model_(*device_, *compute_, model_options(o)),
         samples_per_epoch_(samples_per_epoch),
         total_steps_(static_cast<std::uint64_t>(o.epochs) * ((samples_per_epoch + o.batch_size - 1) / o.batch_size)) {
-    for (int i = 0; i < o.in_flight; ++i) step_done_.push_back(device_->make_event());
+    // The host waits on these: asleep (blocking sync), not spinning a core the pipeline needs.
+    for (int i = 0; i < o.in_flight; ++i) step_done_.push_back(device_->make_event(gpu::HostWait::block));
+    caught_up_ = device_->make_event(gpu::HostWait::block);
   }
 
   // Checkpoints.
@@ -167,11 +169,15 @@ class Trainer {
 
   void add_input_wait(double seconds) { current_.input_wait_seconds += seconds; }
 
+  /// Waits, asleep, for the work issued to `stream` so far (Stream::synchronize may spin).
+  void wait_for(gpu::Stream& stream) {
+    stream.record(*caught_up_);
+    caught_up_->synchronize();
+  }
+
   // Waits for the epoch's last step, evaluates and reads all the counters back in one copy.
   EpochReport end_epoch(const TestSet& test) {
-    const auto trained = device_->make_event();
-    compute_->record(*trained);
-    trained->synchronize();
+    wait_for(*compute_);
     current_.train_seconds = seconds_since(started_);
     const auto t0 = Clock::now();
     model_.evaluate(*compute_, test.images(), test.labels(), test.count);
@@ -213,7 +219,7 @@ class Trainer {
   void average(gpu::Stream& stream, float* gradients, std::size_t n) {
     host_gradients_.resize(n);
     stream.copy_to_host(host_gradients_.data(), gradients, n * sizeof(float));
-    stream.synchronize();
+    wait_for(stream);
     ranks_->allreduce_mean(host_gradients_);
     stream.copy_to_device(gradients, host_gradients_.data(), n * sizeof(float));  // before the next step's read-back
   }
@@ -227,6 +233,7 @@ class Trainer {
   std::unique_ptr<gpu::Stream> compute_;
   Mlp model_;
   std::vector<std::unique_ptr<gpu::Event>> step_done_;
+  std::unique_ptr<gpu::Event> caught_up_;  // wait_for()'s
   std::uint64_t samples_per_epoch_, total_steps_;
   std::uint64_t step_ = 0;    // of the run: the learning rate's schedule
   std::uint64_t issued_ = 0;  // by this process: which event a step records
@@ -477,7 +484,7 @@ void train_sync(const TrainOptions& o, std::shared_ptr<const IdxDataset> data, T
       gpu::DeviceBatch batch = to_device(collate(std::move(samples)));
       trainer.add_input_wait(seconds_since(input_started));
       trainer.step(batch);
-      trainer.compute().synchronize();
+      trainer.wait_for(trainer.compute());
       return true;
     };
     for (std::uint64_t id = 0; id < reader.dataset_size(); ++id) {
@@ -518,7 +525,7 @@ void train_sync_gpu_items(const TrainOptions& o, std::uint64_t n, Read read, gpu
       for (gpu::DeviceBatch& b : minibatches) {
         trainer.add_input_wait(seconds_since(t0));
         trainer.step(b);
-        trainer.compute().synchronize();
+        trainer.wait_for(trainer.compute());
         t0 = Clock::now();
       }
       minibatches.clear();

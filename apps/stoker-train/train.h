@@ -72,7 +72,10 @@ struct TrainOptions {
   float learning_rate = 0.05f;        ///< of SGD at the start; decays to 0 along a cosine
   float momentum = 0.9f;
   float weight_decay = 5e-4f;  ///< L2
-  int in_flight = 2;           ///< training steps queued on the device before the trainer waits
+  /// Training steps queued on the device before the trainer waits (asleep, on a blocking-sync
+  /// event): deep enough that a host which is the bottleneck never leaves the device idle while
+  /// it catches up, and every one of them costs a device buffer of input (output_sizing).
+  int in_flight = 4;
 
   std::size_t limit = 0;  ///< use only the first N train and N test images; 0 = all
 };

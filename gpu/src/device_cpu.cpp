@@ -174,7 +174,7 @@ class CpuDevice final : public DeviceBase {
   std::string name() const override { return "cpu"; }
   int ordinal() const noexcept override { return 0; }
   std::unique_ptr<Stream> make_stream() override { return std::make_unique<CpuStream>(*this); }
-  std::unique_ptr<Event> make_event() override { return std::make_unique<CpuEvent>(); }
+  std::unique_ptr<Event> make_event(HostWait) override { return std::make_unique<CpuEvent>(); }
   Memory allocate(std::size_t bytes) override { return host(bytes); }
   Memory allocate_pinned(std::size_t bytes) override { return host(bytes); }
   std::size_t free_memory() const override {

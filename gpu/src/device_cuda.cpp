@@ -230,7 +230,10 @@ class CudaDevice final : public DeviceBase {
   std::string name() const override { return name_; }
   int ordinal() const noexcept override { return ordinal_; }
   std::unique_ptr<Stream> make_stream() override { return std::make_unique<CudaStream>(*this); }
-  std::unique_ptr<Event> make_event() override { return std::make_unique<CudaEvent>(ordinal_, cudaEventDisableTiming); }
+  std::unique_ptr<Event> make_event(HostWait wait) override {
+    return std::make_unique<CudaEvent>(ordinal_,
+                                       cudaEventDisableTiming | (wait == HostWait::block ? cudaEventBlockingSync : 0u));
+  }
   Memory allocate(std::size_t bytes) override {
     const DeviceGuard guard(ordinal_);
     void* p = nullptr;

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <ctime>
 #include <future>
 #include <mutex>
 #include <numeric>
@@ -915,4 +916,32 @@ TEST_CASE("output sizing adds what one call, the queue and the consumer hold") {
   static_assert(sizing.buffers() == 18);
   CHECK(sizing.rule() == "11 per call + 4 queued + 3 held by the consumer = 18 buffers");
   CHECK(stoker::gpu::ToDeviceOptions{}.device_buffers == 4);
+}
+
+TEST_CASE("a blocking-sync event lets the host thread sleep while the device works" * doctest::timeout(30)) {
+  const auto thread_cpu = [] {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return std::chrono::seconds(t.tv_sec) + std::chrono::nanoseconds(t.tv_nsec);
+  };
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto stream = device->make_stream();
+    auto event = device->make_event(stoker::gpu::HostWait::block);
+    StreamGate gate(*device);
+    gate.hold(*stream);
+    stream->record(*event);
+    auto opener = std::async(std::launch::async, [&] {
+      std::this_thread::sleep_for(300ms);
+      gate.open();
+    });
+    const auto wall0 = std::chrono::steady_clock::now();
+    const auto cpu0 = thread_cpu();
+    event->synchronize();
+    const auto cpu = thread_cpu() - cpu0;
+    const auto wall = std::chrono::steady_clock::now() - wall0;
+    opener.get();
+    CHECK(wall >= 250ms);
+    CHECK(cpu < wall / 4);  // a spinning wait burns about all of it
+  }
 }

@@ -50,6 +50,12 @@ struct TransferCounts {
   std::uint64_t d2h_copies = 0, d2h_bytes = 0;
 };
 
+/// How Event::synchronize() waits on the host. `spin`, CUDA's default, returns soonest, with
+/// a core busy for the whole wait; `block` (cudaEventBlockingSync) puts the thread to sleep
+/// until the device signals, a few microseconds later, leaving the core to the pipeline's
+/// stages: what a trainer whose host is the bottleneck wants. The CPU backend always blocks.
+enum class HostWait : std::uint8_t { spin, block };
+
 /// A point in a stream's work. Recording it again moves the point; waits already issued keep
 /// the point they saw, as with CUDA events. Not for concurrent use by several threads.
 class Event {
@@ -155,7 +161,9 @@ class Device {
   virtual int ordinal() const noexcept = 0;
 
   virtual std::unique_ptr<Stream> make_stream() = 0;
-  virtual std::unique_ptr<Event> make_event() = 0;
+  /// An event whose synchronize() waits as `wait` says.
+  virtual std::unique_ptr<Event> make_event(HostWait wait) = 0;
+  std::unique_ptr<Event> make_event() { return make_event(HostWait::spin); }
   /// Device memory; on the CPU backend, host memory. 256-byte aligned. Contents undefined.
   virtual Memory allocate(std::size_t bytes) = 0;
   /// Page-locked host memory, which a device copies from asynchronously (cudaHostAlloc).
