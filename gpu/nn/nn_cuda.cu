@@ -63,12 +63,9 @@ __global__ void relu_backward_kernel(float* grad, const float* activation, std::
     if (!(activation[i] > 0.0f)) grad[i] = 0.0f;
 }
 
-// One thread per row: a classifier's rows are short (10 classes here).
-__global__ void softmax_cross_entropy_kernel(const float* logits, const std::int32_t* labels, int rows, int classes,
-                                             float* grad, float grad_scale, float* loss_sum, std::int32_t* correct) {
-  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (i >= rows) return;
-  const std::size_t offset = static_cast<std::size_t>(i) * classes;
+__device__ void softmax_cross_entropy_row(const float* logits, const std::int32_t* labels, std::size_t i, int classes,
+                                          float* grad, float grad_scale, float* loss_sum, std::int32_t* correct) {
+  const std::size_t offset = i * static_cast<std::size_t>(classes);
   const float* z = logits + offset;
   const std::int32_t label = labels[i];
   const bool valid = label >= 0 && label < classes;
@@ -89,13 +86,24 @@ __global__ void softmax_cross_entropy_kernel(const float* logits, const std::int
   }
 }
 
-// One thread per column: neighbouring threads read neighbouring elements of each row.
+// One thread per row, striding over the rows: a classifier's rows are short (10 classes
+// here), and the grid is capped (blocks_for), so past 4096 blocks' worth a thread takes more.
+__global__ void softmax_cross_entropy_kernel(const float* logits, const std::int32_t* labels, int rows, int classes,
+                                             float* grad, float grad_scale, float* loss_sum, std::int32_t* correct) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < static_cast<std::size_t>(rows);
+       i += std::size_t{gridDim.x} * blockDim.x)
+    softmax_cross_entropy_row(logits, labels, i, classes, grad, grad_scale, loss_sum, correct);
+}
+
+// One thread per column, striding over the columns past what the capped grid covers;
+// neighbouring threads read neighbouring elements of each row.
 __global__ void column_sum_kernel(const float* a, int rows, int cols, float* out) {
-  const int j = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (j >= cols) return;
-  float sum = 0.0f;
-  for (int i = 0; i < rows; ++i) sum += a[static_cast<std::size_t>(i) * cols + j];
-  out[j] = sum;
+  for (std::size_t j = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; j < static_cast<std::size_t>(cols);
+       j += std::size_t{gridDim.x} * blockDim.x) {
+    float sum = 0.0f;
+    for (std::size_t i = 0; i < static_cast<std::size_t>(rows); ++i) sum += a[i * cols + j];
+    out[j] = sum;
+  }
 }
 
 __global__ void sgd_momentum_kernel(float* param, const float* grad, float* velocity, std::size_t n, float lr,

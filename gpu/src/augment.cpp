@@ -123,10 +123,13 @@ struct GpuAugment::State {
                    std::to_string(need) +
                    ") + the minibatches queued after the stage + those the consumer holds at once (OutputSizing)",
          .wait_limit = options.wait_limit});
-    // The kernels read the crops to cut (resident) and the drain's gather slots from here.
-    lists = SlotPool::create(device, SlotPool::Kind::pinned, options.staging_buffers,
-                             (std::max(max_jobs, mad) + B) * sizeof(CropJob),
+    // The crops to cut (resident) and the drain's gather slots, and their copy on the device.
+    const std::size_t list_bytes = (std::max(max_jobs, mad) + B) * sizeof(CropJob);
+    lists = SlotPool::create(device, SlotPool::Kind::pinned, options.staging_buffers, list_bytes,
                              {.name = "GpuAugment lists", .sizing = {}, .wait_limit = options.wait_limit});
+    device_lists =
+        SlotPool::create(device, SlotPool::Kind::device, options.staging_buffers, list_bytes,
+                         {.name = "GpuAugment device lists", .sizing = {}, .wait_limit = options.wait_limit});
     if (resident()) return;
     // A staging buffer: the collated batch, then the crops to cut, the slots to gather and,
     // with the first batch, the normalization table; all of it in one copy.
@@ -274,7 +277,6 @@ struct GpuAugment::State {
     const bool with_table = !table_shipped;
     const std::size_t bytes = with_table ? table_at + kernels->table_bytes() : picks_end;
 
-    std::vector<Buffer> out = acquire_outputs(ctx);
     // The staging slot is larger than the batch collated into it: the rest is ours.
     std::byte* host = images.data();
     std::memcpy(host + jobs_at, jobs.data(), jobs.size() * sizeof(CropJob));
@@ -287,6 +289,9 @@ struct GpuAugment::State {
     copy->copy_to_device(dev.data(), host, bytes);
     copy->record(copied);
     host_staging->release_after(std::move(images.storage), *copy);
+    // Only now wait for output buffers, which the trainer gives back: the copy of this batch
+    // runs meanwhile, overlapping the trainer's steps rather than following them.
+    std::vector<Buffer> out = acquire_outputs(ctx);
 
     compute->wait(copied);
     if (with_table) {
@@ -308,35 +313,37 @@ struct GpuAugment::State {
     device_staging->release_after(std::move(dev), *compute);
   }
 
-  // What crosses PCIe without images (the resident mode's jobs, the drain's gather slots) is
-  // a few bytes per crop: the kernels read it straight from pinned memory, and no copy is
-  // issued. CUDA maps every pinned allocation into the device's address space (UVA).
-  void crop_picked_from_pinned(Emitter<DeviceBatch>& emit, const StageContext& ctx) {
+  // What crosses PCIe without images (the resident mode's jobs, the drain's gather slots) is a
+  // few bytes per crop, copied to the device in one counted copy, issued before the wait for
+  // output buffers: a kernel reading them from pinned memory would cross PCIe from every block.
+  void crop_picked(Emitter<DeviceBatch>& emit, const StageContext& ctx) {
     if (minibatches.empty()) return;
-    std::vector<Buffer> out = acquire_outputs(ctx);
-    Buffer host;
+    const std::size_t bytes = picked.size() * (resident() ? sizeof(CropJob) : sizeof(std::uint32_t));
+    Buffer host = lists->acquire(bytes, ctx);
     if (resident()) {
-      host = lists->acquire(picked.size() * sizeof(CropJob), ctx);
-      std::memcpy(host.data(), picked.data(), picked.size() * sizeof(CropJob));
+      std::memcpy(host.data(), picked.data(), bytes);
     } else {
-      host = lists->acquire(picked.size() * sizeof(std::uint32_t), ctx);
       auto* picks = reinterpret_cast<std::uint32_t*>(host.data());
       for (std::size_t k = 0; k < picked.size(); ++k) picks[k] = picked[k].dst;
     }
+    Buffer dev = device_lists->acquire(bytes, ctx);
+    compute->copy_to_device(dev.data(), host.data(), bytes);
+    lists->release_after(std::move(host), *compute);
+    std::vector<Buffer> out = acquire_outputs(ctx);
     for (std::size_t i = 0; i < minibatches.size(); ++i) {
       Minibatch& m = minibatches[i];
       if (resident()) {
-        const auto* host_jobs = reinterpret_cast<const CropJob*>(host.data());
-        kernels->crop(*compute, resident_images.data(), dataset->size(), host_jobs + m.first, m.count, table_data,
+        const auto* jobs_on_device = reinterpret_cast<const CropJob*>(dev.data());
+        kernels->crop(*compute, resident_images.data(), dataset->size(), jobs_on_device + m.first, m.count, table_data,
                       crops_of(out[i]), labels_of(out[i], m), m.count);
       } else {
-        const auto* host_picks = reinterpret_cast<const std::uint32_t*>(host.data());
-        kernels->gather(*compute, window_crops(), window_labels(), window_slots, host_picks + m.first, m.count,
+        const auto* picks_on_device = reinterpret_cast<const std::uint32_t*>(dev.data());
+        kernels->gather(*compute, window_crops(), window_labels(), window_slots, picks_on_device + m.first, m.count,
                         crops_of(out[i]), labels_of(out[i], m));
       }
       finish(m, std::move(out[i]), emit);
     }
-    lists->release_after(std::move(host), *compute);
+    device_lists->release_after(std::move(dev), *compute);
   }
 
   // ---- the calls
@@ -394,7 +401,7 @@ struct GpuAugment::State {
       for (const auto& p : plans) jobs.push_back(detail::make_job(static_cast<std::uint32_t>(i), p, label));
     }
     book_jobs();
-    crop_picked_from_pinned(emit, ctx);
+    crop_picked(emit, ctx);
   }
 
   void drain(Emitter<DeviceBatch>& emit, const StageContext& ctx) {
@@ -409,7 +416,7 @@ struct GpuAugment::State {
       minibatches.pop_back();
     }
     drop_window();
-    crop_picked_from_pinned(emit, ctx);
+    crop_picked(emit, ctx);
   }
 
   std::shared_ptr<Device> device;
@@ -419,9 +426,9 @@ struct GpuAugment::State {
   std::shared_ptr<const IdxDataset> dataset;  // resident mode
   std::optional<detail::CropKernels> kernels;
 
-  // Pinned: collated images (streaming) and the lists the kernels read in place; device: the
-  // copies of the collated images, and the minibatches.
-  std::shared_ptr<SlotPool> host_staging, lists, device_staging, outputs;
+  // Pinned: collated images (streaming) and the lists of crops and slots; device: their
+  // copies, and the minibatches.
+  std::shared_ptr<SlotPool> host_staging, lists, device_staging, device_lists, outputs;
   Memory window_memory;  // streaming: window_slots crops of floats, then their labels
   std::size_t window_slots = 0, window_labels_at = 0;
   Memory table;  // streaming: the normalization table, shipped with the first batch

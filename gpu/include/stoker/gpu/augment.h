@@ -33,7 +33,7 @@
 // epoch. So the crops of one image are spread over many minibatches, as with a host shuffle.
 //
 // GpuAugment::resident uploads a whole data set once; after that only the crops to cut cross
-// PCIe, read by the kernel straight from pinned memory, and no copy is issued per batch.
+// PCIe, in one small copy per call (28 bytes a crop), and no image byte crosses again.
 #pragma once
 
 #include <chrono>
