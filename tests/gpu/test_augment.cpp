@@ -493,18 +493,20 @@ TEST_CASE("streaming on the device the pipeline runs on: no copy back, one copy 
     CHECK(got == expected(data, o, {8, e}));
   }
   const auto t = device->transfers();
-  CHECK(t.h2d_copies == 2 * data.batches());
-  CHECK(t.d2h_copies == read.copies);  // only the test's own read-backs
+  CHECK(t.h2d_copies == 2 * (data.batches() + 1));  // and each epoch's drain its gather slots
+  CHECK(t.d2h_copies == read.copies);               // only the test's own read-backs
 }
 
 namespace {
 
 // The crop and gather kernels against the CPU transform, on fresh random images, windows and
-// flips, into outputs poisoned with NaN (and labels with a sentinel) before the run.
-void check_kernels(gpu::Device& device, Shape shape, DType dtype, CropSize size, const Normalization& norm) {
+// flips, into outputs poisoned with NaN (and labels with a sentinel) before the run. Every
+// array the kernels read or write starts `offset` bytes past an allocation's alignment.
+void check_kernels(gpu::Device& device, Shape shape, DType dtype, CropSize size, const Normalization& norm,
+                   std::size_t offset = 0) {
   const auto seed = std::random_device{}();
   INFO("device " << device.name() << ", images " << shape.str() << " " << dtype_name(dtype) << ", crops " << size.str()
-                 << ", seed " << seed);
+                 << ", offset " << offset << ", seed " << seed);
   Rng rng(seed);
   const Normalizer normalizer(norm);
   const gpu::detail::CropKernels kernels(shape, dtype, size, normalizer);
@@ -534,37 +536,37 @@ void check_kernels(gpu::Device& device, Shape shape, DType dtype, CropSize size,
   kernels.write_table(table.data());
 
   auto stream = device.make_stream();
+  std::vector<gpu::Memory> memory;
   const auto upload = [&](const void* data, std::size_t bytes) {
-    gpu::Memory m = device.allocate(bytes);
-    stream->copy_to_device(m.data(), data, bytes);
-    return m;
+    memory.push_back(device.allocate(bytes + offset));
+    stream->copy_to_device(memory.back().data() + offset, data, bytes);
+    return memory.back().data() + offset;
   };
   const std::vector<float> nan(jobs * elements, std::numeric_limits<float>::quiet_NaN());
   const std::vector<std::int32_t> sentinel(jobs, std::numeric_limits<std::int32_t>::min());
-  gpu::Memory d_images = upload(image_bytes.data(), image_bytes.size());
-  gpu::Memory d_jobs = upload(job_list.data(), job_list.size() * sizeof(job_list[0]));
-  gpu::Memory d_table = upload(table.data(), table.size());
-  gpu::Memory d_out = upload(nan.data(), nan.size() * sizeof(float));
-  gpu::Memory d_labels = upload(sentinel.data(), sentinel.size() * sizeof(std::int32_t));
-  gpu::Memory d_gathered = upload(nan.data(), nan.size() * sizeof(float));
-  gpu::Memory d_gathered_labels = upload(sentinel.data(), sentinel.size() * sizeof(std::int32_t));
+  std::byte* d_images = upload(image_bytes.data(), image_bytes.size());
+  std::byte* d_jobs = upload(job_list.data(), job_list.size() * sizeof(job_list[0]));
+  std::byte* d_table = upload(table.data(), table.size());
+  std::byte* d_out = upload(nan.data(), nan.size() * sizeof(float));
+  std::byte* d_labels = upload(sentinel.data(), sentinel.size() * sizeof(std::int32_t));
+  std::byte* d_gathered = upload(nan.data(), nan.size() * sizeof(float));
+  std::byte* d_gathered_labels = upload(sentinel.data(), sentinel.size() * sizeof(std::int32_t));
   std::vector<std::uint32_t> slots(jobs);
   for (auto& s : slots) s = static_cast<std::uint32_t>(rng.below(jobs));
-  gpu::Memory d_slots = upload(slots.data(), slots.size() * sizeof(std::uint32_t));
+  std::byte* d_slots = upload(slots.data(), slots.size() * sizeof(std::uint32_t));
 
-  auto* out = reinterpret_cast<float*>(d_out.data());
-  auto* labels = reinterpret_cast<std::int32_t*>(d_labels.data());
-  kernels.crop(*stream, d_images.data(), images, reinterpret_cast<const gpu::detail::CropJob*>(d_jobs.data()), jobs,
-               d_table.data(), out, labels, jobs);
-  kernels.gather(*stream, out, labels, jobs, reinterpret_cast<const std::uint32_t*>(d_slots.data()), jobs,
-                 reinterpret_cast<float*>(d_gathered.data()),
-                 reinterpret_cast<std::int32_t*>(d_gathered_labels.data()));
+  auto* out = reinterpret_cast<float*>(d_out);
+  auto* labels = reinterpret_cast<std::int32_t*>(d_labels);
+  kernels.crop(*stream, d_images, images, reinterpret_cast<const gpu::detail::CropJob*>(d_jobs), jobs, d_table, out,
+               labels, jobs);
+  kernels.gather(*stream, out, labels, jobs, reinterpret_cast<const std::uint32_t*>(d_slots), jobs,
+                 reinterpret_cast<float*>(d_gathered), reinterpret_cast<std::int32_t*>(d_gathered_labels));
   std::vector<float> got(jobs * elements), gathered(jobs * elements);
   std::vector<std::int32_t> got_labels(jobs), gathered_labels(jobs);
-  stream->copy_to_host(got.data(), d_out.data(), got.size() * sizeof(float));
-  stream->copy_to_host(got_labels.data(), d_labels.data(), got_labels.size() * sizeof(std::int32_t));
-  stream->copy_to_host(gathered.data(), d_gathered.data(), gathered.size() * sizeof(float));
-  stream->copy_to_host(gathered_labels.data(), d_gathered_labels.data(), gathered_labels.size() * sizeof(std::int32_t));
+  stream->copy_to_host(got.data(), d_out, got.size() * sizeof(float));
+  stream->copy_to_host(got_labels.data(), d_labels, got_labels.size() * sizeof(std::int32_t));
+  stream->copy_to_host(gathered.data(), d_gathered, gathered.size() * sizeof(float));
+  stream->copy_to_host(gathered_labels.data(), d_gathered_labels, gathered_labels.size() * sizeof(std::int32_t));
   stream->synchronize();
 
   std::vector<float> want(elements);
@@ -656,5 +658,134 @@ TEST_CASE("the copy of an input batch is issued before the call waits for output
     CHECK(call.wait_for(0ms) == std::future_status::timeout);  // still waiting for buffers
     held.clear();
     CHECK(call.get() == 10);
+  }
+}
+
+TEST_CASE("crop and gather kernels at every alignment and awkward width equal the CPU transform" *
+          doctest::timeout(120)) {
+  for (const auto& device : devices()) {
+    // Widths about a vector of 4, a warp of 32 and four warps; arrays 4, 8 and 12 bytes past a
+    // 16-byte boundary, where no lane may take the 16-byte path.
+    for (const std::uint32_t width : {1u, 2u, 3u, 4u, 5u, 31u, 32u, 33u, 127u, 128u, 129u})
+      for (const std::size_t offset : {0u, 4u, 8u, 12u}) {
+        check_kernels(*device, {1, 1, 7, width + 3, false}, DType::u8, {5, width}, kFashion, offset);
+        check_kernels(*device, {2, 3, 4, width + 1, true}, DType::u16, {2, 3, width},
+                      {.scale = 65535, .mean = {0.1f, 0.9f}, .std = {0.3f, 3.0f}}, offset);
+        check_kernels(*device, {1, 1, 3, width, false}, DType::f32, {3, width},
+                      {.scale = 7, .mean = {-2.5f}, .std = {0.7f}}, offset);
+      }
+  }
+}
+
+TEST_CASE("a 512^3 uint16 volume cropped into more than 2^31 output elements on CUDA" * doctest::timeout(300)) {
+  if (gpu::cuda_device_count() == 0) {
+    MESSAGE("no CUDA device found: the 512^3 volume (9 GB of crops, CUDA only) is skipped on this machine");
+    return;
+  }
+  auto device = gpu::Device::open("cuda");
+  const Shape volume{1, 512, 512, 512, true};
+  const Normalization norm{.scale = 65535, .mean = {0.25f}, .std = {0.5f}};
+  const gpu::detail::CropKernels kernels(volume, DType::u16, {512, 512, 512}, Normalizer(norm));
+  const std::size_t elements = kernels.crop_elements();  // 2^27
+  const std::size_t crops = 17;                          // 17 x 2^27 > 2^31 floats
+  REQUIRE(crops * elements > (std::size_t{1} << 31));
+  if (device->free_memory() < crops * elements * sizeof(float) + (std::size_t{2} << 30)) {
+    MESSAGE("this GPU has too little free memory for 9 GB of crops: skipped");
+    return;
+  }
+  const Sample image = make_image(volume, DType::u16, 1);
+  auto stream = device->make_stream();
+  gpu::Memory d_image = device->allocate(image.data.size());
+  stream->copy_to_device(d_image.data(), image.data.data(), image.data.size());
+  std::vector<std::byte> table(kernels.table_bytes());
+  kernels.write_table(table.data());
+  gpu::Memory d_table = device->allocate(table.size());
+  stream->copy_to_device(d_table.data(), table.data(), table.size());
+  std::vector<gpu::detail::CropJob> jobs;
+  for (std::uint32_t k = 0; k < crops; ++k) jobs.push_back({0, k, 0, 0, 0, k % 8, static_cast<std::int32_t>(k)});
+  gpu::Memory d_jobs = device->allocate(jobs.size() * sizeof(jobs[0]));
+  stream->copy_to_device(d_jobs.data(), jobs.data(), jobs.size() * sizeof(jobs[0]));
+  gpu::Memory d_out = device->allocate(crops * elements * sizeof(float));
+  gpu::Memory d_labels = device->allocate(crops * sizeof(std::int32_t));
+  auto* out = reinterpret_cast<float*>(d_out.data());
+  auto* labels = reinterpret_cast<std::int32_t*>(d_labels.data());
+  kernels.crop(*stream, d_image.data(), 1, reinterpret_cast<const gpu::detail::CropJob*>(d_jobs.data()), crops,
+               d_table.data(), out, labels, crops);
+  // The first crop gathered again into the last slot: both ends of the 64-bit range.
+  const std::uint32_t slot = 0;
+  gpu::Memory d_slot = device->allocate(sizeof slot);
+  stream->copy_to_device(d_slot.data(), &slot, sizeof slot);
+  kernels.gather(*stream, out, labels, crops, reinterpret_cast<const std::uint32_t*>(d_slot.data()), 1,
+                 out + (crops - 1) * elements, labels + (crops - 1));
+
+  std::vector<float> got(elements), want(elements);
+  for (const std::size_t k : {std::size_t{0}, crops - 2, crops - 1}) {
+    CAPTURE(k);
+    const auto& job = jobs[k == crops - 1 ? 0 : k];
+    stream->copy_to_host(got.data(), out + k * elements, elements * sizeof(float));
+    stream->synchronize();
+    crop_mirror_normalize_into(image, {0, 0, 0, 512, 512, 512},
+                               {(job.flips & gpu::detail::kFlipDepth) != 0, (job.flips & gpu::detail::kFlipHeight) != 0,
+                                (job.flips & gpu::detail::kFlipWidth) != 0},
+                               Normalizer(norm), want);
+    CHECK(std::memcmp(got.data(), want.data(), elements * sizeof(float)) == 0);
+  }
+  std::vector<std::int32_t> got_labels(crops);
+  stream->copy_to_host(got_labels.data(), labels, crops * sizeof(std::int32_t));
+  stream->synchronize();
+  for (std::size_t k = 0; k + 1 < crops; ++k) CHECK(got_labels[k] == static_cast<std::int32_t>(k));
+  CHECK(got_labels[crops - 1] == 0);
+}
+
+TEST_CASE(
+    "a crop job outside its images fails the stage that issued it with a StageError, not the process "
+    "[own process on CUDA: the fault is sticky]" *
+    doctest::timeout(60)) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    GpuAugment augment(device, fashion_options(16));
+    const gpu::detail::CropKernels kernels({1, 1, 28, 28, false}, DType::u8, {24, 24}, Normalizer(kFashion));
+    auto stream = device->make_stream();
+    gpu::Memory images = device->allocate(4 * 28 * 28), out = device->allocate(4 * 24 * 24 * sizeof(float));
+    gpu::Memory labels = device->allocate(4 * sizeof(std::int32_t)), table = device->allocate(kernels.table_bytes());
+    gpu::Memory bad = device->allocate_pinned(sizeof(gpu::detail::CropJob));
+    // An index far outside the 4 images of the launch: on CUDA an illegal address without the
+    // kernel's own check.
+    const gpu::detail::CropJob job{1u << 30, 0, 0, 0, 0, 0, 0};
+    std::memcpy(bad.data(), &job, sizeof job);
+    std::uint64_t calls = 0;
+    {
+      auto pipe = PipelineBuilder{}
+                      .threads(2)
+                      .source("read", Images{.images = 100000, .per_batch = 16}.source())
+                      .batch("images", 16)
+                      .map("collate", Collate{.pool = augment.staging()}, {.queue = 1})
+                      .flat_map<DeviceBatch>("gpu_augment", augment, {.queue = 1})
+                      .map("inject",
+                           [&](DeviceBatch b) {
+                             stream->check();  // as ToDevice and GpuAugment do at every call
+                             if (++calls == 3)
+                               kernels.crop(*stream, images.data(), 4,
+                                            reinterpret_cast<const gpu::detail::CropJob*>(bad.data()), 1, table.data(),
+                                            reinterpret_cast<float*>(out.data()),
+                                            reinterpret_cast<std::int32_t*>(labels.data()), 4);
+                             return b;
+                           })
+                      .build();
+      try {
+        for (int i = 0; i < 1'000'000; ++i) (void)pipe.next();
+        FAIL("the fault never reached the consumer");
+      } catch (const StageError& e) {
+        const std::string what = e.what();
+        CAPTURE(what);
+        // On CUDA the fault is sticky: GpuAugment's own check may see it first.
+        if (device->backend() == gpu::Backend::cpu)
+          CHECK(e.stage() == "inject");
+        else
+          CHECK((e.stage() == "inject" || e.stage() == "gpu_augment"));
+        CHECK(what.find("CUDA_LAUNCH_BLOCKING=1") != std::string::npos);
+        if (device->backend() == gpu::Backend::cpu) CHECK(what.find("image 1073741824 of 4") != std::string::npos);
+      }
+    }  // the pipeline, GpuAugment's streams and pools go down after the fault without throwing
   }
 }

@@ -14,6 +14,7 @@
 #include <future>
 #include <mutex>
 #include <numeric>
+#include <random>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -783,47 +784,53 @@ TEST_CASE("a device batch dropped without release_after comes back only after th
 }
 
 TEST_CASE(
-    "hazard: a slow consumer that drops its batches without release_after never reads a buffer the next copy "
-    "overwrote" *
+    "hazard: a slow consumer that checksums each batch on its stream never reads a buffer the next copy "
+    "overwrote, whether it releases its batches or drops them" *
     doctest::timeout(120)) {
   for (const auto& device : devices()) {
-    CAPTURE(device->name());
-    // Two device buffers: the copy stage waits for a dropped batch's buffer and copies into it
-    // the moment the pool hands it out.
-    stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
-    auto compute = device->make_stream();
-    constexpr std::size_t kBatches = 12;
-    auto pipe = device_pipeline(to_device, kBatches * kBatch);
-    std::mutex mutex;
-    std::vector<std::string> wrong;
-    std::vector<int> seen(kBatches * kBatch, 0);
-    std::vector<Pinned<float>> snapshots;
-    snapshots.reserve(kBatches);
-    for (auto& b : pipe.epoch()) {
-      b.use_on(*compute);
-      stoker::test::delay(*compute, 20ms);  // the training step reads the batch slowly...
-      auto& snapshot = snapshots.emplace_back(*device, kBatch * kShape.elements());
-      compute->copy_to_host(snapshot.data(), b.data(), snapshot.size * sizeof(float));
-      compute->host_task([&, labels = b.host_labels, count = b.count] {
-        // ... and checks what it read: every sample whole, with its own label.
-        std::lock_guard lock(mutex);
-        for (std::size_t i = 0; i < count; ++i) {
-          const float* x = snapshot.data() + i * kShape.elements();
-          const auto id = static_cast<std::size_t>(x[0]);
-          if (id >= seen.size() || static_cast<std::int32_t>(id % 10) != labels[i] ||
-              std::any_of(x, x + kShape.elements(), [&](float v) { return v != x[0]; })) {
-            wrong.push_back("sample " + std::to_string(i) + " reads id " + std::to_string(x[0]));
-            continue;
+    for (const bool dropped : {true, false}) {
+      CAPTURE(device->name());
+      CAPTURE(dropped);
+      // Two device buffers: the copy stage waits for a batch's buffer and copies into it the
+      // moment the pool hands it out.
+      stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
+      auto compute = device->make_stream();
+      constexpr std::size_t kBatches = 24;
+      auto pipe = device_pipeline(to_device, kBatches * kBatch);
+      std::mutex mutex;
+      std::vector<std::string> wrong;
+      std::vector<int> seen(kBatches * kBatch, 0);
+      std::vector<Pinned<float>> snapshots;
+      snapshots.reserve(kBatches);
+      std::mt19937 rng(7);
+      for (auto& b : pipe.epoch()) {
+        b.use_on(*compute);
+        // The training step reads the batch slowly, for 0 to 10 ms...
+        stoker::test::delay(*compute, std::chrono::microseconds(rng() % 10'000));
+        auto& snapshot = snapshots.emplace_back(*device, kBatch * kShape.elements());
+        compute->copy_to_host(snapshot.data(), b.data(), snapshot.size * sizeof(float));
+        compute->host_task([&, labels = b.host_labels, count = b.count] {
+          // ... and checks what it read: every sample whole, with its own label.
+          std::lock_guard lock(mutex);
+          for (std::size_t i = 0; i < count; ++i) {
+            const float* x = snapshot.data() + i * kShape.elements();
+            const auto id = static_cast<std::size_t>(x[0]);
+            if (id >= seen.size() || static_cast<std::int32_t>(id % 10) != labels[i] ||
+                std::any_of(x, x + kShape.elements(), [&](float v) { return v != x[0]; })) {
+              wrong.push_back("sample " + std::to_string(i) + " reads id " + std::to_string(x[0]));
+              continue;
+            }
+            ++seen[id];
           }
-          ++seen[id];
-        }
-      });
-      // Dropped here, without release_after: an early break, an exception, a forgotten call.
+        });
+        // Dropped: no release_after, as after an early break, an exception or a forgotten call.
+        if (!dropped) b.release_after(*compute);
+      }
+      compute->synchronize();
+      CHECK(snapshots.size() == kBatches);
+      CHECK(wrong.empty());
+      for (int n : seen) CHECK(n == 1);
     }
-    compute->synchronize();
-    CHECK(snapshots.size() == kBatches);
-    CHECK(wrong.empty());
-    for (int n : seen) CHECK(n == 1);
   }
 }
 
