@@ -19,8 +19,10 @@ int current_cuda_device();
 
 /// Makes a CUDA device the calling thread's current one for as long as it lives, then puts
 /// back the device that was current, so that stoker never moves its caller to another device.
-/// Costs a cudaGetDevice when the device is already current (the common case). Does nothing
-/// for a CPU-backend stream, and in a build without CUDA.
+/// A thread that has no CUDA context yet (it chose no device) is left on the device used:
+/// putting back device 0 would create a context there. Costs a cudaGetDevice when the device
+/// is already current (the common case). Does nothing for a CPU-backend stream, and in a build
+/// without CUDA.
 class DeviceGuard {
  public:
   explicit DeviceGuard(int ordinal);
@@ -31,6 +33,7 @@ class DeviceGuard {
   DeviceGuard& operator=(const DeviceGuard&) = delete;
 
  private:
+  void enter(int ordinal);
   int previous_ = -1;  // the device to put back; -1 when there is nothing to put back
 };
 

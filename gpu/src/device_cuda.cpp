@@ -1,4 +1,5 @@
 // The CUDA backend. Every call goes through STOKER_CUDA_CHECK; destructors never throw.
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <nvtx3/nvToolsExt.h>
 
@@ -40,11 +41,40 @@ int current_cuda_device() {
   return device;
 }
 
-DeviceGuard::DeviceGuard(int ordinal) {
+namespace {
+
+// Whether the calling thread has a CUDA context current, asked of the driver (cuCtxGetCurrent,
+// reached through the runtime so that stoker needs no libcuda at link time). Unknown is taken
+// as yes: the guard then puts the device back, as it promises.
+bool thread_has_context() {
+  using GetCurrent = CUresult (*)(CUcontext*);
+  static const GetCurrent get_current = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return GetCurrent{};
+    }
+    return reinterpret_cast<GetCurrent>(fn);
+  }();
+  CUcontext context = nullptr;
+  return !get_current || get_current(&context) != CUDA_SUCCESS || context != nullptr;
+}
+
+}  // namespace
+
+DeviceGuard::DeviceGuard(int ordinal) { enter(ordinal); }
+
+void DeviceGuard::enter(int ordinal) {
   const int current = current_cuda_device();
   if (current == ordinal) return;
+  // A thread with no context yet has chosen no device (cudaGetDevice says 0 all the same):
+  // putting device 0 back would make it one there, a context on GPU 0 for every process of a
+  // multi-GPU job. Such a thread is left on the device stoker used.
+  const bool chosen = thread_has_context();
   STOKER_CUDA_CHECK(cudaSetDevice(ordinal));
-  previous_ = current;
+  if (chosen) previous_ = current;
 }
 
 DeviceGuard::~DeviceGuard() {
@@ -261,12 +291,7 @@ class CudaDevice final : public DeviceBase {
 }  // namespace
 
 DeviceGuard::DeviceGuard(Stream& stream) {
-  if (auto* cuda = dynamic_cast<CudaStream*>(&stream)) {
-    const int current = current_cuda_device();
-    if (current == cuda->ordinal()) return;
-    STOKER_CUDA_CHECK(cudaSetDevice(cuda->ordinal()));
-    previous_ = current;
-  }
+  if (auto* cuda = dynamic_cast<CudaStream*>(&stream)) enter(cuda->ordinal());
 }
 
 std::shared_ptr<void> stream_resource(Stream& stream, const void* key,
