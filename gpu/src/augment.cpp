@@ -251,8 +251,8 @@ struct GpuAugment::State {
   }
 
   void crop_into_window(const std::byte* images, std::size_t image_count, const CropJob* jobs, std::size_t count) {
-    kernels->crop(*compute, images, image_count, jobs, count, table_data, window_crops(), window_labels(),
-                  window_slots);
+    kernels->crop(*compute, images, image_count, jobs, count, table_data, window_crops(), window_labels(), window_slots,
+                  draws);
   }
 
   // Records the end of the work that fills minibatch m in `buffer`, and emits it.
@@ -335,7 +335,7 @@ struct GpuAugment::State {
       if (resident()) {
         const auto* jobs_on_device = reinterpret_cast<const CropJob*>(dev.data());
         kernels->crop(*compute, resident_images.data(), dataset->size(), jobs_on_device + m.first, m.count, table_data,
-                      crops_of(out[i]), labels_of(out[i], m), m.count);
+                      crops_of(out[i]), labels_of(out[i], m), m.count, draws);
       } else {
         const auto* picks_on_device = reinterpret_cast<const std::uint32_t*>(dev.data());
         kernels->gather(*compute, window_crops(), window_labels(), window_slots, picks_on_device + m.first, m.count,
@@ -347,6 +347,15 @@ struct GpuAugment::State {
   }
 
   // ---- the calls
+
+  // Without a count_of, every draw of a crop depends on (seed, epoch, id, k) alone, and the
+  // device draws it where it cuts the crop: the host only books slots. A count_of draws from
+  // the windows' generator first, with the image in hand, so then the host plans each crop.
+  bool drawn_on_device() const noexcept { return !options.crops.count_of; }
+  void add_drawn_jobs(std::uint32_t image, std::uint64_t id, std::int32_t label) {
+    for (int k = 0; k < options.crops.count; ++k)
+      jobs.push_back(detail::CropKernels::drawn_job(image, id, static_cast<std::uint32_t>(k), label));
+  }
 
   void streaming_call(Batch& images, Emitter<DeviceBatch>& emit, const StageContext& ctx) {
     if (resident())
@@ -366,7 +375,12 @@ struct GpuAugment::State {
     jobs.clear();
     const auto labels = images.label_values();
     const auto ids = images.id_values();
+    draws = kernels->draws_for(options.crops, ctx.seed, ctx.epoch);
     for (std::size_t i = 0; i < images.count; ++i) {
+      if (drawn_on_device()) {
+        add_drawn_jobs(static_cast<std::uint32_t>(i), ids[i], labels[i]);
+        continue;
+      }
       const Sample image = detail::borrowed_sample(images.data() + i * kernels->image_bytes(), kernels->image(),
                                                    kernels->dtype(), labels[i], ids[i]);
       plans.clear();
@@ -386,12 +400,17 @@ struct GpuAugment::State {
     if (indices.empty()) return;
     begin_epoch(ctx);
     jobs.clear();
+    draws = kernels->draws_for(options.crops, ctx.seed, ctx.epoch);
     const std::size_t image_bytes = kernels->image_bytes();
     for (std::uint64_t i : indices) {
       if (i >= dataset->size())
         throw std::out_of_range("GpuAugment: index " + std::to_string(i) + " is outside the data set of " +
                                 std::to_string(dataset->size()));
       const auto label = dataset->labels[i];
+      if (drawn_on_device()) {
+        add_drawn_jobs(static_cast<std::uint32_t>(i), i, label);
+        continue;
+      }
       // The real image, for a count_of that looks at it.
       const Sample view =
           detail::borrowed_sample(reinterpret_cast<const std::byte*>(dataset->images.pixels.data()) + i * image_bytes,
@@ -406,6 +425,7 @@ struct GpuAugment::State {
 
   void drain(Emitter<DeviceBatch>& emit, const StageContext& ctx) {
     if (!window || window_epoch != ctx.epoch) return drop_window();
+    draws = kernels->draws_for(options.crops, ctx.seed, ctx.epoch);
     picked.clear();
     minibatches.clear();
     window->close();
@@ -439,6 +459,8 @@ struct GpuAugment::State {
   std::optional<RandomShuffleQueue<CropJob>> window;  // the books: which slot holds what
   std::uint32_t window_epoch = 0;
   std::vector<std::uint32_t> free_slots;
+
+  detail::CropDraws draws;  // of the epoch, for the jobs drawn on the device
 
   // Reused from call to call.
   std::vector<PlannedCrop> plans;

@@ -51,8 +51,17 @@ class CropKernels {
   /// the CPU backend runs. A job outside the images or the slots fails the stream's work (a
   /// trap on CUDA, a host task that throws on the CPU backend) rather than touch memory it
   /// must not.
+  /// Jobs marked kDrawn get their window and flips from `draws` (draws_for()), where they are
+  /// cut.
   void crop(Stream& stream, const std::byte* images, std::size_t image_count, const CropJob* jobs, std::size_t count,
-            const std::byte* table, float* out, std::int32_t* labels, std::size_t out_slots) const;
+            const std::byte* table, float* out, std::int32_t* labels, std::size_t out_slots,
+            const CropDraws& draws = {}) const;
+
+  /// What the crops of `options` (which has no count_of) draw from in epoch `epoch` of a
+  /// pipeline seeded `seed`, for images of this geometry.
+  CropDraws draws_for(const RandomCropOptions& options, std::uint64_t seed, std::uint32_t epoch) const;
+  /// A job whose window and flips are drawn where it is cut: crop k of sample `id`.
+  static CropJob drawn_job(std::uint32_t image, std::uint64_t id, std::uint32_t k, std::int32_t label) noexcept;
 
   /// Issues to `stream`: crop i of `out` and labels[i] become crop slots[i] of `from` and
   /// from_labels[slots[i]], for i < count; `from` holds from_slots crops. `slots` is device or

@@ -54,7 +54,10 @@ template <bool Quads, class T>
 __global__ void __launch_bounds__(kThreads) crop_kernel(CropArgs a) {
   // Read once per block: the jobs may be in pinned host memory, read across PCIe.
   __shared__ CropJob job;
-  if (threadIdx.x == 0) job = a.jobs[blockIdx.x];
+  if (threadIdx.x == 0) {
+    job = a.jobs[blockIdx.x];
+    draw_if_asked(a.draws, job);  // a few dozen integer steps, once per block
+  }
   __syncthreads();
   // A corrupt job fails the launch (a sticky error the host reports) rather than read or
   // write memory it does not own.

@@ -789,3 +789,90 @@ TEST_CASE(
     }  // the pipeline, GpuAugment's streams and pools go down after the fault without throwing
   }
 }
+
+TEST_CASE("a crop drawn from (seed, epoch, id, k) alone equals RandomCrops::plan's, window and mirror" *
+          doctest::timeout(60)) {
+  const auto seed = std::random_device{}();
+  INFO("seed " << seed);
+  Rng rng(seed);
+  const std::vector<std::pair<Shape, CropSize>> geometries{{{1, 1, 28, 28, false}, {24, 24}},
+                                                           {{3, 1, 17, 13, false}, {17, 5}},
+                                                           {{2, 9, 10, 11, true}, {4, 10, 3}},
+                                                           {{1, 6, 7, 8, true}, {0, 5, 5}},
+                                                           {{1, 1, 1, 1, false}, {1, 1}}};
+  for (const auto& [shape, size] : geometries)
+    for (const double p : {0.0, 0.3, 0.5, 1.0})
+      for (const Axis axis : {Axis::width, Axis::height, Axis::depth}) {
+        if (axis == Axis::depth && !shape.volume) continue;
+        RandomCropOptions o{.size = size, .count = 1 + static_cast<int>(rng.below(7))};
+        if (p > 0) o.mirror = MirrorOptions{.axis = axis, .p = p, .salt = rng()};
+        o.salt = rng();
+        const RandomCrops crops(o);
+        const gpu::detail::CropKernels kernels(shape, DType::u8, size, Normalizer(Normalization{}));
+        for (int trial = 0; trial < 40; ++trial) {
+          const StageContext ctx{.seed = rng(), .epoch = static_cast<std::uint32_t>(rng.below(100))};
+          const std::uint64_t id = trial % 2 ? rng() : rng.below(100000);  // ids past 2^32 too
+          CAPTURE(shape.str());
+          CAPTURE(p);
+          CAPTURE(id);
+          const Sample image = make_image(shape, DType::u8, id);
+          const auto planned = crops.plan(image, ctx);
+          REQUIRE(planned.size() == static_cast<std::size_t>(o.count));
+          const auto draws = kernels.draws_for(o, ctx.seed, ctx.epoch);
+          for (std::uint32_t k = 0; k < planned.size(); ++k) {
+            auto job = gpu::detail::CropKernels::drawn_job(0, id, k, 0);
+            gpu::detail::draw_if_asked(draws, job);
+            const auto want = gpu::detail::make_job(0, planned[k], 0);
+            CHECK(job.z == want.z);
+            CHECK(job.y == want.y);
+            CHECK(job.x == want.x);
+            CHECK(job.flips == want.flips);
+          }
+        }
+      }
+}
+
+TEST_CASE(
+    "crops drawn where they are cut give the same minibatches as the host's plan: streaming and resident, on "
+    "every backend" *
+    doctest::timeout(120)) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto o = fashion_options();  // no count_of: every crop is drawn where it is cut
+    REQUIRE_FALSE(o.crops.count_of);
+    const Images data{.images = 150, .per_batch = 32};
+    GpuAugment streaming(device, o);
+    check_epochs(*device, streaming, data, 17, 2);
+
+    auto resident = GpuAugment::resident(device, as_dataset(data), o);
+    auto pipe = PipelineBuilder{}
+                    .threads(2)
+                    .seed(17)
+                    .epochs(2)
+                    .deterministic()
+                    .source("ids", IdSource(IdxReader(as_dataset(data))))
+                    .batch("indices", data.per_batch)
+                    .flat_map<DeviceBatch>("gpu_augment", resident, {.queue = 1})
+                    .build();
+    ReadBack read(*device);
+    for (std::uint32_t e = 0; e < 2; ++e) {
+      Minibatches got;
+      for (auto& b : pipe.epoch()) got.push_back(read(b));
+      CHECK(got == expected(data, o, {17, e}));
+    }
+
+    // 3D, mirrored along depth, uint16.
+    GpuAugmentOptions volume{.crops = {.size = {4, 6, 8},
+                                       .count = 3,
+                                       .mirror = MirrorOptions{.axis = Axis::depth},
+                                       .normalize = Normalization{.scale = 3.0f, .mean = {0.5f}, .std = {0.2f}}},
+                             .batch_size = 8,
+                             .shuffle = {.capacity = 40, .min_after_dequeue = 20, .seed = 3},
+                             .image = Shape{1, 7, 9, 11, true},
+                             .dtype = DType::u16,
+                             .max_images = 4};
+    GpuAugment cubes(device, volume);
+    check_epochs(*device, cubes, {.shape = {1, 7, 9, 11, true}, .dtype = DType::u16, .images = 30, .per_batch = 4}, 5,
+                 1);
+  }
+}

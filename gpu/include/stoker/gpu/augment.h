@@ -22,8 +22,9 @@
 // Each input batch of images crosses PCIe in one copy, together with the crops to cut and the
 // minibatches to gather, and nothing comes back. The images are collated into the pinned
 // staging buffer that this copy leaves from by the stage before (on its own threads), so the
-// copy needs no extra host copy. The crops and flips are drawn on the host exactly as
-// stoker::RandomCrops draws them (RandomCrops::plan), and each crop equals, bit for bit, what
+// copy needs no extra host copy. The crops and flips are drawn exactly as stoker::RandomCrops
+// draws them (RandomCrops::plan): by the device itself, from (seed, epoch, id, k), where each
+// crop is cut, or, with a count_of, on the host. Each crop equals, bit for bit, what
 // RandomCrops' fused path gives on the CPU.
 //
 // Crops wait on the device in a shuffle window with the semantics of stoker::RandomShuffleQueue
