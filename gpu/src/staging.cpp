@@ -313,21 +313,20 @@ ToDevice::ToDevice(std::shared_ptr<Device> device, ToDeviceOptions options) : st
   if (!device) throw std::invalid_argument("to_device: no device");
   if (options.bytes == 0) throw std::invalid_argument("to_device: bytes (the largest batch) must be at least 1");
   if (options.wait_limit.count() < 0) throw std::invalid_argument("to_device: wait_limit must not be negative");
-  const auto n = [](std::size_t v) { return std::to_string(v); };
-  state_->staging = SlotPool::create(
-      device, SlotPool::Kind::pinned, options.staging_buffers, options.bytes,
-      {.name = "ToDevice staging",
-       .sizing = "staging_buffers (" + n(options.staging_buffers) +
-                 ") must cover 1 batch being collated + the batches queued between the collate and h2d stages + 1 "
-                 "being copied",
-       .wait_limit = options.wait_limit});
-  state_->device_pool = SlotPool::create(
-      device, SlotPool::Kind::device, options.device_buffers, options.bytes,
-      {.name = "ToDevice device buffers",
-       .sizing = "device_buffers (" + n(options.device_buffers) +
-                 ") must cover 1 batch being copied + the batches queued after the h2d stage + those the consumer "
-                 "holds at once (OutputSizing)",
-       .wait_limit = options.wait_limit});
+  const auto pool = [&](SlotPool::Kind kind, std::size_t buffers, const char* name, const char* option,
+                        const char* what) {
+    return SlotPool::create(device, kind, buffers, options.bytes,
+                            {.name = name,
+                             .sizing = std::string(option) + " (" + std::to_string(buffers) + ") must cover " + what,
+                             .wait_limit = options.wait_limit});
+  };
+  state_->staging = pool(SlotPool::Kind::pinned, options.staging_buffers, "ToDevice staging", "staging_buffers",
+                         "1 batch being collated + the batches queued between the collate and h2d stages + 1 being "
+                         "copied");
+  state_->device_pool =
+      pool(SlotPool::Kind::device, options.device_buffers, "ToDevice device buffers", "device_buffers",
+           "1 batch being copied + the batches queued after the h2d stage + those the consumer holds "
+           "at once (OutputSizing)");
   state_->copy_stream = device->make_stream();
   state_->device = std::move(device);
 }

@@ -10,7 +10,7 @@ if(STOKER_HAVE_CUDA)
 else()
   add_library(stoker_gpu_test_tools OBJECT gpu/stream_tools.cpp gpu/stream_tools_nocuda.cpp)
 endif()
-target_link_libraries(stoker_gpu_test_tools PUBLIC stoker::gpu PRIVATE stoker_warnings)
+target_link_libraries(stoker_gpu_test_tools PUBLIC stoker::gpu doctest::doctest PRIVATE stoker_warnings)
 
 stoker_test(test_gpu gpu/test_device.cpp)
 target_link_libraries(test_gpu PRIVATE stoker_gpu_test_tools)

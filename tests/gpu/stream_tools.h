@@ -2,12 +2,26 @@
 // either backend, without CUDA headers: the CUDA halves are kernels in stream_tools_cuda.cu.
 #pragma once
 
+#include <doctest/doctest.h>
+
 #include <chrono>
 #include <memory>
+#include <vector>
 
 #include "stoker/gpu/device.h"
 
 namespace stoker::test {
+
+/// Every backend of this machine, for a case to run on each: the CPU backend, and CUDA when a
+/// GPU is visible (otherwise the case says that its CUDA half is skipped).
+inline std::vector<std::shared_ptr<gpu::Device>> devices() {
+  std::vector<std::shared_ptr<gpu::Device>> out{gpu::Device::open("cpu")};
+  if (gpu::cuda_device_count() > 0)
+    out.push_back(gpu::Device::open("cuda"));
+  else
+    MESSAGE("no CUDA device found: the CUDA half of this case is skipped");
+  return out;
+}
 
 /// Holds streams at a point until opened. On the CPU backend the stream's worker waits; on
 /// CUDA a one-thread kernel spins on a flag in pinned memory that open() writes (a host task

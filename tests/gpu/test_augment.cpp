@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "augment_crop.h"  // the kernels' own entry point (private to gpu/)
+#include "gpu/stream_tools.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/gpu/augment.h"
 #include "support.h"
@@ -22,6 +23,7 @@ using namespace std::chrono_literals;
 using gpu::DeviceBatch;
 using gpu::GpuAugment;
 using gpu::GpuAugmentOptions;
+using test::devices;
 
 namespace {
 
@@ -200,6 +202,20 @@ GpuAugmentOptions fashion_options(std::size_t max_images = 64) {
           .shuffle = {.capacity = 400, .min_after_dequeue = 300, .seed = 11},
           .image = Shape{1, 1, 28, 28, false},
           .max_images = max_images};
+}
+
+// `epochs` epochs of a pipeline of seed `seed`, each read back and compared with what RandomCrops
+// and a host shuffle give; returns the crops read.
+std::size_t check_pipeline(Pipeline<DeviceBatch>& pipe, ReadBack& read, const Images& data, const GpuAugmentOptions& o,
+                           std::uint64_t seed, std::uint32_t epochs) {
+  std::size_t crops = 0;
+  for (std::uint32_t e = 0; e < epochs; ++e) {
+    Minibatches got;
+    for (auto& b : pipe.epoch()) got.push_back(read(b));
+    CHECK(got == expected(data, o, {seed, e}));
+    crops += total(got);
+  }
+  return crops;
 }
 
 void check_epochs(gpu::Device& device, GpuAugment& augment, const Images& data, std::uint64_t seed, int epochs) {
@@ -450,14 +466,8 @@ TEST_CASE("resident: one upload, then only the crops to cut cross, and the same 
                   .flat_map<DeviceBatch>("gpu_augment", augment, {.queue = 2})
                   .build();
   ReadBack read(*device);
-  std::size_t crops = 0, calls = 0;
-  for (std::uint32_t e = 0; e < 2; ++e) {
-    Minibatches got;
-    for (auto& b : pipe.epoch()) got.push_back(read(b));
-    CHECK(got == expected(data, o, {4, e}));
-    crops += total(got);
-    calls += (data.images + data.per_batch - 1) / data.per_batch + 1;  // and the drain
-  }
+  const std::size_t crops = check_pipeline(pipe, read, data, o, 4, 2);
+  const std::size_t calls = 2 * ((data.images + data.per_batch - 1) / data.per_batch + 1);  // and the drains
   // After the upload, each crop crosses as its 28-byte job, in one copy per call at most: no
   // image byte, and no kernel reading jobs from pinned memory across PCIe.
   const auto after = device->transfers();
@@ -487,11 +497,7 @@ TEST_CASE("streaming on the device the pipeline runs on: no copy back, one copy 
                   .flat_map<DeviceBatch>("gpu_augment", augment, {.queue = 2})
                   .build();
   ReadBack read(*device);
-  for (std::uint32_t e = 0; e < 2; ++e) {
-    Minibatches got;
-    for (auto& b : pipe.epoch()) got.push_back(read(b));
-    CHECK(got == expected(data, o, {8, e}));
-  }
+  check_pipeline(pipe, read, data, o, 8, 2);
   const auto t = device->transfers();
   CHECK(t.h2d_copies == 2 * (data.batches() + 1));  // and each epoch's drain its gather slots
   CHECK(t.d2h_copies == read.copies);               // only the test's own read-backs
@@ -613,20 +619,6 @@ TEST_CASE("crop and gather kernels equal the CPU transform bit for bit: CUDA" * 
   auto device = gpu::Device::open("cuda");
   for (int run = 0; run < 3; ++run) check_all_kernels(*device);
 }
-
-namespace {
-
-// Every backend of this machine: the CPU backend, and CUDA when it has a GPU.
-std::vector<std::shared_ptr<gpu::Device>> devices() {
-  std::vector<std::shared_ptr<gpu::Device>> out{gpu::Device::open("cpu")};
-  if (gpu::cuda_device_count() > 0)
-    out.push_back(gpu::Device::open("cuda"));
-  else
-    MESSAGE("no CUDA device found: the CUDA half of this case is skipped");
-  return out;
-}
-
-}  // namespace
 
 TEST_CASE("the copy of an input batch is issued before the call waits for output buffers the consumer holds" *
           doctest::timeout(60)) {
@@ -855,11 +847,7 @@ TEST_CASE(
                     .flat_map<DeviceBatch>("gpu_augment", resident, {.queue = 1})
                     .build();
     ReadBack read(*device);
-    for (std::uint32_t e = 0; e < 2; ++e) {
-      Minibatches got;
-      for (auto& b : pipe.epoch()) got.push_back(read(b));
-      CHECK(got == expected(data, o, {17, e}));
-    }
+    check_pipeline(pipe, read, data, o, 17, 2);
 
     // 3D, mirrored along depth, uint16.
     GpuAugmentOptions volume{.crops = {.size = {4, 6, 8},

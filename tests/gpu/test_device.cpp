@@ -31,19 +31,10 @@ using namespace std::chrono_literals;
 using stoker::gpu::Backend;
 using stoker::gpu::Device;
 using stoker::gpu::SlotPool;
+using stoker::test::devices;
 using stoker::test::StreamGate;
 
 namespace {
-
-// Every backend of this machine: the CPU backend, and CUDA when it has a GPU.
-std::vector<std::shared_ptr<Device>> devices() {
-  std::vector<std::shared_ptr<Device>> out{Device::open("cpu")};
-  if (stoker::gpu::cuda_device_count() > 0)
-    out.push_back(Device::open("cuda"));
-  else
-    MESSAGE("no CUDA device found: the CUDA half of this case is skipped");
-  return out;
-}
 
 bool is_cuda(const Device& d) { return d.backend() == Backend::cuda; }
 
@@ -725,6 +716,14 @@ stoker::gpu::DeviceBatch batch_of(SlotPool& pool, std::size_t floats) {
                                   floats * sizeof(float), {0});
 }
 
+// The pool's one buffer stays out until `gate` opens and `stream` has passed it.
+void check_out_until(SlotPool& pool, StreamGate& gate, stoker::gpu::Stream& stream) {
+  CHECK_FALSE(pool.try_acquire(pool.slot_bytes()).has_value());
+  gate.open();
+  stream.synchronize();
+  CHECK(pool.try_acquire(pool.slot_bytes()).has_value());
+}
+
 }  // namespace
 
 TEST_CASE("a device batch dropped without release_after comes back only after the streams it was used on" *
@@ -750,10 +749,7 @@ TEST_CASE("a device batch dropped without release_after comes back only after th
       CHECK_FALSE(pool->try_acquire(256).has_value());
       gate_first.open();
       first->synchronize();
-      CHECK_FALSE(pool->try_acquire(256).has_value());  // the second stream may still read it
-      gate_second.open();
-      second->synchronize();
-      CHECK(pool->try_acquire(256).has_value());
+      check_out_until(*pool, gate_second, *second);  // the second stream may still read it
     }
 
     // Never used: the buffer waits for the work that fills it (its ready() event).
@@ -763,10 +759,7 @@ TEST_CASE("a device batch dropped without release_after comes back only after th
       filling.hold(*producer);
       producer->record(b.ready());
     }
-    CHECK_FALSE(pool->try_acquire(256).has_value());
-    filling.open();
-    producer->synchronize();
-    CHECK(pool->try_acquire(256).has_value());
+    check_out_until(*pool, filling, *producer);
 
     // Moved onto: the batch held before goes back as if dropped.
     StreamGate held(*device);
@@ -776,10 +769,7 @@ TEST_CASE("a device batch dropped without release_after comes back only after th
       held.hold(*first);
       b = stoker::gpu::DeviceBatch{};
     }
-    CHECK_FALSE(pool->try_acquire(256).has_value());
-    held.open();
-    first->synchronize();
-    CHECK(pool->try_acquire(256).has_value());
+    check_out_until(*pool, held, *first);
   }
 }
 
