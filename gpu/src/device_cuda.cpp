@@ -126,17 +126,19 @@ class CudaStream final : public Stream {
     STOKER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   ~CudaStream() override {
+    bool unloading = false;
     try {
       const DeviceGuard guard(ordinal_);
-      const cudaError_t status = cudaStreamSynchronize(stream_);
-      // Once CUDA's runtime is unloading (process exit), a library handle must not be destroyed:
-      // its destructor would call into the runtime that is gone. The process ends anyway.
-      if (status == cudaErrorCudartUnloading) new std::vector<Resource>(std::move(resources_));
-      resources_.clear();
+      unloading = cudaStreamSynchronize(stream_) == cudaErrorCudartUnloading;
+      if (!unloading) resources_.clear();  // with the stream's device current
       (void)cudaStreamDestroy(stream_);
     } catch (...) {
+      unloading = true;  // no device to destroy the handles with
       log_teardown_failure("a CUDA stream's destructor");
     }
+    // Once CUDA's runtime is unloading (process exit), a library handle must not be destroyed:
+    // its destructor would call into the runtime that is gone. The process ends anyway.
+    if (unloading && !resources_.empty()) new std::vector<Resource>(std::move(resources_));
   }
 
   void copy_to_device(void* dst, const void* src, std::size_t bytes) override {
