@@ -46,16 +46,29 @@ nproc | sed 's/^/cpu cores: /' | tee -a "$out/gpu.txt"
 for step in "${steps[@]}"; do
   case "$step" in
     tests)
+      # A case that makes a sticky CUDA fault on purpose leaves the process without a device: it
+      # runs in a process of its own, after the others.
       for t in test_gpu test_augment test_train; do
-        run "$t" 150 "$bin/$t" --duration=true
+        run "$t" 300 "$bin/$t" --duration=true --test-case-exclude='*own process*'
       done
+      run test_augment-fault 60 "$bin/test_augment" --test-case='*own process*'
       ;;
     sanitizer)
-      # memcheck over the CUDA cases: kernel bounds, and no host memory read that was not pinned.
-      run memcheck-augment 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
-        "$bin/test_augment" --test-case='*CUDA*,*device the pipeline runs on*,resident*'
-      run memcheck-train 300 compute-sanitizer --tool memcheck --error-exitcode 9 \
-        "$bin/test_train" --test-case='*CUDA*,*augment gpu*'
+      # Each compute-sanitizer tool over the cases with a CUDA half: memcheck (kernel bounds, no
+      # host memory read that was not pinned), synccheck (barriers), racecheck (shared memory
+      # hazards) and initcheck (device memory read before it was written). The 512^3 volume
+      # (9 GB of crops) and the deliberate fault are left to the tests step.
+      cases_gpu='*'
+      cases_augment='*CUDA*,*device the pipeline runs on*,resident*,*awkward*,*copy of an input batch*'
+      cases_train='*CUDA*,*augment gpu*,*past 2^20*'
+      for tool in memcheck synccheck racecheck initcheck; do
+        run "$tool-gpu" 600 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+          "$bin/test_gpu" --test-case="$cases_gpu" --test-case-exclude='*own process*'
+        run "$tool-augment" 600 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+          "$bin/test_augment" --test-case="$cases_augment" --test-case-exclude='*own process*,*512^3*'
+        run "$tool-train" 600 compute-sanitizer --tool "$tool" --error-exitcode 9 \
+          "$bin/test_train" --test-case="$cases_train"
+      done
       ;;
     transfer)
       run transfer 300 "$bin/stoker-bench" transfer --json

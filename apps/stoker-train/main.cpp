@@ -155,8 +155,9 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
       ->type_name("FILE")
       ->group("Output");
 
-  app.add_option("--device", o.device, "Where to train: auto (CUDA when a GPU is visible, else the CPU), cpu or cuda")
-      ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
+  app.add_option("--device", o.device,
+                 "Where to train: auto (CUDA when a GPU is visible, else the CPU), cpu, cuda (the current GPU) or "
+                 "cuda:N; with several ranks, auto and cuda give each rank of a machine its own GPU")
       ->capture_default_str()
       ->group("Pipeline");
   app.add_option("--augment", o.augment,

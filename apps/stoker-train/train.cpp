@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -87,7 +88,9 @@ class Trainer {
         model_(*device_, *compute_, model_options(o)),
         samples_per_epoch_(samples_per_epoch),
         total_steps_(static_cast<std::uint64_t>(o.epochs) * ((samples_per_epoch + o.batch_size - 1) / o.batch_size)) {
-    for (int i = 0; i < o.in_flight; ++i) step_done_.push_back(device_->make_event());
+    // The host waits on these: asleep (blocking sync), not spinning a core the pipeline needs.
+    for (int i = 0; i < o.in_flight; ++i) step_done_.push_back(device_->make_event(gpu::HostWait::block));
+    caught_up_ = device_->make_event(gpu::HostWait::block);
   }
 
   // Checkpoints.
@@ -152,7 +155,7 @@ class Trainer {
       done.synchronize();
       current_.device_wait_seconds += seconds_since(t0);
     }
-    compute_->wait(batch.ready());
+    batch.use_on(*compute_);
     model_.train_step(*compute_, batch.data_as<float>(), batch.labels(), static_cast<int>(batch.count), learning_rate(),
                       ranks_ ? average_gradients_ : Mlp::Reduce{});
     batch.release_after(*compute_);
@@ -166,11 +169,15 @@ class Trainer {
 
   void add_input_wait(double seconds) { current_.input_wait_seconds += seconds; }
 
+  /// Waits, asleep, for the work issued to `stream` so far (Stream::synchronize may spin).
+  void wait_for(gpu::Stream& stream) {
+    stream.record(*caught_up_);
+    caught_up_->synchronize();
+  }
+
   // Waits for the epoch's last step, evaluates and reads all the counters back in one copy.
   EpochReport end_epoch(const TestSet& test) {
-    const auto trained = device_->make_event();
-    compute_->record(*trained);
-    trained->synchronize();
+    wait_for(*compute_);
     current_.train_seconds = seconds_since(started_);
     const auto t0 = Clock::now();
     model_.evaluate(*compute_, test.images(), test.labels(), test.count);
@@ -212,7 +219,7 @@ class Trainer {
   void average(gpu::Stream& stream, float* gradients, std::size_t n) {
     host_gradients_.resize(n);
     stream.copy_to_host(host_gradients_.data(), gradients, n * sizeof(float));
-    stream.synchronize();
+    wait_for(stream);
     ranks_->allreduce_mean(host_gradients_);
     stream.copy_to_device(gradients, host_gradients_.data(), n * sizeof(float));  // before the next step's read-back
   }
@@ -226,6 +233,7 @@ class Trainer {
   std::unique_ptr<gpu::Stream> compute_;
   Mlp model_;
   std::vector<std::unique_ptr<gpu::Event>> step_done_;
+  std::unique_ptr<gpu::Event> caught_up_;  // wait_for()'s
   std::uint64_t samples_per_epoch_, total_steps_;
   std::uint64_t step_ = 0;    // of the run: the learning rate's schedule
   std::uint64_t issued_ = 0;  // by this process: which event a step records
@@ -242,13 +250,19 @@ RandomCrops random_crops(const TrainOptions& o) {
                       .mirror = MirrorOptions{.axis = Axis::width, .p = o.mirror_p}});
 }
 
+}  // namespace
+
+gpu::OutputSizing output_sizing(const TrainOptions& o, std::size_t per_call) {
+  return {.per_call = per_call, .queued = o.batch_queue, .held = static_cast<std::size_t>(o.in_flight) + 1};
+}
+
+namespace {
+
 gpu::ToDeviceOptions to_device_options(const TrainOptions& o) {
   const Shape crop{1, 1, o.crop_size, o.crop_size, false};
-  // Device buffers: the batches queued after the copy, those the trainer holds (one being
-  // issued, in_flight queued on the device), and the one being copied into.
   return {.bytes = Batch::storage_bytes(crop, DType::f32, o.batch_size),
           .staging_buffers = o.staging_buffers,
-          .device_buffers = o.batch_queue + static_cast<std::size_t>(o.in_flight) + 2};
+          .device_buffers = output_sizing(o, 1).buffers()};
 }
 
 PipelineBuilder pipeline_builder(const TrainOptions& o, Trainer& trainer) {
@@ -403,9 +417,7 @@ gpu::GpuAugmentOptions gpu_augment_options(const TrainOptions& o, const Shape& i
                            .image = image,
                            .max_images = o.image_batch,
                            .staging_buffers = o.staging_buffers};
-  // The minibatches of one call, those queued for the trainer, and those it holds: one being
-  // issued and in_flight queued on the device.
-  a.output_buffers = gpu::GpuAugment::buffers_per_call(a) + o.batch_queue + static_cast<std::size_t>(o.in_flight) + 1;
+  a.output_buffers = output_sizing(o, gpu::GpuAugment::buffers_per_call(a)).buffers();
   return a;
 }
 
@@ -472,7 +484,7 @@ void train_sync(const TrainOptions& o, std::shared_ptr<const IdxDataset> data, T
       gpu::DeviceBatch batch = to_device(collate(std::move(samples)));
       trainer.add_input_wait(seconds_since(input_started));
       trainer.step(batch);
-      trainer.compute().synchronize();
+      trainer.wait_for(trainer.compute());
       return true;
     };
     for (std::uint64_t id = 0; id < reader.dataset_size(); ++id) {
@@ -513,7 +525,7 @@ void train_sync_gpu_items(const TrainOptions& o, std::uint64_t n, Read read, gpu
       for (gpu::DeviceBatch& b : minibatches) {
         trainer.add_input_wait(seconds_since(t0));
         trainer.step(b);
-        trainer.compute().synchronize();
+        trainer.wait_for(trainer.compute());
         t0 = Clock::now();
       }
       minibatches.clear();
@@ -552,15 +564,29 @@ void train_sync_gpu(const TrainOptions& o, std::shared_ptr<const IdxDataset> dat
       o, n, [&](std::uint64_t id) { return reader.read(id); }, augment, trainer, test, report);
 }
 
-// A device that is not there is a bad argument for this machine, reported as such.
+// A device that is not there, or not a device, is a bad argument for this machine, reported
+// as such.
 std::shared_ptr<gpu::Device> open_device(const std::string& which) {
   try {
     return gpu::Device::open(which);
-  } catch (const gpu::CudaError&) {
+  } catch (const gpu::DeviceError&) {
     throw;  // a device that is there but fails is not the user's mistake
-  } catch (const std::runtime_error& e) {
+  } catch (const std::exception& e) {
     throw std::invalid_argument("--device " + which + ": " + e.what());
   }
+}
+
+// The rank's place among the ranks of its machine, as the MPI launcher (Open MPI, MPICH) or
+// Slurm tells it; nullopt when none does.
+std::optional<int> local_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
+    if (const char* value = std::getenv(name)) {
+      char* end = nullptr;
+      const long rank = std::strtol(value, &end, 10);
+      if (end != value && *end == '\0' && rank >= 0 && rank <= std::numeric_limits<int>::max())
+        return static_cast<int>(rank);
+    }
+  return std::nullopt;
 }
 
 }  // namespace
@@ -590,8 +616,8 @@ void validate(const TrainOptions& o, int ranks) {
     fail("--batch-size (" + std::to_string(o.batch_size) +
          ") must be at most --shuffle-capacity minus --min-after-dequeue (" +
          std::to_string(o.shuffle_capacity - o.min_after_dequeue) + "), what a shuffle buffer can hand out at once");
-  if (o.device != "auto" && o.device != "cpu" && o.device != "cuda")
-    fail("--device must be auto, cpu or cuda, not '" + o.device + "'");
+  if (o.device != "auto" && o.device != "cpu" && o.device != "cuda" && !o.device.starts_with("cuda:"))
+    fail("--device must be auto, cpu, cuda or cuda:N, not '" + o.device + "'");
   if (o.augment != "cpu" && o.augment != "gpu") fail("--augment must be cpu or gpu, not '" + o.augment + "'");
   if (o.resident != "auto" && o.resident != "yes" && o.resident != "no")
     fail("--resident must be auto, yes or no, not '" + o.resident + "'");
@@ -625,6 +651,11 @@ void validate(const TrainOptions& o, int ranks) {
       fail("--batch-size " + std::to_string(o.batch_size) + " does not divide among " + std::to_string(ranks) +
            " ranks, which take equal shares of a step: give a multiple of " + std::to_string(ranks) + job);
   }
+}
+
+std::string device_for_rank(const std::string& device, std::optional<int> local_rank, int ranks, int cuda_devices) {
+  if (ranks < 2 || !local_rank || cuda_devices < 1 || (device != "auto" && device != "cuda")) return device;
+  return "cuda:" + std::to_string(*local_rank % cuda_devices);
 }
 
 std::uint64_t TrainReport::samples() const {
@@ -707,6 +738,8 @@ TrainReport run_training(const TrainOptions& options, const TrainCallbacks& call
   TrainOptions o = options;  // this rank's: its share of each step
   o.batch_size /= static_cast<std::size_t>(trainers);
   report.mode = o.mode;
+  // Before the data: a device that cannot be had is the first thing to hear of.
+  auto device = open_device(device_for_rank(o.device, local_rank(), trainers, gpu::cuda_device_count()));
   const auto t_load = Clock::now();
   auto train_data = std::make_shared<const IdxDataset>(load(o, "train"));
   auto test_data = std::make_shared<const IdxDataset>(load(o, "t10k"));
@@ -720,7 +753,7 @@ TrainReport run_training(const TrainOptions& options, const TrainCallbacks& call
   // A rank's share of an epoch (ShuffledShard leaves out the remainder); all of it alone.
   const std::uint64_t samples_per_epoch =
       train_data->size() / static_cast<std::uint64_t>(trainers) * static_cast<std::uint64_t>(o.crops);
-  Trainer trainer(o, callbacks, open_device(o.device), samples_per_epoch, edge ? nullptr : ranks);
+  Trainer trainer(o, callbacks, std::move(device), samples_per_epoch, edge ? nullptr : ranks);
   if (!o.resume.empty()) {
     const Checkpoint c = Checkpoint::load(o.resume);
     c.check_options(options, o.resume);  // the job's options, not this rank's share of them

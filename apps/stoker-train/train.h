@@ -12,6 +12,7 @@
 
 #include "stoker/core/stage_stats.h"
 #include "stoker/gpu/device.h"
+#include "stoker/gpu/staging.h"
 #include "stoker/stages/idx.h"
 
 namespace stoker::dist {
@@ -59,8 +60,10 @@ struct TrainOptions {
   /// shards it asks rank 0 for, and sends it the batches (a remote edge, docs/scale-out.md).
   bool remote_workers = false;
 
-  std::uint64_t seed = 1;          ///< crops, mirrors, shuffle and initial weights
-  std::string device = "auto";     ///< auto, cpu or cuda
+  std::uint64_t seed = 1;  ///< crops, mirrors, shuffle and initial weights
+  /// auto, cpu, cuda (the current CUDA device) or cuda:N; in a job of several ranks, auto and
+  /// cuda give each rank of a machine its own GPU (device_for_rank).
+  std::string device = "auto";
   std::string augment = "cpu";     ///< cpu (crops on host threads) or gpu (crops on the device)
   std::string mode = "pipelined";  ///< pipelined or sync
 
@@ -69,13 +72,26 @@ struct TrainOptions {
   float learning_rate = 0.05f;        ///< of SGD at the start; decays to 0 along a cosine
   float momentum = 0.9f;
   float weight_decay = 5e-4f;  ///< L2
-  int in_flight = 2;           ///< training steps queued on the device before the trainer waits
+  /// Training steps queued on the device before the trainer waits (asleep, on a blocking-sync
+  /// event): deep enough that a host which is the bottleneck never leaves the device idle while
+  /// it catches up, and every one of them costs a device buffer of input (output_sizing).
+  int in_flight = 4;
 
   std::size_t limit = 0;  ///< use only the first N train and N test images; 0 = all
 };
 
 /// Throws std::invalid_argument naming the first bad option, for a job of `ranks` processes.
 void validate(const TrainOptions& options, int ranks = 1);
+
+/// The device buffers the trainer's input stage (h2d, or gpu_augment) needs, whose one call
+/// holds `per_call` of them: those queued for the trainer (batch_queue), and those the trainer
+/// holds at once: the batch it is issuing and the in_flight steps queued on the device.
+gpu::OutputSizing output_sizing(const TrainOptions& options, std::size_t per_call);
+
+/// The device a rank opens for --device `device`: in a job of several ranks, `auto` and `cuda`
+/// become cuda:(local_rank % cuda_devices), so that the ranks of one machine (local_rank among
+/// them, as the launcher says) each use their own GPU; anything else, or one rank, as given.
+std::string device_for_rank(const std::string& device, std::optional<int> local_rank, int ranks, int cuda_devices);
 
 struct EpochReport {
   std::uint32_t epoch = 0;  ///< from 1

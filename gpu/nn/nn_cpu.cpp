@@ -134,7 +134,9 @@ void gemm(Stream& stream, bool trans_a, bool trans_b, int m, int n, int k, float
         cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k,
                     alpha, a, lda, b, ldb, beta, c, ldc);
       },
-      [=](void* native) { cuda::gemm(native, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); });
+      [&](void* native) {
+        cuda::gemm(stream, native, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+      });
 }
 
 void bias_activation(Stream& stream, float* y, const float* bias, int rows, int cols, bool relu) {

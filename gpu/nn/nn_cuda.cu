@@ -4,10 +4,10 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <mutex>
+#include <memory>
 #include <string>
-#include <unordered_map>
 
+#include "backends.h"
 #include "cuda_check.h"
 #include "nn_cuda.h"
 
@@ -24,24 +24,19 @@ namespace {
                           " failed: " + cublasGetStatusName(stoker_cublas_status_));          \
   } while (false)
 
-// One cuBLAS handle per stream, bound to it when made: a handle carries its stream, and
-// rebinding one shared handle from several threads would race. Handles are never destroyed,
-// on purpose: at process exit the CUDA runtime may be torn down before a static destructor
-// runs, and destroying a handle then crashes. A stream made later at the address of a
-// destroyed one is the same cudaStream_t value, so its handle is still the right one.
-cublasHandle_t handle_for(cudaStream_t stream) {
-  static std::mutex mutex;
-  static auto* handles = new std::unordered_map<cudaStream_t, cublasHandle_t>;
-  std::lock_guard lock(mutex);
-  if (auto it = handles->find(stream); it != handles->end()) return it->second;
-  cublasHandle_t handle = nullptr;
-  STOKER_CUBLAS_CHECK(cublasCreate(&handle));
-  if (const cublasStatus_t status = cublasSetStream(handle, stream); status != CUBLAS_STATUS_SUCCESS) {
-    (void)cublasDestroy(handle);
-    STOKER_CUBLAS_CHECK(status);
-  }
-  handles->emplace(stream, handle);
-  return handle;
+// One cuBLAS handle per stream, bound to it when made (a handle carries its stream, and
+// rebinding one shared handle from several threads would race), owned by the stream and
+// destroyed with it, with its device current: a handle belongs to the device it was made on.
+cublasHandle_t handle_for(Stream& owner, cudaStream_t stream) {
+  static const char key = 0;
+  const auto handle = stream_resource(owner, &key, [&] {
+    cublasHandle_t h = nullptr;
+    STOKER_CUBLAS_CHECK(cublasCreate(&h));
+    std::shared_ptr<void> owned(h, [](void* p) { (void)cublasDestroy(static_cast<cublasHandle_t>(p)); });
+    STOKER_CUBLAS_CHECK(cublasSetStream(h, stream));
+    return owned;
+  });
+  return static_cast<cublasHandle_t>(handle.get());
 }
 
 constexpr int kThreads = 256;
@@ -68,12 +63,9 @@ __global__ void relu_backward_kernel(float* grad, const float* activation, std::
     if (!(activation[i] > 0.0f)) grad[i] = 0.0f;
 }
 
-// One thread per row: a classifier's rows are short (10 classes here).
-__global__ void softmax_cross_entropy_kernel(const float* logits, const std::int32_t* labels, int rows, int classes,
-                                             float* grad, float grad_scale, float* loss_sum, std::int32_t* correct) {
-  const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (i >= rows) return;
-  const std::size_t offset = static_cast<std::size_t>(i) * classes;
+__device__ void softmax_cross_entropy_row(const float* logits, const std::int32_t* labels, std::size_t i, int classes,
+                                          float* grad, float grad_scale, float* loss_sum, std::int32_t* correct) {
+  const std::size_t offset = i * static_cast<std::size_t>(classes);
   const float* z = logits + offset;
   const std::int32_t label = labels[i];
   const bool valid = label >= 0 && label < classes;
@@ -94,13 +86,24 @@ __global__ void softmax_cross_entropy_kernel(const float* logits, const std::int
   }
 }
 
-// One thread per column: neighbouring threads read neighbouring elements of each row.
+// One thread per row, striding over the rows: a classifier's rows are short (10 classes
+// here), and the grid is capped (blocks_for), so past 4096 blocks' worth a thread takes more.
+__global__ void softmax_cross_entropy_kernel(const float* logits, const std::int32_t* labels, int rows, int classes,
+                                             float* grad, float grad_scale, float* loss_sum, std::int32_t* correct) {
+  for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < static_cast<std::size_t>(rows);
+       i += std::size_t{gridDim.x} * blockDim.x)
+    softmax_cross_entropy_row(logits, labels, i, classes, grad, grad_scale, loss_sum, correct);
+}
+
+// One thread per column, striding over the columns past what the capped grid covers;
+// neighbouring threads read neighbouring elements of each row.
 __global__ void column_sum_kernel(const float* a, int rows, int cols, float* out) {
-  const int j = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (j >= cols) return;
-  float sum = 0.0f;
-  for (int i = 0; i < rows; ++i) sum += a[static_cast<std::size_t>(i) * cols + j];
-  out[j] = sum;
+  for (std::size_t j = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; j < static_cast<std::size_t>(cols);
+       j += std::size_t{gridDim.x} * blockDim.x) {
+    float sum = 0.0f;
+    for (std::size_t i = 0; i < static_cast<std::size_t>(rows); ++i) sum += a[i * cols + j];
+    out[j] = sum;
+  }
 }
 
 __global__ void sgd_momentum_kernel(float* param, const float* grad, float* velocity, std::size_t n, float lr,
@@ -118,9 +121,9 @@ __global__ void sgd_momentum_kernel(float* param, const float* grad, float* velo
 // cuBLAS is column-major. A row-major m x n matrix is, read column-major, its n x m
 // transpose, so C = op(A) op(B) row-major is C^T = op(B)^T op(A)^T column-major: the same
 // call with the operands swapped and m and n swapped, leading dimensions unchanged.
-void gemm(void* stream, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
-          const float* b, int ldb, float beta, float* c, int ldc) {
-  STOKER_CUBLAS_CHECK(cublasSgemm(handle_for(as_stream(stream)), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+void gemm(Stream& owner, void* stream, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+          int lda, const float* b, int ldb, float beta, float* c, int ldc) {
+  STOKER_CUBLAS_CHECK(cublasSgemm(handle_for(owner, as_stream(stream)), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                   trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda, &beta, c, ldc));
 }
 

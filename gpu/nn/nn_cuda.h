@@ -6,10 +6,13 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "stoker/gpu/device.h"
+
 namespace stoker::gpu::detail::cuda_nn {
 
-void gemm(void* stream, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
-          const float* b, int ldb, float beta, float* c, int ldc);
+/// `owner` is the Stream whose cudaStream_t `stream` is: it owns the cuBLAS handle bound to it.
+void gemm(Stream& owner, void* stream, bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+          int lda, const float* b, int ldb, float beta, float* c, int ldc);
 void bias_activation(void* stream, float* y, const float* bias, int rows, int cols, bool relu);
 void relu_backward(void* stream, float* grad, const float* activation, std::size_t n);
 void softmax_cross_entropy(void* stream, const float* logits, const std::int32_t* labels, int rows, int classes,

@@ -10,7 +10,7 @@ namespace {
 [[noreturn]] void unavailable() { throw std::logic_error("nn: CUDA op called in a build without CUDA"); }
 }  // namespace
 
-void gemm(void*, bool, bool, int, int, int, float, const float*, int, const float*, int, float, float*, int) {
+void gemm(Stream&, void*, bool, bool, int, int, int, float, const float*, int, const float*, int, float, float*, int) {
   unavailable();
 }
 void bias_activation(void*, float*, const float*, int, int, bool) { unavailable(); }

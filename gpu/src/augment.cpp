@@ -8,6 +8,7 @@
 #include <string>
 
 #include "augment_crop.h"
+#include "backends.h"
 
 namespace stoker::gpu {
 
@@ -39,6 +40,7 @@ GpuAugmentOptions checked(GpuAugmentOptions o) {
   if (o.staging_buffers == 0) fail("option staging_buffers must be at least 1");
   if (o.max_images == 0) fail("option max_images (the most images or indices per input batch) must be at least 1");
   if (o.crops.count < 1) fail("option crops.count must be at least 1");
+  if (o.wait_limit.count() < 0) fail("option wait_limit must not be negative");
   return o;
 }
 
@@ -68,7 +70,8 @@ struct GpuAugment::State {
     for (Stream* s : {copy.get(), compute.get()}) {
       try {
         if (s) s->synchronize();
-      } catch (...) {  // a destructor must not throw; the device is lost anyway
+      } catch (...) {
+        detail::log_teardown_failure("GpuAugment's destructor");
       }
     }
   }
@@ -87,6 +90,10 @@ struct GpuAugment::State {
       ~Done() { busy.store(false); }
     } done{busy};
     try {
+      // Work this stage issued earlier that failed fails it now, so that the consumer hears of
+      // it as this stage's error.
+      copy->check();
+      compute->check();
       f();
     } catch (...) {
       drop_window();
@@ -106,12 +113,23 @@ struct GpuAugment::State {
       throw std::invalid_argument("GpuAugment: option output_buffers = " + std::to_string(options.output_buffers) +
                                   " is fewer than the " + std::to_string(need) +
                                   " minibatches that one call may give at once");
-    outputs = SlotPool::create(device, SlotPool::Kind::device,
-                               options.output_buffers != 0 ? options.output_buffers : need + 2,
-                               Batch::storage_bytes(kernels->crop(), DType::f32, B));
-    // The kernels read the crops to cut (resident) and the drain's gather slots from here.
-    lists = SlotPool::create(device, SlotPool::Kind::pinned, options.staging_buffers,
-                             (std::max(max_jobs, mad) + B) * sizeof(CropJob));
+    const std::size_t output_count = options.output_buffers != 0
+                                         ? options.output_buffers
+                                         : OutputSizing{.per_call = need, .queued = 1, .held = 1}.buffers();
+    outputs = SlotPool::create(
+        device, SlotPool::Kind::device, output_count, Batch::storage_bytes(kernels->crop(), DType::f32, B),
+        {.name = "GpuAugment outputs",
+         .sizing = "output_buffers (" + std::to_string(output_count) + ") must cover buffers_per_call (" +
+                   std::to_string(need) +
+                   ") + the minibatches queued after the stage + those the consumer holds at once (OutputSizing)",
+         .wait_limit = options.wait_limit});
+    // The crops to cut (resident) and the drain's gather slots, and their copy on the device.
+    const std::size_t list_bytes = (std::max(max_jobs, mad) + B) * sizeof(CropJob);
+    lists = SlotPool::create(device, SlotPool::Kind::pinned, options.staging_buffers, list_bytes,
+                             {.name = "GpuAugment lists", .sizing = {}, .wait_limit = options.wait_limit});
+    device_lists =
+        SlotPool::create(device, SlotPool::Kind::device, options.staging_buffers, list_bytes,
+                         {.name = "GpuAugment device lists", .sizing = {}, .wait_limit = options.wait_limit});
     if (resident()) return;
     // A staging buffer: the collated batch, then the crops to cut, the slots to gather and,
     // with the first batch, the normalization table; all of it in one copy.
@@ -119,8 +137,16 @@ struct GpuAugment::State {
         align_up(Batch::storage_bytes(kernels->image(), kernels->dtype(), options.max_images)) +
         align_up(max_jobs * sizeof(CropJob)) + align_up((max_jobs + B) * sizeof(std::uint32_t)) +
         kernels->table_bytes();
-    host_staging = SlotPool::create(device, SlotPool::Kind::pinned, options.staging_buffers, per_batch);
-    device_staging = SlotPool::create(device, SlotPool::Kind::device, options.staging_buffers, per_batch);
+    host_staging = SlotPool::create(
+        device, SlotPool::Kind::pinned, options.staging_buffers, per_batch,
+        {.name = "GpuAugment staging",
+         .sizing = "staging_buffers (" + std::to_string(options.staging_buffers) +
+                   ") must cover 1 batch being collated + the batches queued between the collate stage and "
+                   "gpu_augment + 1 being copied",
+         .wait_limit = options.wait_limit});
+    device_staging =
+        SlotPool::create(device, SlotPool::Kind::device, options.staging_buffers, per_batch,
+                         {.name = "GpuAugment device staging", .sizing = {}, .wait_limit = options.wait_limit});
     window_slots = mad + B;  // all the window can hold: a minibatch leaves as soon as it can
     window_labels_at = align_up(window_slots * kernels->crop_elements() * sizeof(float));
     window_memory = device->allocate(window_labels_at + window_slots * sizeof(std::int32_t));
@@ -224,6 +250,11 @@ struct GpuAugment::State {
     return reinterpret_cast<std::int32_t*>(window_memory.data() + window_labels_at);
   }
 
+  void crop_into_window(const std::byte* images, std::size_t image_count, const CropJob* jobs, std::size_t count) {
+    kernels->crop(*compute, images, image_count, jobs, count, table_data, window_crops(), window_labels(), window_slots,
+                  draws);
+  }
+
   // Records the end of the work that fills minibatch m in `buffer`, and emits it.
   void finish(Minibatch& m, Buffer buffer, Emitter<DeviceBatch>& emit) {
     compute->record(outputs->event(buffer));
@@ -246,7 +277,6 @@ struct GpuAugment::State {
     const bool with_table = !table_shipped;
     const std::size_t bytes = with_table ? table_at + kernels->table_bytes() : picks_end;
 
-    std::vector<Buffer> out = acquire_outputs(ctx);
     // The staging slot is larger than the batch collated into it: the rest is ours.
     std::byte* host = images.data();
     std::memcpy(host + jobs_at, jobs.data(), jobs.size() * sizeof(CropJob));
@@ -259,6 +289,9 @@ struct GpuAugment::State {
     copy->copy_to_device(dev.data(), host, bytes);
     copy->record(copied);
     host_staging->release_after(std::move(images.storage), *copy);
+    // Only now wait for output buffers, which the trainer gives back: the copy of this batch
+    // runs meanwhile, overlapping the trainer's steps rather than following them.
+    std::vector<Buffer> out = acquire_outputs(ctx);
 
     compute->wait(copied);
     if (with_table) {
@@ -270,50 +303,59 @@ struct GpuAugment::State {
     std::size_t cropped = 0;
     for (std::size_t i = 0; i < minibatches.size(); ++i) {
       Minibatch& m = minibatches[i];
-      kernels->crop(*compute, dev.data(), dev_jobs + cropped, m.jobs_before - cropped, table_data, window_crops(),
-                    window_labels());
+      crop_into_window(dev.data(), images.count, dev_jobs + cropped, m.jobs_before - cropped);
       cropped = m.jobs_before;
-      kernels->gather(*compute, window_crops(), window_labels(), dev_picks + m.first, m.count, crops_of(out[i]),
-                      labels_of(out[i], m));
+      kernels->gather(*compute, window_crops(), window_labels(), window_slots, dev_picks + m.first, m.count,
+                      crops_of(out[i]), labels_of(out[i], m));
       finish(m, std::move(out[i]), emit);
     }
-    kernels->crop(*compute, dev.data(), dev_jobs + cropped, jobs.size() - cropped, table_data, window_crops(),
-                  window_labels());
+    crop_into_window(dev.data(), images.count, dev_jobs + cropped, jobs.size() - cropped);
     device_staging->release_after(std::move(dev), *compute);
   }
 
-  // What crosses PCIe without images (the resident mode's jobs, the drain's gather slots) is
-  // a few bytes per crop: the kernels read it straight from pinned memory, and no copy is
-  // issued. CUDA maps every pinned allocation into the device's address space (UVA).
-  void crop_picked_from_pinned(Emitter<DeviceBatch>& emit, const StageContext& ctx) {
+  // What crosses PCIe without images (the resident mode's jobs, the drain's gather slots) is a
+  // few bytes per crop, copied to the device in one counted copy, issued before the wait for
+  // output buffers: a kernel reading them from pinned memory would cross PCIe from every block.
+  void crop_picked(Emitter<DeviceBatch>& emit, const StageContext& ctx) {
     if (minibatches.empty()) return;
-    std::vector<Buffer> out = acquire_outputs(ctx);
-    Buffer host;
+    const std::size_t bytes = picked.size() * (resident() ? sizeof(CropJob) : sizeof(std::uint32_t));
+    Buffer host = lists->acquire(bytes, ctx);
     if (resident()) {
-      host = lists->acquire(picked.size() * sizeof(CropJob), ctx);
-      std::memcpy(host.data(), picked.data(), picked.size() * sizeof(CropJob));
+      std::memcpy(host.data(), picked.data(), bytes);
     } else {
-      host = lists->acquire(picked.size() * sizeof(std::uint32_t), ctx);
       auto* picks = reinterpret_cast<std::uint32_t*>(host.data());
       for (std::size_t k = 0; k < picked.size(); ++k) picks[k] = picked[k].dst;
     }
+    Buffer dev = device_lists->acquire(bytes, ctx);
+    compute->copy_to_device(dev.data(), host.data(), bytes);
+    lists->release_after(std::move(host), *compute);
+    std::vector<Buffer> out = acquire_outputs(ctx);
     for (std::size_t i = 0; i < minibatches.size(); ++i) {
       Minibatch& m = minibatches[i];
       if (resident()) {
-        const auto* host_jobs = reinterpret_cast<const CropJob*>(host.data());
-        kernels->crop(*compute, resident_images.data(), host_jobs + m.first, m.count, table_data, crops_of(out[i]),
-                      labels_of(out[i], m));
+        const auto* jobs_on_device = reinterpret_cast<const CropJob*>(dev.data());
+        kernels->crop(*compute, resident_images.data(), dataset->size(), jobs_on_device + m.first, m.count, table_data,
+                      crops_of(out[i]), labels_of(out[i], m), m.count, draws);
       } else {
-        const auto* host_picks = reinterpret_cast<const std::uint32_t*>(host.data());
-        kernels->gather(*compute, window_crops(), window_labels(), host_picks + m.first, m.count, crops_of(out[i]),
-                        labels_of(out[i], m));
+        const auto* picks_on_device = reinterpret_cast<const std::uint32_t*>(dev.data());
+        kernels->gather(*compute, window_crops(), window_labels(), window_slots, picks_on_device + m.first, m.count,
+                        crops_of(out[i]), labels_of(out[i], m));
       }
       finish(m, std::move(out[i]), emit);
     }
-    lists->release_after(std::move(host), *compute);
+    device_lists->release_after(std::move(dev), *compute);
   }
 
   // ---- the calls
+
+  // Without a count_of, every draw of a crop depends on (seed, epoch, id, k) alone, and the
+  // device draws it where it cuts the crop: the host only books slots. A count_of draws from
+  // the windows' generator first, with the image in hand, so then the host plans each crop.
+  bool drawn_on_device() const noexcept { return !options.crops.count_of; }
+  void add_drawn_jobs(std::uint32_t image, std::uint64_t id, std::int32_t label) {
+    for (int k = 0; k < options.crops.count; ++k)
+      jobs.push_back(detail::CropKernels::drawn_job(image, id, static_cast<std::uint32_t>(k), label));
+  }
 
   void streaming_call(Batch& images, Emitter<DeviceBatch>& emit, const StageContext& ctx) {
     if (resident())
@@ -333,7 +375,12 @@ struct GpuAugment::State {
     jobs.clear();
     const auto labels = images.label_values();
     const auto ids = images.id_values();
+    draws = kernels->draws_for(options.crops, ctx.seed, ctx.epoch);
     for (std::size_t i = 0; i < images.count; ++i) {
+      if (drawn_on_device()) {
+        add_drawn_jobs(static_cast<std::uint32_t>(i), ids[i], labels[i]);
+        continue;
+      }
       const Sample image = detail::borrowed_sample(images.data() + i * kernels->image_bytes(), kernels->image(),
                                                    kernels->dtype(), labels[i], ids[i]);
       plans.clear();
@@ -353,12 +400,17 @@ struct GpuAugment::State {
     if (indices.empty()) return;
     begin_epoch(ctx);
     jobs.clear();
+    draws = kernels->draws_for(options.crops, ctx.seed, ctx.epoch);
     const std::size_t image_bytes = kernels->image_bytes();
     for (std::uint64_t i : indices) {
       if (i >= dataset->size())
         throw std::out_of_range("GpuAugment: index " + std::to_string(i) + " is outside the data set of " +
                                 std::to_string(dataset->size()));
       const auto label = dataset->labels[i];
+      if (drawn_on_device()) {
+        add_drawn_jobs(static_cast<std::uint32_t>(i), i, label);
+        continue;
+      }
       // The real image, for a count_of that looks at it.
       const Sample view =
           detail::borrowed_sample(reinterpret_cast<const std::byte*>(dataset->images.pixels.data()) + i * image_bytes,
@@ -368,11 +420,12 @@ struct GpuAugment::State {
       for (const auto& p : plans) jobs.push_back(detail::make_job(static_cast<std::uint32_t>(i), p, label));
     }
     book_jobs();
-    crop_picked_from_pinned(emit, ctx);
+    crop_picked(emit, ctx);
   }
 
   void drain(Emitter<DeviceBatch>& emit, const StageContext& ctx) {
     if (!window || window_epoch != ctx.epoch) return drop_window();
+    draws = kernels->draws_for(options.crops, ctx.seed, ctx.epoch);
     picked.clear();
     minibatches.clear();
     window->close();
@@ -383,7 +436,7 @@ struct GpuAugment::State {
       minibatches.pop_back();
     }
     drop_window();
-    crop_picked_from_pinned(emit, ctx);
+    crop_picked(emit, ctx);
   }
 
   std::shared_ptr<Device> device;
@@ -393,9 +446,9 @@ struct GpuAugment::State {
   std::shared_ptr<const IdxDataset> dataset;  // resident mode
   std::optional<detail::CropKernels> kernels;
 
-  // Pinned: collated images (streaming) and the lists the kernels read in place; device: the
-  // copies of the collated images, and the minibatches.
-  std::shared_ptr<SlotPool> host_staging, lists, device_staging, outputs;
+  // Pinned: collated images (streaming) and the lists of crops and slots; device: their
+  // copies, and the minibatches.
+  std::shared_ptr<SlotPool> host_staging, lists, device_staging, device_lists, outputs;
   Memory window_memory;  // streaming: window_slots crops of floats, then their labels
   std::size_t window_slots = 0, window_labels_at = 0;
   Memory table;  // streaming: the normalization table, shipped with the first batch
@@ -406,6 +459,8 @@ struct GpuAugment::State {
   std::optional<RandomShuffleQueue<CropJob>> window;  // the books: which slot holds what
   std::uint32_t window_epoch = 0;
   std::vector<std::uint32_t> free_slots;
+
+  detail::CropDraws draws;  // of the epoch, for the jobs drawn on the device
 
   // Reused from call to call.
   std::vector<PlannedCrop> plans;

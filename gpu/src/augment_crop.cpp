@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <span>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "backends.h"
@@ -86,15 +88,42 @@ void CropKernels::write_table(std::byte* dst) const noexcept {
   }
 }
 
-void CropKernels::crop(Stream& stream, const std::byte* images, const CropJob* jobs, std::size_t count,
-                       const std::byte* table, float* out, std::int32_t* labels) const {
+CropDraws CropKernels::draws_for(const RandomCropOptions& o, std::uint64_t seed, std::uint32_t epoch) const {
+  CropDraws d;
+  d.window_seed = seed ^ mix64(o.salt);
+  d.epoch = epoch;
+  d.count = static_cast<std::uint32_t>(o.count);
+  d.spare_z = image_.depth - extent_.depth + 1;
+  d.spare_y = image_.height - extent_.height + 1;
+  d.spare_x = image_.width - extent_.width + 1;
+  if (o.mirror) {
+    d.mirror = true;
+    d.mirror_seed = seed ^ mix64(o.mirror->salt);
+    d.mirror_p = o.mirror->p;
+    d.mirror_flips = make_job(0, PlannedCrop{{}, Flips::along(o.mirror->axis), 0}, 0).flips;
+  }
+  return d;
+}
+
+CropJob CropKernels::drawn_job(std::uint32_t image, std::uint64_t id, std::uint32_t k, std::int32_t label) noexcept {
+  return CropJob{image, 0, static_cast<std::uint32_t>(id >> 32), static_cast<std::uint32_t>(id), k, kDrawn, label};
+}
+
+void CropKernels::crop(Stream& stream, const std::byte* images, std::size_t image_count, const CropJob* jobs,
+                       std::size_t count, const std::byte* table, float* out, std::int32_t* labels,
+                       std::size_t out_slots, const CropDraws& draws) const {
   if (count == 0) return;
   launch(
       stream,
       [=, normalizer = normalizer_, image = image_, dtype = dtype_, extent = extent_, elements = crop_elements(),
        bytes = image_bytes()] {
         for (std::size_t i = 0; i < count; ++i) {
-          const CropJob job = jobs[i];
+          CropJob job = jobs[i];
+          draw_if_asked(draws, job);
+          if (job.image >= image_count || job.dst >= out_slots)
+            throw std::out_of_range("crop job " + std::to_string(i) + ": image " + std::to_string(job.image) + " of " +
+                                    std::to_string(image_count) + ", slot " + std::to_string(job.dst) + " of " +
+                                    std::to_string(out_slots));
           Window w = extent;
           w.z = job.z, w.y = job.y, w.x = job.x;
           const Flips flips{(job.flips & kFlipDepth) != 0, (job.flips & kFlipHeight) != 0,
@@ -107,11 +136,14 @@ void CropKernels::crop(Stream& stream, const std::byte* images, const CropJob* j
       [&](void* native) {
         CropArgs a;
         a.images = images;
+        a.image_count = image_count;
+        a.out_slots = out_slots;
         a.pixel = pixel_type(dtype_);
         a.channels = image_.channels, a.depth = image_.depth, a.height = image_.height, a.width = image_.width;
         a.crop_depth = extent_.depth, a.crop_height = extent_.height, a.crop_width = extent_.width;
         a.jobs = jobs;
         a.count = static_cast<std::uint32_t>(count);
+        a.draws = draws;
         const auto* t = reinterpret_cast<const float*>(table);
         a.lut = t;
         a.mean = t + 256 * std::size_t{table_channels_};
@@ -124,21 +156,23 @@ void CropKernels::crop(Stream& stream, const std::byte* images, const CropJob* j
       });
 }
 
-void CropKernels::gather(Stream& stream, const float* from, const std::int32_t* from_labels, const std::uint32_t* slots,
-                         std::size_t count, float* out, std::int32_t* labels) const {
+void CropKernels::gather(Stream& stream, const float* from, const std::int32_t* from_labels, std::size_t from_slots,
+                         const std::uint32_t* slots, std::size_t count, float* out, std::int32_t* labels) const {
   if (count == 0) return;
   const std::size_t elements = crop_elements();
   launch(
       stream,
       [=] {
         for (std::size_t i = 0; i < count; ++i) {
+          if (slots[i] >= from_slots)
+            throw std::out_of_range("gather: slot " + std::to_string(slots[i]) + " of " + std::to_string(from_slots));
           std::memcpy(out + i * elements, from + slots[i] * elements, elements * sizeof(float));
           labels[i] = from_labels[slots[i]];
         }
       },
       [&](void* native) {
-        cuda_gather(native,
-                    GatherArgs{from, from_labels, slots, static_cast<std::uint32_t>(count), elements, out, labels});
+        cuda_gather(native, GatherArgs{from, from_labels, from_slots, slots, static_cast<std::uint32_t>(count),
+                                       elements, out, labels});
       });
 }
 

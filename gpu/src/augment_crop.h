@@ -43,18 +43,31 @@ class CropKernels {
   void write_table(std::byte* dst) const noexcept;
 
   /// Issues to `stream`, for each of `count` jobs, the crop of image `job.image` of `images`
-  /// (image_bytes() each), mirrored and normalized, into out + job.dst * crop_elements(), and
-  /// its label into labels[job.dst]. `images`, `out` and `labels` are device memory; `jobs`
-  /// is device or pinned memory; `table` is a device copy of write_table's bytes. All must
-  /// stay valid until the stream has passed this work. Equal, bit for bit, to
-  /// crop_mirror_normalize_into, which is what the CPU backend runs.
-  void crop(Stream& stream, const std::byte* images, const CropJob* jobs, std::size_t count, const std::byte* table,
-            float* out, std::int32_t* labels) const;
+  /// (image_count images of image_bytes() each), mirrored and normalized, into
+  /// out + job.dst * crop_elements(), and its label into labels[job.dst], for out_slots slots.
+  /// `images`, `out` and `labels` are device memory; `jobs` is device or pinned memory;
+  /// `table` is a device copy of write_table's bytes. All must stay valid until the stream
+  /// has passed this work. Equal, bit for bit, to crop_mirror_normalize_into, which is what
+  /// the CPU backend runs. A job outside the images or the slots fails the stream's work (a
+  /// trap on CUDA, a host task that throws on the CPU backend) rather than touch memory it
+  /// must not.
+  /// Jobs marked kDrawn get their window and flips from `draws` (draws_for()), where they are
+  /// cut.
+  void crop(Stream& stream, const std::byte* images, std::size_t image_count, const CropJob* jobs, std::size_t count,
+            const std::byte* table, float* out, std::int32_t* labels, std::size_t out_slots,
+            const CropDraws& draws = {}) const;
+
+  /// What the crops of `options` (which has no count_of) draw from in epoch `epoch` of a
+  /// pipeline seeded `seed`, for images of this geometry.
+  CropDraws draws_for(const RandomCropOptions& options, std::uint64_t seed, std::uint32_t epoch) const;
+  /// A job whose window and flips are drawn where it is cut: crop k of sample `id`.
+  static CropJob drawn_job(std::uint32_t image, std::uint64_t id, std::uint32_t k, std::int32_t label) noexcept;
 
   /// Issues to `stream`: crop i of `out` and labels[i] become crop slots[i] of `from` and
-  /// from_labels[slots[i]], for i < count. `slots` is device or pinned memory.
-  void gather(Stream& stream, const float* from, const std::int32_t* from_labels, const std::uint32_t* slots,
-              std::size_t count, float* out, std::int32_t* labels) const;
+  /// from_labels[slots[i]], for i < count; `from` holds from_slots crops. `slots` is device or
+  /// pinned memory. A slot outside `from` fails the stream's work, as crop() does.
+  void gather(Stream& stream, const float* from, const std::int32_t* from_labels, std::size_t from_slots,
+              const std::uint32_t* slots, std::size_t count, float* out, std::int32_t* labels) const;
 
  private:
   Shape image_;

@@ -54,8 +54,14 @@ template <bool Quads, class T>
 __global__ void __launch_bounds__(kThreads) crop_kernel(CropArgs a) {
   // Read once per block: the jobs may be in pinned host memory, read across PCIe.
   __shared__ CropJob job;
-  if (threadIdx.x == 0) job = a.jobs[blockIdx.x];
+  if (threadIdx.x == 0) {
+    job = a.jobs[blockIdx.x];
+    draw_if_asked(a.draws, job);  // a few dozen integer steps, once per block
+  }
   __syncthreads();
+  // A corrupt job fails the launch (a sticky error the host reports) rather than read or
+  // write memory it does not own.
+  if (job.image >= a.image_count || job.dst >= a.out_slots) __trap();
 
   const unsigned cw = a.crop_width, ch = a.crop_height, cd = a.crop_depth;
   const unsigned rows = a.channels * cd * ch;
@@ -80,6 +86,7 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(GatherArgs a) {
   __shared__ std::uint32_t slot;
   if (threadIdx.x == 0) slot = a.slots[blockIdx.x];
   __syncthreads();
+  if (slot >= a.from_slots) __trap();
   const std::size_t n = a.elements * sizeof(float) / sizeof(V);
   const V* from = reinterpret_cast<const V*>(a.from + slot * a.elements);
   V* out = reinterpret_cast<V*>(a.out + blockIdx.x * a.elements);

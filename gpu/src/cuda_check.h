@@ -5,13 +5,35 @@
 
 #include <string>
 
+#include "backends.h"
 #include "stoker/gpu/device.h"
 
 namespace stoker::gpu::detail {
 
+/// True for the errors of device work that failed after its launch (a kernel's fault), which
+/// CUDA reports at a later call, whatever that call is, and for good: the context is lost.
+inline bool is_async_fault(cudaError_t code) noexcept {
+  switch (code) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorAssert:
+    case cudaErrorHardwareStackError:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorECCUncorrectable:
+      return true;
+    default:
+      return false;
+  }
+}
+
 [[noreturn]] inline void throw_cuda_error(cudaError_t code, const char* call, const char* file, int line) {
-  throw CudaError(static_cast<int>(code), std::string(file) + ":" + std::to_string(line) + ": " + call + " failed: " +
-                                              cudaGetErrorName(code) + " (" + cudaGetErrorString(code) + ")");
+  std::string what = std::string(file) + ":" + std::to_string(line) + ": " + call +
+                     " failed: " + cudaGetErrorName(code) + " (" + cudaGetErrorString(code) + ")";
+  throw CudaError(static_cast<int>(code), is_async_fault(code) ? async_failure(what) : what);
 }
 
 }  // namespace stoker::gpu::detail

@@ -1,6 +1,13 @@
 #include "stoker/gpu/device.h"
 
+#include <atomic>
+#include <charconv>
+#include <exception>
+#include <optional>
+#include <stdexcept>
 #include <string>
+
+#include <spdlog/spdlog.h>
 
 #include "backends.h"
 
@@ -8,18 +15,43 @@ namespace stoker::gpu {
 
 const char* backend_name(Backend b) noexcept { return b == Backend::cuda ? "cuda" : "cpu"; }
 
+namespace {
+
+// N of "cuda:N", or nullopt for "cuda" alone: the caller's current device.
+std::optional<int> cuda_ordinal(std::string_view spec) {
+  if (spec == "cuda") return std::nullopt;
+  const std::string_view digits = spec.substr(5);
+  int ordinal = -1;
+  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), ordinal);
+  if (digits.empty() || digits.front() == '-' || digits.front() == '+' || error != std::errc{} ||
+      end != digits.data() + digits.size())
+    throw std::invalid_argument("device '" + std::string(spec) +
+                                "': expected cuda:N with N the number of a CUDA device (0, 1, ...)");
+  return ordinal;
+}
+
+}  // namespace
+
 std::shared_ptr<Device> Device::open(std::string_view backend) {
   if (backend == "cpu") return detail::open_cpu_device();
-  if (backend == "auto") return cuda_device_count() > 0 ? detail::open_cuda_device() : detail::open_cpu_device();
-  if (backend == "cuda") {
+  if (backend == "auto")
+    return cuda_device_count() > 0 ? detail::open_cuda_device(detail::current_cuda_device())
+                                   : detail::open_cpu_device();
+  if (backend == "cuda" || backend.starts_with("cuda:")) {
+    const std::string option = "device '" + std::string(backend) + "'";
+    const std::optional<int> ordinal = cuda_ordinal(backend);
     if (!built_with_cuda())
-      throw std::runtime_error(
-          "device 'cuda': this build of stoker has no CUDA backend (configure with STOKER_CUDA=ON)");
-    if (cuda_device_count() == 0)
-      throw std::runtime_error("device 'cuda': no CUDA device is visible (check the driver and CUDA_VISIBLE_DEVICES)");
-    return detail::open_cuda_device();
+      throw std::runtime_error(option + ": this build of stoker has no CUDA backend (configure with STOKER_CUDA=ON)");
+    const int count = cuda_device_count();
+    if (count == 0)
+      throw std::runtime_error(option + ": no CUDA device is visible (check the driver and CUDA_VISIBLE_DEVICES)");
+    if (ordinal && *ordinal >= count)
+      throw std::runtime_error(option + ": there is no CUDA device " + std::to_string(*ordinal) + ", only " +
+                               std::to_string(count) + " visible (cuda:0 to cuda:" + std::to_string(count - 1) +
+                               "; check CUDA_VISIBLE_DEVICES)");
+    return detail::open_cuda_device(ordinal.value_or(detail::current_cuda_device()));
   }
-  throw std::invalid_argument("device '" + std::string(backend) + "': expected auto, cpu or cuda");
+  throw std::invalid_argument("device '" + std::string(backend) + "': expected auto, cpu, cuda or cuda:N");
 }
 
 CounterSource transfer_counters(std::shared_ptr<const Device> device) {
@@ -45,5 +77,35 @@ void Device::count_d2h(std::size_t bytes) noexcept {
   d2h_copies_.fetch_add(1, std::memory_order_relaxed);
   d2h_bytes_.fetch_add(bytes, std::memory_order_relaxed);
 }
+
+namespace detail {
+
+std::string async_failure(const std::string& what) {
+  return "device work failed: " + what +
+         ". Device work fails after the call that issued it returned, so this is reported by the first check that "
+         "followed (by the stage that issued the work, at its next call, or by whoever waits for it); run with "
+         "CUDA_LAUNCH_BLOCKING=1 to have each CUDA launch report its own failure";
+}
+
+void log_teardown_failure(const char* where) noexcept {
+  static std::atomic<bool> logged{false};
+  try {
+    std::string what = "unknown exception";
+    try {
+      if (const auto current = std::current_exception()) std::rethrow_exception(current);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    if (!logged.exchange(true))
+      spdlog::error("stoker::gpu: {} went on past a failure of device work (later ones are logged at debug level): {}",
+                    where, what);
+    else
+      spdlog::debug("stoker::gpu: {} went on past a failure of device work: {}", where, what);
+  } catch (...) {  // no memory to log with: the destructor goes on all the same
+  }
+}
+
+}  // namespace detail
 
 }  // namespace stoker::gpu

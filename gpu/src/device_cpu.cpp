@@ -5,6 +5,7 @@
 #include <deque>
 #include <mutex>
 #include <new>
+#include <string>
 #include <thread>
 
 #include <unistd.h>
@@ -16,11 +17,13 @@ namespace stoker::gpu::detail {
 namespace {
 
 // Shared with the work that records it or waits for it, so that an event may be destroyed
-// with work still pending, as a CUDA event may.
+// with work still pending, as a CUDA event may. `failure` is that of the stream it was last
+// completed on, as of that point: what done() and synchronize() report.
 struct EventState {
   std::mutex mutex;
   std::condition_variable changed;
   std::uint64_t recorded = 0, completed = 0;
+  std::string failure;
 
   std::uint64_t mark() {
     std::lock_guard lock(mutex);
@@ -30,30 +33,44 @@ struct EventState {
     std::lock_guard lock(mutex);
     return recorded;
   }
-  void complete(std::uint64_t mark) {
+  void complete(std::uint64_t mark, const std::string& stream_failure) {
     {
       std::lock_guard lock(mutex);
-      if (mark > completed) completed = mark;
+      if (mark > completed) {
+        completed = mark;
+        failure = stream_failure;
+      }
     }
     changed.notify_all();
   }
-  void wait_for(std::uint64_t mark) {
+  /// The failure the work before `mark` ended in; empty when it succeeded.
+  std::string wait_for(std::uint64_t mark) {
     std::unique_lock lock(mutex);
     changed.wait(lock, [&] { return completed >= mark; });
+    return failure;
   }
 };
+
+[[noreturn]] void throw_failure(const std::string& failure) { throw DeviceError(async_failure(failure)); }
 
 class CpuEvent final : public Event {
  public:
   bool done() override {
     std::lock_guard lock(state->mutex);
-    return state->completed >= state->recorded;
+    if (state->completed < state->recorded) return false;
+    if (!state->failure.empty()) throw_failure(state->failure);
+    return true;
   }
-  void synchronize() override { state->wait_for(state->last_mark()); }
+  void synchronize() override {
+    if (auto failure = state->wait_for(state->last_mark()); !failure.empty()) throw_failure(failure);
+  }
   void* native_handle() noexcept override { return nullptr; }
   const std::shared_ptr<EventState> state = std::make_shared<EventState>();
 };
 
+// The worker runs each piece of work with the stream's failure so far (empty while there is
+// none): work proper is skipped once there is one, as a CUDA stream's is after a fault, while
+// event records and waits still run, to carry the failure on to whoever waits.
 class CpuStream final : public Stream {
  public:
   explicit CpuStream(DeviceBase& device) : device_(device), worker_([this] { work(); }) {}
@@ -68,33 +85,55 @@ class CpuStream final : public Stream {
 
   void copy_to_device(void* dst, const void* src, std::size_t bytes) override {
     device_.counted_h2d(bytes);
-    issue([=] { std::memcpy(dst, src, bytes); });
+    issue_work([=] { std::memcpy(dst, src, bytes); });
   }
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override {
     device_.counted_d2h(bytes);
-    issue([=] { std::memcpy(dst, src, bytes); });
+    issue_work([=] { std::memcpy(dst, src, bytes); });
   }
   void copy_on_device(void* dst, const void* src, std::size_t bytes) override {
-    issue([=] { std::memcpy(dst, src, bytes); });
+    issue_work([=] { std::memcpy(dst, src, bytes); });
   }
   void record(Event& event) override {
     auto state = static_cast<CpuEvent&>(event).state;
-    issue([state, mark = state->mark()] { state->complete(mark); });
+    issue([state, mark = state->mark()](std::string& failure) { state->complete(mark, failure); });
   }
   void wait(Event& event) override {
     auto state = static_cast<CpuEvent&>(event).state;
-    issue([state, mark = state->last_mark()] { state->wait_for(mark); });
+    issue([state, mark = state->last_mark()](std::string& failure) {
+      auto waited = state->wait_for(mark);
+      if (failure.empty()) failure = std::move(waited);  // work after it would read what failed
+    });
   }
-  void host_task(std::function<void()> fn) override { issue(std::move(fn)); }
+  void host_task(std::function<void()> fn) override { issue_work(std::move(fn)); }
   void synchronize() override {
     CpuEvent e;
     record(e);
     e.synchronize();
   }
+  void check() override {
+    std::lock_guard lock(mutex_);
+    if (!failure_.empty()) throw_failure(failure_);
+  }
   void* native_handle() noexcept override { return nullptr; }
 
  private:
-  void issue(std::function<void()> fn) {
+  using Work = std::function<void(std::string& failure)>;
+
+  void issue_work(std::function<void()> fn) {
+    issue([fn = std::move(fn)](std::string& failure) {
+      if (!failure.empty()) return;
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        failure = std::string("a host task threw: ") + e.what();
+      } catch (...) {
+        failure = "a host task threw an exception that is not a std::exception";
+      }
+    });
+  }
+
+  void issue(Work fn) {
     {
       std::lock_guard lock(mutex_);
       work_.push_back(std::move(fn));
@@ -103,6 +142,7 @@ class CpuStream final : public Stream {
   }
 
   void work() {
+    std::string failure;  // the worker's own copy of failure_, which it alone writes
     std::unique_lock lock(mutex_);
     for (;;) {
       ready_.wait(lock, [&] { return closing_ || !work_.empty(); });
@@ -110,15 +150,18 @@ class CpuStream final : public Stream {
       auto fn = std::move(work_.front());
       work_.pop_front();
       lock.unlock();
-      fn();
+      const bool failed_before = !failure.empty();
+      fn(failure);
       lock.lock();
+      if (!failed_before && !failure.empty()) failure_ = failure;
     }
   }
 
   DeviceBase& device_;
   std::mutex mutex_;
   std::condition_variable ready_;
-  std::deque<std::function<void()>> work_;
+  std::deque<Work> work_;
+  std::string failure_;
   bool closing_ = false;
   std::thread worker_;  // last: starts after the members it uses
 };
@@ -129,8 +172,9 @@ class CpuDevice final : public DeviceBase {
  public:
   Backend backend() const noexcept override { return Backend::cpu; }
   std::string name() const override { return "cpu"; }
+  int ordinal() const noexcept override { return 0; }
   std::unique_ptr<Stream> make_stream() override { return std::make_unique<CpuStream>(*this); }
-  std::unique_ptr<Event> make_event() override { return std::make_unique<CpuEvent>(); }
+  std::unique_ptr<Event> make_event(HostWait) override { return std::make_unique<CpuEvent>(); }
   Memory allocate(std::size_t bytes) override { return host(bytes); }
   Memory allocate_pinned(std::size_t bytes) override { return host(bytes); }
   std::size_t free_memory() const override {
@@ -139,7 +183,8 @@ class CpuDevice final : public DeviceBase {
 
  private:
   static Memory host(std::size_t bytes) {
-    return Memory(::operator new[](bytes, kAlign), bytes, [](void* p) noexcept { ::operator delete[](p, kAlign); });
+    return Memory(::operator new[](bytes, kAlign), bytes,
+                  [](void* p, int) noexcept { ::operator delete[](p, kAlign); });
   }
 };
 

@@ -1,6 +1,15 @@
 // The CUDA backend. Every call goes through STOKER_CUDA_CHECK; destructors never throw.
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #include <nvtx3/nvToolsExt.h>
+
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "stoker/core/pipeline.h"
 
@@ -26,13 +35,70 @@ namespace detail {
 TraceRange::TraceRange(const char* name) noexcept { nvtxRangePushA(name); }
 TraceRange::~TraceRange() { nvtxRangePop(); }
 
+int current_cuda_device() {
+  int device = 0;
+  STOKER_CUDA_CHECK(cudaGetDevice(&device));
+  return device;
+}
+
+namespace {
+
+// Whether the calling thread has a CUDA context current, asked of the driver (cuCtxGetCurrent,
+// reached through the runtime so that stoker needs no libcuda at link time). Unknown is taken
+// as yes: the guard then puts the device back, as it promises.
+bool thread_has_context() {
+  using GetCurrent = CUresult (*)(CUcontext*);
+  static const GetCurrent get_current = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return GetCurrent{};
+    }
+    return reinterpret_cast<GetCurrent>(fn);
+  }();
+  CUcontext context = nullptr;
+  return !get_current || get_current(&context) != CUDA_SUCCESS || context != nullptr;
+}
+
+}  // namespace
+
+DeviceGuard::DeviceGuard(int ordinal) { enter(ordinal); }
+
+void DeviceGuard::enter(int ordinal) {
+  const int current = current_cuda_device();
+  if (current == ordinal) return;
+  // A thread with no context yet has chosen no device (cudaGetDevice says 0 all the same):
+  // putting device 0 back would make it one there, a context on GPU 0 for every process of a
+  // multi-GPU job. Such a thread is left on the device stoker used.
+  const bool chosen = thread_has_context();
+  STOKER_CUDA_CHECK(cudaSetDevice(ordinal));
+  if (chosen) previous_ = current;
+}
+
+DeviceGuard::~DeviceGuard() {
+  if (previous_ >= 0) (void)cudaSetDevice(previous_);  // it was current a moment ago
+}
+
 namespace {
 
 class CudaEvent final : public Event {
  public:
-  CudaEvent() { STOKER_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming)); }
-  ~CudaEvent() override { (void)cudaEventDestroy(event); }
+  CudaEvent(int device, unsigned flags) : device_(device) {
+    const DeviceGuard guard(device_);
+    STOKER_CUDA_CHECK(cudaEventCreateWithFlags(&event, flags));
+  }
+  ~CudaEvent() override {
+    try {
+      const DeviceGuard guard(device_);
+      (void)cudaEventDestroy(event);
+    } catch (...) {
+      log_teardown_failure("a CUDA event's destructor");
+    }
+  }
   bool done() override {
+    const DeviceGuard guard(device_);
     const cudaError_t status = cudaEventQuery(event);
     if (status == cudaErrorNotReady) {
       (void)cudaGetLastError();
@@ -41,97 +107,203 @@ class CudaEvent final : public Event {
     STOKER_CUDA_CHECK(status);
     return true;
   }
-  void synchronize() override { STOKER_CUDA_CHECK(cudaEventSynchronize(event)); }
+  void synchronize() override {
+    const DeviceGuard guard(device_);
+    STOKER_CUDA_CHECK(cudaEventSynchronize(event));
+  }
   void* native_handle() noexcept override { return event; }
   cudaEvent_t event{};
+
+ private:
+  int device_;
 };
 
 class CudaStream final : public Stream {
  public:
-  explicit CudaStream(DeviceBase& device) : device_(device) {
+  explicit CudaStream(DeviceBase& device) : device_(device), ordinal_(device.ordinal()) {
+    const DeviceGuard guard(ordinal_);
     // Non-blocking: no implicit ordering with the legacy default stream.
     STOKER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
   ~CudaStream() override {
-    (void)cudaStreamSynchronize(stream_);
-    (void)cudaStreamDestroy(stream_);
+    bool unloading = false;
+    try {
+      const DeviceGuard guard(ordinal_);
+      unloading = cudaStreamSynchronize(stream_) == cudaErrorCudartUnloading;
+      if (!unloading) resources_.clear();  // with the stream's device current
+      (void)cudaStreamDestroy(stream_);
+    } catch (...) {
+      unloading = true;  // no device to destroy the handles with
+      log_teardown_failure("a CUDA stream's destructor");
+    }
+    // Once CUDA's runtime is unloading (process exit), a library handle must not be destroyed:
+    // its destructor would call into the runtime that is gone. The process ends anyway.
+    if (unloading && !resources_.empty()) new std::vector<Resource>(std::move(resources_));
   }
 
   void copy_to_device(void* dst, const void* src, std::size_t bytes) override {
+    const DeviceGuard guard(ordinal_);
     STOKER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
     device_.counted_h2d(bytes);
   }
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override {
+    const DeviceGuard guard(ordinal_);
     STOKER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
     device_.counted_d2h(bytes);
   }
   void copy_on_device(void* dst, const void* src, std::size_t bytes) override {
+    const DeviceGuard guard(ordinal_);
     STOKER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
   }
   void record(Event& event) override {
+    const DeviceGuard guard(ordinal_);
     STOKER_CUDA_CHECK(cudaEventRecord(static_cast<CudaEvent&>(event).event, stream_));
   }
   void wait(Event& event) override {
+    const DeviceGuard guard(ordinal_);
     STOKER_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<CudaEvent&>(event).event, 0));
   }
   void host_task(std::function<void()> fn) override {
-    auto* owned = new std::function<void()>(std::move(fn));
-    const cudaError_t status = cudaLaunchHostFunc(
-        stream_,
-        [](void* p) {
-          std::unique_ptr<std::function<void()>> f(static_cast<std::function<void()>*>(p));
-          (*f)();
-        },
-        owned);
-    if (status != cudaSuccess) delete owned;
+    const DeviceGuard guard(ordinal_);
+    auto* task = new HostTask{std::move(fn), this};
+    const cudaError_t status = cudaLaunchHostFunc(stream_, &HostTask::run, task);
+    if (status != cudaSuccess) delete task;
     STOKER_CUDA_CHECK(status);
   }
-  void synchronize() override { STOKER_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void synchronize() override {
+    {
+      const DeviceGuard guard(ordinal_);
+      STOKER_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
+    check();
+  }
+  void check() override {
+    {
+      std::lock_guard lock(mutex_);
+      if (!host_failure_.empty()) throw DeviceError(async_failure(host_failure_));
+    }
+    const DeviceGuard guard(ordinal_);
+    const cudaError_t status = cudaStreamQuery(stream_);
+    if (status == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return;
+    }
+    STOKER_CUDA_CHECK(status);
+  }
   void* native_handle() noexcept override { return stream_; }
 
+  int ordinal() const noexcept { return ordinal_; }
+  std::shared_ptr<void> resource(const void* key, const std::function<std::shared_ptr<void>()>& make) {
+    std::lock_guard lock(mutex_);
+    for (const auto& [k, r] : resources_)
+      if (k == key) return r;
+    const DeviceGuard guard(ordinal_);
+    resources_.emplace_back(key, make());
+    return resources_.back().second;
+  }
+
  private:
+  // A host task that throws cannot fail the CUDA stream it runs on; the stream keeps the failure
+  // for check() to report. It outlives its tasks: its destructor waits for them.
+  struct HostTask {
+    std::function<void()> fn;
+    CudaStream* stream;
+    static void run(void* p) {
+      std::unique_ptr<HostTask> task(static_cast<HostTask*>(p));
+      try {
+        task->fn();
+      } catch (const std::exception& e) {
+        task->stream->failed(std::string("a host task threw: ") + e.what());
+      } catch (...) {
+        task->stream->failed("a host task threw an exception that is not a std::exception");
+      }
+    }
+  };
+  void failed(std::string what) noexcept {
+    try {
+      std::lock_guard lock(mutex_);
+      if (host_failure_.empty()) host_failure_ = std::move(what);
+    } catch (...) {
+    }
+  }
+
+  using Resource = std::pair<const void*, std::shared_ptr<void>>;
   DeviceBase& device_;
+  const int ordinal_;
   cudaStream_t stream_{};
+  std::mutex mutex_;
+  std::string host_failure_;
+  std::vector<Resource> resources_;  // destroyed before the stream, after its work
 };
+
+// Frees memory of device `device` with that device current, as it was allocated.
+template <cudaError_t (*Free)(void*)>
+void free_on(void* p, int device) noexcept {
+  try {
+    const DeviceGuard guard(device);
+    (void)Free(p);
+  } catch (...) {
+    log_teardown_failure("freeing CUDA memory");
+  }
+}
 
 class CudaDevice final : public DeviceBase {
  public:
-  CudaDevice() {
-    STOKER_CUDA_CHECK(cudaSetDevice(0));
+  explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
+    // The properties of a device are read without making it current: open() moves nobody.
     cudaDeviceProp props{};
-    STOKER_CUDA_CHECK(cudaGetDeviceProperties(&props, 0));
-    name_ = std::string(props.name) + " (cuda:0)";
+    STOKER_CUDA_CHECK(cudaGetDeviceProperties(&props, ordinal_));
+    name_ = std::string(props.name) + " (cuda:" + std::to_string(ordinal_) + ")";
     // Stage bodies as NVTX ranges, next to the copies and kernels in a profile. NVTX calls
     // cost a few nanoseconds when no profiler listens.
     set_body_tracer({[](const char* stage) { nvtxRangePushA(stage); }, [] { nvtxRangePop(); }});
   }
   Backend backend() const noexcept override { return Backend::cuda; }
   std::string name() const override { return name_; }
+  int ordinal() const noexcept override { return ordinal_; }
   std::unique_ptr<Stream> make_stream() override { return std::make_unique<CudaStream>(*this); }
-  std::unique_ptr<Event> make_event() override { return std::make_unique<CudaEvent>(); }
+  std::unique_ptr<Event> make_event(HostWait wait) override {
+    return std::make_unique<CudaEvent>(ordinal_,
+                                       cudaEventDisableTiming | (wait == HostWait::block ? cudaEventBlockingSync : 0u));
+  }
   Memory allocate(std::size_t bytes) override {
+    const DeviceGuard guard(ordinal_);
     void* p = nullptr;
     STOKER_CUDA_CHECK(cudaMalloc(&p, bytes));
-    return Memory(p, bytes, [](void* q) noexcept { (void)cudaFree(q); });
+    return Memory(p, bytes, &free_on<cudaFree>, ordinal_);
   }
   Memory allocate_pinned(std::size_t bytes) override {
+    const DeviceGuard guard(ordinal_);
     void* p = nullptr;
     STOKER_CUDA_CHECK(cudaHostAlloc(&p, bytes, cudaHostAllocDefault));
-    return Memory(p, bytes, [](void* q) noexcept { (void)cudaFreeHost(q); });
+    return Memory(p, bytes, &free_on<cudaFreeHost>, ordinal_);
   }
   std::size_t free_memory() const override {
+    const DeviceGuard guard(ordinal_);
     std::size_t free = 0, total = 0;
     STOKER_CUDA_CHECK(cudaMemGetInfo(&free, &total));
     return free;
   }
 
  private:
+  const int ordinal_;
   std::string name_;
 };
 
 }  // namespace
 
-std::shared_ptr<Device> open_cuda_device() { return std::make_shared<CudaDevice>(); }
+DeviceGuard::DeviceGuard(Stream& stream) {
+  if (auto* cuda = dynamic_cast<CudaStream*>(&stream)) enter(cuda->ordinal());
+}
+
+std::shared_ptr<void> stream_resource(Stream& stream, const void* key,
+                                      const std::function<std::shared_ptr<void>()>& make) {
+  auto* cuda = dynamic_cast<CudaStream*>(&stream);
+  if (!cuda) throw std::logic_error("stream_resource: not a CUDA stream");
+  return cuda->resource(key, make);
+}
+
+std::shared_ptr<Device> open_cuda_device(int ordinal) { return std::make_shared<CudaDevice>(ordinal); }
 
 }  // namespace detail
 }  // namespace stoker::gpu

@@ -13,30 +13,58 @@
 namespace stoker::gpu {
 
 // ---------------------------------------------------------------------------------------------
+// OutputSizing
+
+std::string OutputSizing::rule() const {
+  return std::to_string(per_call) + " per call + " + std::to_string(queued) + " queued + " + std::to_string(held) +
+         " held by the consumer = " + std::to_string(buffers()) + " buffers";
+}
+
+// ---------------------------------------------------------------------------------------------
 // SlotPool
 
+void SlotPool::Wakeup::notify() {
+  {
+    std::lock_guard lock(mutex);
+    ++generation;
+  }
+  changed.notify_all();
+}
+
 std::shared_ptr<SlotPool> SlotPool::create(std::shared_ptr<Device> device, Kind kind, std::size_t slots,
-                                           std::size_t slot_bytes) {
+                                           std::size_t slot_bytes, SlotPoolOptions options) {
   if (!device) throw std::invalid_argument("slot pool: no device");
   if (slots == 0) throw std::invalid_argument("slot pool: slots must be at least 1");
   if (slot_bytes == 0) throw std::invalid_argument("slot pool: slot_bytes must be at least 1");
-  return std::shared_ptr<SlotPool>(new SlotPool(std::move(device), kind, slots, slot_bytes));
+  if (options.wait_limit.count() < 0) throw std::invalid_argument("slot pool: wait_limit must not be negative");
+  return std::shared_ptr<SlotPool>(new SlotPool(std::move(device), kind, slots, slot_bytes, std::move(options)));
 }
 
-SlotPool::SlotPool(std::shared_ptr<Device> device, Kind kind, std::size_t slots, std::size_t slot_bytes)
-    : BufferPool(0), device_(std::move(device)), kind_(kind), slot_bytes_(slot_bytes) {
+SlotPool::SlotPool(std::shared_ptr<Device> device, Kind kind, std::size_t slots, std::size_t slot_bytes,
+                   SlotPoolOptions options)
+    : BufferPool(0), device_(std::move(device)), kind_(kind), slot_bytes_(slot_bytes), options_(std::move(options)) {
   slots_.reserve(slots);
   for (std::size_t i = 0; i < slots; ++i) {
     Memory m = kind == Kind::pinned ? device_->allocate_pinned(slot_bytes) : device_->allocate(slot_bytes);
-    slots_.push_back({std::move(m), device_->make_event()});
+    slots_.push_back({std::move(m), {}});
+    slots_.back().events.push_back(device_->make_event());
     free_.push_back(slots - 1 - i);  // hand out slot 0 first
   }
 }
 
 // Buffers still out hold the pool alive (a Buffer keeps a shared_ptr to it), so by now
-// every slot is free or pending; the device may still be reading a pending one.
+// every slot is free or pending; the device may still be reading a pending one. A wait that
+// fails (a sticky CUDA error, the runtime unloading at exit) must not end the process with
+// the error it would report lost: it is logged, and the memory freed all the same.
 SlotPool::~SlotPool() {
-  for (std::size_t i : pending_) slots_[i].event->synchronize();
+  for (const Pending& p : pending_)
+    for (std::size_t e = 0; e < p.events; ++e) {
+      try {
+        slots_[p.slot].events[e]->synchronize();
+      } catch (...) {
+        detail::log_teardown_failure("a slot pool's destructor");
+      }
+    }
 }
 
 std::size_t SlotPool::slot_of(const std::byte* data) const {
@@ -45,19 +73,31 @@ std::size_t SlotPool::slot_of(const std::byte* data) const {
   throw std::invalid_argument("slot pool: this buffer is not one of the pool's");
 }
 
+// A buffer given back without release_after (a batch dropped before any use, a DLPack tensor
+// released) may still be written by the work that fills it: it waits for the slot's event,
+// which that work recorded, as any pending slot does.
 void SlotPool::release(std::byte* data, std::size_t) noexcept {
   {
-    std::lock_guard lock(mutex_);
-    free_.push_back(slot_of(data));
+    std::lock_guard lock(wake_->mutex);
+    pending_.push_back({slot_of(data), 1});
+    ++returns_;
+    ++wake_->generation;
   }
-  returned_.notify_one();
+  wake_->changed.notify_all();
+}
+
+bool SlotPool::passed(std::size_t slot, std::size_t events) const {
+  for (std::size_t e = 0; e < events; ++e)
+    if (!slots_[slot].events[e]->done()) return false;
+  return true;
 }
 
 std::optional<Buffer> SlotPool::take_free(std::unique_lock<std::mutex>&, std::size_t bytes) {
-  if (free_.empty())  // slots whose event the device has passed come back now
-    std::erase_if(pending_, [&](std::size_t i) {
-      if (!slots_[i].event->done()) return false;
-      free_.push_back(i);
+  if (free_.empty())  // slots whose events the device has passed come back now
+    std::erase_if(pending_, [&](const Pending& p) {
+      if (!passed(p.slot, p.events)) return false;
+      free_.push_back(p.slot);
+      ++returns_;
       return true;
     });
   if (free_.empty()) return std::nullopt;
@@ -70,51 +110,123 @@ std::optional<Buffer> SlotPool::try_acquire(std::size_t bytes) {
   if (bytes > slot_bytes_)
     throw std::invalid_argument("slot pool: " + std::to_string(bytes) + " bytes asked for, but its buffers hold " +
                                 std::to_string(slot_bytes_));
-  std::unique_lock lock(mutex_);
+  std::unique_lock lock(wake_->mutex);
   return take_free(lock, bytes);
 }
 
 Buffer SlotPool::acquire(std::size_t bytes, const StageContext& ctx) {
+  using namespace std::chrono_literals;
+  using Clock = std::chrono::steady_clock;
   if (bytes > slot_bytes_) (void)try_acquire(bytes);  // throws the size error
-  std::unique_lock lock(mutex_);
+  std::unique_lock lock(wake_->mutex);
   if (auto b = take_free(lock, bytes)) return std::move(*b);
   // Exhausted: the stage calling waits for its consumer, as with a full output queue.
   const BlockedTime blocked(ctx);
+  ++waiters_;
+  struct Leave {  // the lock is held whenever this runs: on return, and on every throw below
+    std::size_t& waiters;
+    ~Leave() { --waiters; }
+  } leave{waiters_};
+  const auto limit = options_.wait_limit;
+  auto since = Clock::now();  // the last time a buffer came back, or the start of the wait
+  std::uint64_t returns = returns_;
   for (;;) {
     if (auto b = take_free(lock, bytes)) return std::move(*b);
     if (ctx.stop.stop_requested()) throw PipelineStopped();
     // The stage that gives buffers back may need this very thread: run it here meanwhile.
     lock.unlock();
-    const bool helped = ctx.help_downstream();
+    bool helped = false;
+    try {
+      helped = ctx.help_downstream();
+    } catch (...) {
+      lock.lock();
+      throw;
+    }
     lock.lock();
     if (helped) continue;
-    // A slot comes back either through a Buffer's destructor, which notifies, or when the
-    // device passes an event, which nobody announces: poll those briefly.
-    const auto wait = pending_.empty() ? std::chrono::microseconds(2000) : std::chrono::microseconds(20);
-    returned_.wait_for(lock, wait);
+    const auto now = Clock::now();
+    if (returns_ != returns) since = now, returns = returns_;
+    if (limit.count() > 0 && now - since >= limit) time_out(now - since);
+    // A buffer comes back when a Buffer is destroyed or given back, which notifies, or when the
+    // device passes its events. That is announced by a host task when a waiter was there at
+    // release_after; otherwise nobody announces it, and it is polled for. A pipeline's stage
+    // also wakes every 2 ms to help the stages after it: their work arrives unannounced.
+    const bool unannounced =
+        std::any_of(pending_.begin(), pending_.end(), [](const Pending& p) { return !p.announced; });
+    Clock::duration wait = limit.count() > 0 ? Clock::duration(since + limit - now) : Clock::duration(1h);
+    if (unannounced) wait = std::min<Clock::duration>(wait, 20us);
+    if (ctx.helper.run) wait = std::min<Clock::duration>(wait, 2ms);
+    const std::uint64_t seen = wake_->generation;
+    wake_->changed.wait_for(lock, ctx.stop, wait, [&] { return wake_->generation != seen; });
   }
 }
 
-void SlotPool::release_after(Buffer buffer, Stream& stream) {
-  if (buffer.pool() != this) throw std::invalid_argument("slot pool: release_after got a buffer of another pool");
-  const auto keep_alive = shared_from_this();  // `buffer` may hold the last reference
-  const std::size_t i = slot_of(buffer.data());
-  stream.record(*slots_[i].event);
-  disown(buffer);  // the slot comes back through its event, in take_free()
-  std::lock_guard lock(mutex_);
-  pending_.push_back(i);
+void SlotPool::time_out(std::chrono::steady_clock::duration waited) const {
+  // A failure that kept a stream from announcing its events (its host tasks no longer run)
+  // is the error to report, not the wait.
+  for (const Pending& p : pending_) (void)passed(p.slot, p.events);
+  const auto seconds = std::chrono::duration<double>(waited).count();
+  std::string what = "slot pool '" + options_.name + "': no buffer came back in " + std::to_string(seconds) +
+                     " s of waiting, with all " + std::to_string(slots_.size()) + " of its buffers ";
+  if (pending_.empty()) {
+    what +=
+        "held and none on its way back, so this wait would never end: whatever holds them (the queue after the "
+        "stage, the consumer) holds more than the pool was sized for. Sizing: " +
+        (options_.sizing.empty() ? std::string("give it at least the buffers one call holds + those queued after "
+                                               "the stage + those the consumer holds at once")
+                                 : options_.sizing);
+  } else {
+    what += "in use, " + std::to_string(pending_.size()) +
+            " of them waiting for device work that has not finished (a hung device, or a stream held by work that "
+            "never ends)";
+  }
+  throw PoolTimeout(what + " (wait_limit " + std::to_string(options_.wait_limit.count()) + " ms)");
 }
 
-Event& SlotPool::event(const Buffer& buffer) { return *slots_[slot_of(buffer.data())].event; }
+void SlotPool::release_after(Buffer buffer, Stream& stream) {
+  Stream* const streams[] = {&stream};
+  release_after(std::move(buffer), streams);
+}
+
+void SlotPool::release_after(Buffer buffer, std::span<Stream* const> streams) {
+  if (buffer.pool() != this) throw std::invalid_argument("slot pool: release_after got a buffer of another pool");
+  if (streams.empty()) return;                 // `buffer` comes back through release(), after the slot's event
+  const auto keep_alive = shared_from_this();  // `buffer` may hold the last reference
+  const std::size_t i = slot_of(buffer.data());
+  // The slot is the holder's alone until it is pending: its events need no lock.
+  auto& events = slots_[i].events;
+  while (events.size() < streams.size()) events.push_back(device_->make_event());
+  for (std::size_t k = 0; k < streams.size(); ++k) streams[k]->record(*events[k]);
+  disown(buffer);  // the slot comes back through its events, in take_free()
+  bool announce = false;
+  {
+    std::lock_guard lock(wake_->mutex);
+    // A stage waiting in acquire() now would otherwise only find out by polling: each stream
+    // tells it once it has passed its event. Without a waiter, a host task per release would
+    // cost the streams a trip to the host for nothing.
+    announce = waiters_ > 0;
+    pending_.push_back({i, streams.size(), announce});
+    ++wake_->generation;
+  }
+  wake_->changed.notify_all();
+  if (announce)
+    for (Stream* stream : streams) stream->host_task([wake = wake_] { wake->notify(); });
+}
+
+Event& SlotPool::event(const Buffer& buffer) { return *slots_[slot_of(buffer.data())].events.front(); }
 
 MemoryKind SlotPool::memory_kind() const noexcept {
   if (device_->backend() != Backend::cuda) return MemoryKind::host;
   return kind_ == Kind::pinned ? MemoryKind::pinned : MemoryKind::device;
 }
 
+int SlotPool::device_id() const noexcept { return device_->ordinal(); }
+
 std::size_t SlotPool::in_use() const {
-  std::lock_guard lock(mutex_);
-  return slots_.size() - free_.size();
+  std::lock_guard lock(wake_->mutex);
+  const auto waiting =
+      std::count_if(pending_.begin(), pending_.end(), [&](const Pending& p) { return !passed(p.slot, p.events); });
+  return slots_.size() - free_.size() - pending_.size() + static_cast<std::size_t>(waiting);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -129,16 +241,69 @@ DeviceBatch::DeviceBatch(Buffer storage, Shape shape_, DType dtype_, std::size_t
       storage_(std::move(storage)),
       labels_offset_(labels_offset) {}
 
-Event& DeviceBatch::ready() const {
-  auto* pool = dynamic_cast<SlotPool*>(storage_.pool());
+DeviceBatch::DeviceBatch(DeviceBatch&& o) noexcept
+    : shape(o.shape),
+      dtype(o.dtype),
+      count(o.count),
+      host_labels(std::move(o.host_labels)),
+      storage_(std::move(o.storage_)),
+      labels_offset_(o.labels_offset_),
+      used_on_(std::move(o.used_on_)) {
+  o.used_on_.clear();
+}
+
+DeviceBatch& DeviceBatch::operator=(DeviceBatch&& o) noexcept {
+  if (this == &o) return *this;
+  give_back();
+  shape = o.shape;
+  dtype = o.dtype;
+  count = o.count;
+  host_labels = std::move(o.host_labels);
+  storage_ = std::move(o.storage_);
+  labels_offset_ = o.labels_offset_;
+  used_on_ = std::move(o.used_on_);
+  o.used_on_.clear();
+  return *this;
+}
+
+DeviceBatch::~DeviceBatch() { give_back(); }
+
+namespace {
+SlotPool& slot_pool_of(const Buffer& storage) {
+  auto* pool = dynamic_cast<SlotPool*>(storage.pool());
   if (!pool) throw std::logic_error("device batch: empty, or not from a slot pool");
-  return pool->event(storage_);
+  return *pool;
+}
+}  // namespace
+
+// A batch that ends without release_after: its buffer goes back after the streams it was used
+// on, or, used on none, after ready() (through the Buffer's own release).
+void DeviceBatch::give_back() noexcept {
+  if (storage_.empty()) return;
+  try {
+    slot_pool_of(storage_).release_after(std::move(storage_), used_on_);
+  } catch (...) {
+    // Recording failed, after a sticky CUDA error: the device runs no more work, and the
+    // buffer came back through its Buffer, after ready().
+    detail::log_teardown_failure("a device batch given back");
+  }
+  used_on_.clear();
+}
+
+Event& DeviceBatch::ready() const { return slot_pool_of(storage_).event(storage_); }
+
+void DeviceBatch::use_on(Stream& stream) {
+  Event& filled = ready();
+  if (std::find(used_on_.begin(), used_on_.end(), &stream) != used_on_.end()) return;
+  used_on_.reserve(used_on_.size() + 1);  // before the wait: nothing to undo if it throws
+  stream.wait(filled);
+  used_on_.push_back(&stream);
 }
 
 void DeviceBatch::release_after(Stream& stream) {
-  auto* pool = dynamic_cast<SlotPool*>(storage_.pool());
-  if (!pool) throw std::logic_error("device batch: empty, or not from a slot pool");
-  pool->release_after(std::move(storage_), stream);
+  use_on(stream);
+  slot_pool_of(storage_).release_after(std::move(storage_), used_on_);
+  used_on_.clear();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -147,19 +312,37 @@ void DeviceBatch::release_after(Stream& stream) {
 ToDevice::ToDevice(std::shared_ptr<Device> device, ToDeviceOptions options) : state_(std::make_shared<State>()) {
   if (!device) throw std::invalid_argument("to_device: no device");
   if (options.bytes == 0) throw std::invalid_argument("to_device: bytes (the largest batch) must be at least 1");
-  state_->staging = SlotPool::create(device, SlotPool::Kind::pinned, options.staging_buffers, options.bytes);
-  state_->device_pool = SlotPool::create(device, SlotPool::Kind::device, options.device_buffers, options.bytes);
+  if (options.wait_limit.count() < 0) throw std::invalid_argument("to_device: wait_limit must not be negative");
+  const auto pool = [&](SlotPool::Kind kind, std::size_t buffers, const char* name, const char* option,
+                        const char* what) {
+    return SlotPool::create(device, kind, buffers, options.bytes,
+                            {.name = name,
+                             .sizing = std::string(option) + " (" + std::to_string(buffers) + ") must cover " + what,
+                             .wait_limit = options.wait_limit});
+  };
+  state_->staging = pool(SlotPool::Kind::pinned, options.staging_buffers, "ToDevice staging", "staging_buffers",
+                         "1 batch being collated + the batches queued between the collate and h2d stages + 1 being "
+                         "copied");
+  state_->device_pool =
+      pool(SlotPool::Kind::device, options.device_buffers, "ToDevice device buffers", "device_buffers",
+           "1 batch being copied + the batches queued after the h2d stage + those the consumer holds "
+           "at once (OutputSizing)");
   state_->copy_stream = device->make_stream();
   state_->device = std::move(device);
 }
 
 // The copy stream finishes before the pools' memory goes.
 ToDevice::State::~State() {
-  if (copy_stream) copy_stream->synchronize();
+  try {
+    if (copy_stream) copy_stream->synchronize();
+  } catch (...) {
+    detail::log_teardown_failure("ToDevice's destructor");
+  }
 }
 
 DeviceBatch ToDevice::operator()(Batch batch, const StageContext& ctx) const {
   auto& s = *state_;
+  s.copy_stream->check();  // a copy of an earlier batch that failed fails this stage
   if (batch.storage.pool() != s.staging.get())
     throw std::invalid_argument(
         "to_device: the batch was not collated into the staging pool (use Collate{.pool = to_device.staging()})");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <future>
 #include <limits>
 #include <map>
 #include <random>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "augment_crop.h"  // the kernels' own entry point (private to gpu/)
+#include "gpu/stream_tools.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/gpu/augment.h"
 #include "support.h"
@@ -21,6 +23,7 @@ using namespace std::chrono_literals;
 using gpu::DeviceBatch;
 using gpu::GpuAugment;
 using gpu::GpuAugmentOptions;
+using test::devices;
 
 namespace {
 
@@ -201,6 +204,20 @@ GpuAugmentOptions fashion_options(std::size_t max_images = 64) {
           .max_images = max_images};
 }
 
+// `epochs` epochs of a pipeline of seed `seed`, each read back and compared with what RandomCrops
+// and a host shuffle give; returns the crops read.
+std::size_t check_pipeline(Pipeline<DeviceBatch>& pipe, ReadBack& read, const Images& data, const GpuAugmentOptions& o,
+                           std::uint64_t seed, std::uint32_t epochs) {
+  std::size_t crops = 0;
+  for (std::uint32_t e = 0; e < epochs; ++e) {
+    Minibatches got;
+    for (auto& b : pipe.epoch()) got.push_back(read(b));
+    CHECK(got == expected(data, o, {seed, e}));
+    crops += total(got);
+  }
+  return crops;
+}
+
 void check_epochs(gpu::Device& device, GpuAugment& augment, const Images& data, std::uint64_t seed, int epochs) {
   ReadBack read(device);
   for (std::uint32_t e = 0; e < static_cast<std::uint32_t>(epochs); ++e) {
@@ -320,7 +337,8 @@ TEST_SUITE("GpuAugment on the CPU backend") {
         CHECK(together(got) < 0.4);
       }
       const auto after = device->transfers();
-      CHECK(after.h2d_copies - before.h2d_copies == 2 * data.batches());
+      // One copy per input batch, and one of the gather slots of each epoch's drain.
+      CHECK(after.h2d_copies - before.h2d_copies == 2 * (data.batches() + 1));
       CHECK(after.d2h_copies == read.copies);
       CHECK(after.d2h_copies == 0);
     }
@@ -425,7 +443,7 @@ std::shared_ptr<const IdxDataset> as_dataset(const Images& data) {
 
 }  // namespace
 
-TEST_CASE("resident: one upload, then no copy per batch, and the same minibatches as streaming" *
+TEST_CASE("resident: one upload, then only the crops to cut cross, and the same minibatches as streaming" *
           doctest::timeout(120)) {
   auto device = gpu::Device::open(gpu::cuda_device_count() > 0 ? "cuda" : "cpu");
   INFO("device: " << device->name());
@@ -448,14 +466,13 @@ TEST_CASE("resident: one upload, then no copy per batch, and the same minibatche
                   .flat_map<DeviceBatch>("gpu_augment", augment, {.queue = 2})
                   .build();
   ReadBack read(*device);
-  for (std::uint32_t e = 0; e < 2; ++e) {
-    Minibatches got;
-    for (auto& b : pipe.epoch()) got.push_back(read(b));
-    CHECK(got == expected(data, o, {4, e}));
-  }
+  const std::size_t crops = check_pipeline(pipe, read, data, o, 4, 2);
+  const std::size_t calls = 2 * ((data.images + data.per_batch - 1) / data.per_batch + 1);  // and the drains
+  // After the upload, each crop crosses as its 28-byte job, in one copy per call at most: no
+  // image byte, and no kernel reading jobs from pinned memory across PCIe.
   const auto after = device->transfers();
-  CHECK(after.h2d_copies == 1);
-  CHECK(after.h2d_bytes == uploaded.h2d_bytes);
+  CHECK(after.h2d_bytes - uploaded.h2d_bytes == crops * sizeof(gpu::detail::CropJob));
+  CHECK(after.h2d_copies - uploaded.h2d_copies <= calls);
   CHECK(after.d2h_copies == read.copies);
 }
 
@@ -480,24 +497,22 @@ TEST_CASE("streaming on the device the pipeline runs on: no copy back, one copy 
                   .flat_map<DeviceBatch>("gpu_augment", augment, {.queue = 2})
                   .build();
   ReadBack read(*device);
-  for (std::uint32_t e = 0; e < 2; ++e) {
-    Minibatches got;
-    for (auto& b : pipe.epoch()) got.push_back(read(b));
-    CHECK(got == expected(data, o, {8, e}));
-  }
+  check_pipeline(pipe, read, data, o, 8, 2);
   const auto t = device->transfers();
-  CHECK(t.h2d_copies == 2 * data.batches());
-  CHECK(t.d2h_copies == read.copies);  // only the test's own read-backs
+  CHECK(t.h2d_copies == 2 * (data.batches() + 1));  // and each epoch's drain its gather slots
+  CHECK(t.d2h_copies == read.copies);               // only the test's own read-backs
 }
 
 namespace {
 
 // The crop and gather kernels against the CPU transform, on fresh random images, windows and
-// flips, into outputs poisoned with NaN (and labels with a sentinel) before the run.
-void check_kernels(gpu::Device& device, Shape shape, DType dtype, CropSize size, const Normalization& norm) {
+// flips, into outputs poisoned with NaN (and labels with a sentinel) before the run. Every
+// array the kernels read or write starts `offset` bytes past an allocation's alignment.
+void check_kernels(gpu::Device& device, Shape shape, DType dtype, CropSize size, const Normalization& norm,
+                   std::size_t offset = 0) {
   const auto seed = std::random_device{}();
   INFO("device " << device.name() << ", images " << shape.str() << " " << dtype_name(dtype) << ", crops " << size.str()
-                 << ", seed " << seed);
+                 << ", offset " << offset << ", seed " << seed);
   Rng rng(seed);
   const Normalizer normalizer(norm);
   const gpu::detail::CropKernels kernels(shape, dtype, size, normalizer);
@@ -527,37 +542,37 @@ void check_kernels(gpu::Device& device, Shape shape, DType dtype, CropSize size,
   kernels.write_table(table.data());
 
   auto stream = device.make_stream();
+  std::vector<gpu::Memory> memory;
   const auto upload = [&](const void* data, std::size_t bytes) {
-    gpu::Memory m = device.allocate(bytes);
-    stream->copy_to_device(m.data(), data, bytes);
-    return m;
+    memory.push_back(device.allocate(bytes + offset));
+    stream->copy_to_device(memory.back().data() + offset, data, bytes);
+    return memory.back().data() + offset;
   };
   const std::vector<float> nan(jobs * elements, std::numeric_limits<float>::quiet_NaN());
   const std::vector<std::int32_t> sentinel(jobs, std::numeric_limits<std::int32_t>::min());
-  gpu::Memory d_images = upload(image_bytes.data(), image_bytes.size());
-  gpu::Memory d_jobs = upload(job_list.data(), job_list.size() * sizeof(job_list[0]));
-  gpu::Memory d_table = upload(table.data(), table.size());
-  gpu::Memory d_out = upload(nan.data(), nan.size() * sizeof(float));
-  gpu::Memory d_labels = upload(sentinel.data(), sentinel.size() * sizeof(std::int32_t));
-  gpu::Memory d_gathered = upload(nan.data(), nan.size() * sizeof(float));
-  gpu::Memory d_gathered_labels = upload(sentinel.data(), sentinel.size() * sizeof(std::int32_t));
+  std::byte* d_images = upload(image_bytes.data(), image_bytes.size());
+  std::byte* d_jobs = upload(job_list.data(), job_list.size() * sizeof(job_list[0]));
+  std::byte* d_table = upload(table.data(), table.size());
+  std::byte* d_out = upload(nan.data(), nan.size() * sizeof(float));
+  std::byte* d_labels = upload(sentinel.data(), sentinel.size() * sizeof(std::int32_t));
+  std::byte* d_gathered = upload(nan.data(), nan.size() * sizeof(float));
+  std::byte* d_gathered_labels = upload(sentinel.data(), sentinel.size() * sizeof(std::int32_t));
   std::vector<std::uint32_t> slots(jobs);
   for (auto& s : slots) s = static_cast<std::uint32_t>(rng.below(jobs));
-  gpu::Memory d_slots = upload(slots.data(), slots.size() * sizeof(std::uint32_t));
+  std::byte* d_slots = upload(slots.data(), slots.size() * sizeof(std::uint32_t));
 
-  auto* out = reinterpret_cast<float*>(d_out.data());
-  auto* labels = reinterpret_cast<std::int32_t*>(d_labels.data());
-  kernels.crop(*stream, d_images.data(), reinterpret_cast<const gpu::detail::CropJob*>(d_jobs.data()), jobs,
-               d_table.data(), out, labels);
-  kernels.gather(*stream, out, labels, reinterpret_cast<const std::uint32_t*>(d_slots.data()), jobs,
-                 reinterpret_cast<float*>(d_gathered.data()),
-                 reinterpret_cast<std::int32_t*>(d_gathered_labels.data()));
+  auto* out = reinterpret_cast<float*>(d_out);
+  auto* labels = reinterpret_cast<std::int32_t*>(d_labels);
+  kernels.crop(*stream, d_images, images, reinterpret_cast<const gpu::detail::CropJob*>(d_jobs), jobs, d_table, out,
+               labels, jobs);
+  kernels.gather(*stream, out, labels, jobs, reinterpret_cast<const std::uint32_t*>(d_slots), jobs,
+                 reinterpret_cast<float*>(d_gathered), reinterpret_cast<std::int32_t*>(d_gathered_labels));
   std::vector<float> got(jobs * elements), gathered(jobs * elements);
   std::vector<std::int32_t> got_labels(jobs), gathered_labels(jobs);
-  stream->copy_to_host(got.data(), d_out.data(), got.size() * sizeof(float));
-  stream->copy_to_host(got_labels.data(), d_labels.data(), got_labels.size() * sizeof(std::int32_t));
-  stream->copy_to_host(gathered.data(), d_gathered.data(), gathered.size() * sizeof(float));
-  stream->copy_to_host(gathered_labels.data(), d_gathered_labels.data(), gathered_labels.size() * sizeof(std::int32_t));
+  stream->copy_to_host(got.data(), d_out, got.size() * sizeof(float));
+  stream->copy_to_host(got_labels.data(), d_labels, got_labels.size() * sizeof(std::int32_t));
+  stream->copy_to_host(gathered.data(), d_gathered, gathered.size() * sizeof(float));
+  stream->copy_to_host(gathered_labels.data(), d_gathered_labels, gathered_labels.size() * sizeof(std::int32_t));
   stream->synchronize();
 
   std::vector<float> want(elements);
@@ -603,4 +618,249 @@ TEST_CASE("crop and gather kernels equal the CPU transform bit for bit: CUDA" * 
   }
   auto device = gpu::Device::open("cuda");
   for (int run = 0; run < 3; ++run) check_all_kernels(*device);
+}
+
+TEST_CASE("the copy of an input batch is issued before the call waits for output buffers the consumer holds" *
+          doctest::timeout(60)) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto o = fashion_options();  // 64 images make 320 crops: 10 minibatches of 32 once the window is full
+    o.output_buffers = GpuAugment::buffers_per_call(o);  // 11: the least one call may need
+    GpuAugment augment(device, o);
+    const Images data{.images = 64 * 3, .per_batch = 64};
+    std::vector<DeviceBatch> held;
+    Emitter<DeviceBatch> emit(held);
+    augment(data.batch(0), emit, {});
+    augment(data.batch(1), emit, {});
+    REQUIRE(held.size() == 10);  // the consumer holds them: one output buffer is left
+    const auto before = device->transfers();
+    auto call = std::async(std::launch::async, [&] {
+      std::vector<DeviceBatch> out;
+      Emitter<DeviceBatch> more(out);
+      augment(data.batch(2), more, {});
+      return out.size();
+    });
+    // The call needs 10 buffers and waits for them; its batch goes to the device meanwhile.
+    bool copied = false;
+    for (int i = 0; i < 2000 && !copied; ++i) {
+      copied = device->transfers().h2d_copies > before.h2d_copies;
+      if (!copied) std::this_thread::sleep_for(5ms);
+    }
+    CHECK(copied);
+    CHECK(call.wait_for(0ms) == std::future_status::timeout);  // still waiting for buffers
+    held.clear();
+    CHECK(call.get() == 10);
+  }
+}
+
+TEST_CASE("crop and gather kernels at every alignment and awkward width equal the CPU transform" *
+          doctest::timeout(120)) {
+  for (const auto& device : devices()) {
+    // Widths about a vector of 4, a warp of 32 and four warps; arrays 4, 8 and 12 bytes past a
+    // 16-byte boundary, where no lane may take the 16-byte path.
+    for (const std::uint32_t width : {1u, 2u, 3u, 4u, 5u, 31u, 32u, 33u, 127u, 128u, 129u})
+      for (const std::size_t offset : {0u, 4u, 8u, 12u}) {
+        check_kernels(*device, {1, 1, 7, width + 3, false}, DType::u8, {5, width}, kFashion, offset);
+        check_kernels(*device, {2, 3, 4, width + 1, true}, DType::u16, {2, 3, width},
+                      {.scale = 65535, .mean = {0.1f, 0.9f}, .std = {0.3f, 3.0f}}, offset);
+        check_kernels(*device, {1, 1, 3, width, false}, DType::f32, {3, width},
+                      {.scale = 7, .mean = {-2.5f}, .std = {0.7f}}, offset);
+      }
+  }
+}
+
+TEST_CASE("a 512^3 uint16 volume cropped into more than 2^31 output elements on CUDA" * doctest::timeout(300)) {
+  if (gpu::cuda_device_count() == 0) {
+    MESSAGE("no CUDA device found: the 512^3 volume (9 GB of crops, CUDA only) is skipped on this machine");
+    return;
+  }
+  auto device = gpu::Device::open("cuda");
+  const Shape volume{1, 512, 512, 512, true};
+  const Normalization norm{.scale = 65535, .mean = {0.25f}, .std = {0.5f}};
+  const gpu::detail::CropKernels kernels(volume, DType::u16, {512, 512, 512}, Normalizer(norm));
+  const std::size_t elements = kernels.crop_elements();  // 2^27
+  const std::size_t crops = 17;                          // 17 x 2^27 > 2^31 floats
+  REQUIRE(crops * elements > (std::size_t{1} << 31));
+  if (device->free_memory() < crops * elements * sizeof(float) + (std::size_t{2} << 30)) {
+    MESSAGE("this GPU has too little free memory for 9 GB of crops: skipped");
+    return;
+  }
+  const Sample image = make_image(volume, DType::u16, 1);
+  auto stream = device->make_stream();
+  gpu::Memory d_image = device->allocate(image.data.size());
+  stream->copy_to_device(d_image.data(), image.data.data(), image.data.size());
+  std::vector<std::byte> table(kernels.table_bytes());
+  kernels.write_table(table.data());
+  gpu::Memory d_table = device->allocate(table.size());
+  stream->copy_to_device(d_table.data(), table.data(), table.size());
+  std::vector<gpu::detail::CropJob> jobs;
+  for (std::uint32_t k = 0; k < crops; ++k) jobs.push_back({0, k, 0, 0, 0, k % 8, static_cast<std::int32_t>(k)});
+  gpu::Memory d_jobs = device->allocate(jobs.size() * sizeof(jobs[0]));
+  stream->copy_to_device(d_jobs.data(), jobs.data(), jobs.size() * sizeof(jobs[0]));
+  gpu::Memory d_out = device->allocate(crops * elements * sizeof(float));
+  gpu::Memory d_labels = device->allocate(crops * sizeof(std::int32_t));
+  auto* out = reinterpret_cast<float*>(d_out.data());
+  auto* labels = reinterpret_cast<std::int32_t*>(d_labels.data());
+  kernels.crop(*stream, d_image.data(), 1, reinterpret_cast<const gpu::detail::CropJob*>(d_jobs.data()), crops,
+               d_table.data(), out, labels, crops);
+  // The first crop gathered again into the last slot: both ends of the 64-bit range.
+  const std::uint32_t slot = 0;
+  gpu::Memory d_slot = device->allocate(sizeof slot);
+  stream->copy_to_device(d_slot.data(), &slot, sizeof slot);
+  kernels.gather(*stream, out, labels, crops, reinterpret_cast<const std::uint32_t*>(d_slot.data()), 1,
+                 out + (crops - 1) * elements, labels + (crops - 1));
+
+  std::vector<float> got(elements), want(elements);
+  for (const std::size_t k : {std::size_t{0}, crops - 2, crops - 1}) {
+    CAPTURE(k);
+    const auto& job = jobs[k == crops - 1 ? 0 : k];
+    stream->copy_to_host(got.data(), out + k * elements, elements * sizeof(float));
+    stream->synchronize();
+    crop_mirror_normalize_into(image, {0, 0, 0, 512, 512, 512},
+                               {(job.flips & gpu::detail::kFlipDepth) != 0, (job.flips & gpu::detail::kFlipHeight) != 0,
+                                (job.flips & gpu::detail::kFlipWidth) != 0},
+                               Normalizer(norm), want);
+    CHECK(std::memcmp(got.data(), want.data(), elements * sizeof(float)) == 0);
+  }
+  std::vector<std::int32_t> got_labels(crops);
+  stream->copy_to_host(got_labels.data(), labels, crops * sizeof(std::int32_t));
+  stream->synchronize();
+  for (std::size_t k = 0; k + 1 < crops; ++k) CHECK(got_labels[k] == static_cast<std::int32_t>(k));
+  CHECK(got_labels[crops - 1] == 0);
+}
+
+TEST_CASE(
+    "a crop job outside its images fails the stage that issued it with a StageError, not the process "
+    "[own process on CUDA: the fault is sticky]" *
+    doctest::timeout(60)) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    GpuAugment augment(device, fashion_options(16));
+    const gpu::detail::CropKernels kernels({1, 1, 28, 28, false}, DType::u8, {24, 24}, Normalizer(kFashion));
+    auto stream = device->make_stream();
+    gpu::Memory images = device->allocate(4 * 28 * 28), out = device->allocate(4 * 24 * 24 * sizeof(float));
+    gpu::Memory labels = device->allocate(4 * sizeof(std::int32_t)), table = device->allocate(kernels.table_bytes());
+    gpu::Memory bad = device->allocate_pinned(sizeof(gpu::detail::CropJob));
+    // An index far outside the 4 images of the launch: on CUDA an illegal address without the
+    // kernel's own check.
+    const gpu::detail::CropJob job{1u << 30, 0, 0, 0, 0, 0, 0};
+    std::memcpy(bad.data(), &job, sizeof job);
+    std::uint64_t calls = 0;
+    {
+      auto pipe = PipelineBuilder{}
+                      .threads(2)
+                      .source("read", Images{.images = 100000, .per_batch = 16}.source())
+                      .batch("images", 16)
+                      .map("collate", Collate{.pool = augment.staging()}, {.queue = 1})
+                      .flat_map<DeviceBatch>("gpu_augment", augment, {.queue = 1})
+                      .map("inject",
+                           [&](DeviceBatch b) {
+                             stream->check();  // as ToDevice and GpuAugment do at every call
+                             if (++calls == 3)
+                               kernels.crop(*stream, images.data(), 4,
+                                            reinterpret_cast<const gpu::detail::CropJob*>(bad.data()), 1, table.data(),
+                                            reinterpret_cast<float*>(out.data()),
+                                            reinterpret_cast<std::int32_t*>(labels.data()), 4);
+                             return b;
+                           })
+                      .build();
+      try {
+        for (int i = 0; i < 1'000'000; ++i) (void)pipe.next();
+        FAIL("the fault never reached the consumer");
+      } catch (const StageError& e) {
+        const std::string what = e.what();
+        CAPTURE(what);
+        // On CUDA the fault is sticky: GpuAugment's own check may see it first.
+        if (device->backend() == gpu::Backend::cpu)
+          CHECK(e.stage() == "inject");
+        else
+          CHECK((e.stage() == "inject" || e.stage() == "gpu_augment"));
+        CHECK(what.find("CUDA_LAUNCH_BLOCKING=1") != std::string::npos);
+        if (device->backend() == gpu::Backend::cpu) CHECK(what.find("image 1073741824 of 4") != std::string::npos);
+      }
+    }  // the pipeline, GpuAugment's streams and pools go down after the fault without throwing
+  }
+}
+
+TEST_CASE("a crop drawn from (seed, epoch, id, k) alone equals RandomCrops::plan's, window and mirror" *
+          doctest::timeout(60)) {
+  const auto seed = std::random_device{}();
+  INFO("seed " << seed);
+  Rng rng(seed);
+  const std::vector<std::pair<Shape, CropSize>> geometries{{{1, 1, 28, 28, false}, {24, 24}},
+                                                           {{3, 1, 17, 13, false}, {17, 5}},
+                                                           {{2, 9, 10, 11, true}, {4, 10, 3}},
+                                                           {{1, 6, 7, 8, true}, {0, 5, 5}},
+                                                           {{1, 1, 1, 1, false}, {1, 1}}};
+  for (const auto& [shape, size] : geometries)
+    for (const double p : {0.0, 0.3, 0.5, 1.0})
+      for (const Axis axis : {Axis::width, Axis::height, Axis::depth}) {
+        if (axis == Axis::depth && !shape.volume) continue;
+        RandomCropOptions o{.size = size, .count = 1 + static_cast<int>(rng.below(7))};
+        if (p > 0) o.mirror = MirrorOptions{.axis = axis, .p = p, .salt = rng()};
+        o.salt = rng();
+        const RandomCrops crops(o);
+        const gpu::detail::CropKernels kernels(shape, DType::u8, size, Normalizer(Normalization{}));
+        for (int trial = 0; trial < 40; ++trial) {
+          const StageContext ctx{.seed = rng(), .epoch = static_cast<std::uint32_t>(rng.below(100))};
+          const std::uint64_t id = trial % 2 ? rng() : rng.below(100000);  // ids past 2^32 too
+          CAPTURE(shape.str());
+          CAPTURE(p);
+          CAPTURE(id);
+          const Sample image = make_image(shape, DType::u8, id);
+          const auto planned = crops.plan(image, ctx);
+          REQUIRE(planned.size() == static_cast<std::size_t>(o.count));
+          const auto draws = kernels.draws_for(o, ctx.seed, ctx.epoch);
+          for (std::uint32_t k = 0; k < planned.size(); ++k) {
+            auto job = gpu::detail::CropKernels::drawn_job(0, id, k, 0);
+            gpu::detail::draw_if_asked(draws, job);
+            const auto want = gpu::detail::make_job(0, planned[k], 0);
+            CHECK(job.z == want.z);
+            CHECK(job.y == want.y);
+            CHECK(job.x == want.x);
+            CHECK(job.flips == want.flips);
+          }
+        }
+      }
+}
+
+TEST_CASE(
+    "crops drawn where they are cut give the same minibatches as the host's plan: streaming and resident, on "
+    "every backend" *
+    doctest::timeout(120)) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto o = fashion_options();  // no count_of: every crop is drawn where it is cut
+    REQUIRE_FALSE(o.crops.count_of);
+    const Images data{.images = 150, .per_batch = 32};
+    GpuAugment streaming(device, o);
+    check_epochs(*device, streaming, data, 17, 2);
+
+    auto resident = GpuAugment::resident(device, as_dataset(data), o);
+    auto pipe = PipelineBuilder{}
+                    .threads(2)
+                    .seed(17)
+                    .epochs(2)
+                    .deterministic()
+                    .source("ids", IdSource(IdxReader(as_dataset(data))))
+                    .batch("indices", data.per_batch)
+                    .flat_map<DeviceBatch>("gpu_augment", resident, {.queue = 1})
+                    .build();
+    ReadBack read(*device);
+    check_pipeline(pipe, read, data, o, 17, 2);
+
+    // 3D, mirrored along depth, uint16.
+    GpuAugmentOptions volume{.crops = {.size = {4, 6, 8},
+                                       .count = 3,
+                                       .mirror = MirrorOptions{.axis = Axis::depth},
+                                       .normalize = Normalization{.scale = 3.0f, .mean = {0.5f}, .std = {0.2f}}},
+                             .batch_size = 8,
+                             .shuffle = {.capacity = 40, .min_after_dequeue = 20, .seed = 3},
+                             .image = Shape{1, 7, 9, 11, true},
+                             .dtype = DType::u16,
+                             .max_images = 4};
+    GpuAugment cubes(device, volume);
+    check_epochs(*device, cubes, {.shape = {1, 7, 9, 11, true}, .dtype = DType::u16, .images = 30, .per_batch = 4}, 5,
+                 1);
+  }
 }

@@ -1,19 +1,26 @@
-// The device layer on the CPU backend, which every machine has: streams, events, pools and the
-// host-to-device stage. The same code runs on the CUDA backend; see test_augment for kernels.
+// The device layer on every backend this machine has: streams, events, pools and the
+// host-to-device stage, each case on the CPU backend and, when a GPU is visible, on CUDA (the
+// CUDA half says so when it is skipped). test_augment covers the kernels.
 #include <doctest/doctest.h>
+
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
+#include <ctime>
 #include <future>
 #include <mutex>
 #include <numeric>
+#include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "gpu/stream_tools.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/gpu/device.h"
 #include "stoker/gpu/dlpack.h"
@@ -21,31 +28,31 @@
 #include "stoker/stages/batch.h"
 
 using namespace std::chrono_literals;
+using stoker::gpu::Backend;
 using stoker::gpu::Device;
 using stoker::gpu::SlotPool;
+using stoker::test::devices;
+using stoker::test::StreamGate;
 
 namespace {
 
-// A closed gate that work on a stream can be made to wait at, to hold the stream back.
-class Gate {
- public:
-  void open() {
-    {
-      std::lock_guard lock(mutex_);
-      open_ = true;
-    }
-    cv_.notify_all();
-  }
-  void pass() {
-    std::unique_lock lock(mutex_);
-    cv_.wait(lock, [&] { return open_; });
-  }
+bool is_cuda(const Device& d) { return d.backend() == Backend::cuda; }
 
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
+constexpr std::size_t kBatch = 8;
+const stoker::Shape kShape{.channels = 1, .height = 4, .width = 4};
+
+std::size_t storage_bytes() { return stoker::Batch::storage_bytes(kShape, stoker::DType::f32, kBatch); }
+
+// kBatch samples of kShape, pixels and labels as device_pipeline makes them.
+std::vector<stoker::Sample> samples_for_staging() {
+  auto pool = stoker::BufferPool::create();
+  std::vector<stoker::Sample> out;
+  for (std::size_t i = 0; i < kBatch; ++i) {
+    out.emplace_back(*pool, kShape, stoker::DType::f32, static_cast<std::int32_t>(i % 10), i);
+    for (float& x : out.back().as<float>()) x = static_cast<float>(i);
+  }
+  return out;
+}
 
 // Appends to a log from any thread.
 class Log {
@@ -64,7 +71,50 @@ class Log {
   std::vector<std::string> entries_;
 };
 
-std::shared_ptr<Device> cpu() { return Device::open("cpu"); }
+// Host memory that streams copy to and from asynchronously on either backend.
+template <class T>
+struct Pinned {
+  Pinned(Device& device, std::size_t n) : memory(device.allocate_pinned(n * sizeof(T))), size(n) {}
+  T* data() const { return reinterpret_cast<T*>(memory.data()); }
+  T& operator[](std::size_t i) const { return data()[i]; }
+  std::vector<T> values() const { return std::vector<T>(data(), data() + size); }
+  stoker::gpu::Memory memory;
+  std::size_t size;
+};
+
+// The message of the DeviceError that `f` throws; empty when it throws none.
+template <class F>
+std::string device_error_of(F&& f) {
+  try {
+    f();
+  } catch (const stoker::gpu::DeviceError& e) {
+    return e.what();
+  }
+  return {};
+}
+
+// What spdlog logs while it lives, at every level.
+class LogCapture {
+ public:
+  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(text_)), level_(spdlog::get_level()) {
+    spdlog::default_logger()->sinks().push_back(sink_);
+    spdlog::set_level(spdlog::level::trace);
+  }
+  ~LogCapture() {
+    auto& sinks = spdlog::default_logger()->sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
+    spdlog::set_level(level_);
+  }
+  std::string text() {
+    sink_->flush();
+    return text_.str();
+  }
+
+ private:
+  std::ostringstream text_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+  spdlog::level::level_enum level_;
+};
 
 }  // namespace
 
@@ -75,112 +125,187 @@ TEST_CASE("cuda_device_count answers without throwing, with or without a GPU") {
   if (n == 0) MESSAGE("no CUDA device found: GPU tests are skipped on this machine");
 }
 
-TEST_CASE("Device::open picks the backend and rejects what it cannot give") {
-  CHECK(cpu()->backend() == stoker::gpu::Backend::cpu);
-  CHECK_THROWS_WITH_AS(Device::open("tpu"), doctest::Contains("expected auto, cpu or cuda"), std::invalid_argument);
-  if (stoker::gpu::cuda_device_count() == 0) {
-    CHECK(Device::open("auto")->backend() == stoker::gpu::Backend::cpu);
+TEST_CASE("Device::open picks the backend and rejects what it cannot give, naming the option") {
+  CHECK(Device::open("cpu")->backend() == Backend::cpu);
+  CHECK(Device::open("cpu")->ordinal() == 0);
+  CHECK_THROWS_WITH_AS(Device::open("tpu"), doctest::Contains("device 'tpu': expected auto, cpu, cuda or cuda:N"),
+                       std::invalid_argument);
+  for (const char* bad : {"cuda:x", "cuda:-1", "cuda:", "cuda:+1", "cuda:1x", "cuda:99999999999"})
+    CHECK_THROWS_WITH_AS(
+        Device::open(bad),
+        doctest::Contains(("device '" + std::string(bad) + "': expected cuda:N with N the number").c_str()),
+        std::invalid_argument);
+  const int n = stoker::gpu::cuda_device_count();
+  // One past the last device: on this machine, or in this build, there is no such device.
+  const std::string missing = "cuda:" + std::to_string(n);
+  CHECK_THROWS_WITH_AS(Device::open(missing), doctest::Contains(("device '" + missing + "'").c_str()),
+                       std::runtime_error);
+  if (n == 0) {
+    CHECK(Device::open("auto")->backend() == Backend::cpu);
     CHECK_THROWS_WITH_AS(Device::open("cuda"), doctest::Contains("device 'cuda'"), std::runtime_error);
+    CHECK_THROWS_WITH_AS(Device::open("cuda:7"), doctest::Contains("device 'cuda:7'"), std::runtime_error);
+    MESSAGE("no CUDA device found: opening cuda:N is checked for its errors only");
   } else {
-    CHECK(Device::open("auto")->backend() == stoker::gpu::Backend::cuda);
+    CHECK_THROWS_WITH_AS(Device::open(missing),
+                         doctest::Contains(("there is no CUDA device " + std::to_string(n)).c_str()),
+                         std::runtime_error);
+    CHECK(Device::open("auto")->backend() == Backend::cuda);
+    for (int i = 0; i < n; ++i) {
+      const auto d = Device::open("cuda:" + std::to_string(i));
+      CHECK(d->ordinal() == i);
+      CHECK(d->name().find("(cuda:" + std::to_string(i) + ")") != std::string::npos);
+      CHECK(SlotPool::create(d, SlotPool::Kind::device, 1, 64)->device_id() == i);
+    }
   }
 }
 
+TEST_CASE("opening and using a CUDA device never changes the caller's current device" * doctest::timeout(60)) {
+  const int n = stoker::gpu::cuda_device_count();
+  if (n == 0) {
+    MESSAGE("no CUDA device found: the current-device checks are skipped on this machine");
+    return;
+  }
+  if (n == 1) MESSAGE("one CUDA device: opening another one than the current is checked only with two or more");
+  for (int current = 0; current < n; ++current)
+    for (int opened = 0; opened < n; ++opened) {
+      CAPTURE(current);
+      CAPTURE(opened);
+      stoker::test::set_current_cuda_device(current);
+      CHECK(Device::open("cuda")->ordinal() == current);  // cuda and auto: the caller's device
+      CHECK(Device::open("auto")->ordinal() == current);
+      auto device = Device::open("cuda:" + std::to_string(opened));
+      CHECK(stoker::test::current_cuda_device() == current);
+      {
+        // Every entry point: memory, streams, events, copies, host tasks, the pools and the copy
+        // stage, and their teardown.
+        auto stream = device->make_stream();
+        auto event = device->make_event();
+        Pinned<int> host(*device, 16);
+        auto memory = device->allocate(16 * sizeof(int));
+        stream->copy_to_device(memory.data(), host.data(), 16 * sizeof(int));
+        stream->host_task([] {});
+        stream->record(*event);
+        (void)event->done();
+        event->synchronize();
+        stream->synchronize();
+        (void)device->free_memory();
+        stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
+        CHECK(to_device.device_pool()->device_id() == opened);
+        auto batch = to_device(stoker::Collate{.pool = to_device.staging()}(samples_for_staging()));
+        batch.release_after(*stream);
+        CHECK(stoker::test::current_cuda_device() == current);
+      }
+      CHECK(stoker::test::current_cuda_device() == current);
+    }
+  stoker::test::set_current_cuda_device(0);
+}
+
 TEST_CASE("a stream runs its work in order and an event completes when the stream reaches it" * doctest::timeout(30)) {
-  auto device = cpu();
-  auto stream = device->make_stream();
-  auto event = device->make_event();
-  CHECK(event->done());  // never recorded
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto stream = device->make_stream();
+    auto event = device->make_event();
+    CHECK(event->done());  // never recorded
 
-  Gate gate;
-  Log log;
-  std::vector<int> src(1000), dst(1000, -1);
-  std::iota(src.begin(), src.end(), 0);
-  stream->host_task([&] {
-    gate.pass();
-    log.add("first");
-  });
-  stream->copy_to_device(dst.data(), src.data(), src.size() * sizeof(int));
-  stream->record(*event);
-  stream->host_task([&] { log.add("after copy"); });
+    StreamGate gate(*device);
+    Log log;
+    constexpr std::size_t n = 1000;
+    Pinned<int> src(*device, n), dst(*device, n);
+    std::iota(src.data(), src.data() + n, 0);
+    std::fill(dst.data(), dst.data() + n, -1);
+    stoker::gpu::Memory on_device = device->allocate(n * sizeof(int));
+    const auto before = device->transfers();
+    gate.hold(*stream);
+    stream->host_task([&] { log.add("first"); });
+    stream->copy_to_device(on_device.data(), src.data(), n * sizeof(int));
+    stream->copy_to_host(dst.data(), on_device.data(), n * sizeof(int));
+    stream->record(*event);
+    stream->host_task([&] { log.add("after copy"); });
 
-  std::this_thread::sleep_for(20ms);
-  CHECK_FALSE(event->done());  // held back by the gate: recording does not complete anything
-  CHECK(dst[999] == -1);
-  gate.open();
-  event->synchronize();
-  CHECK(dst == src);
-  stream->synchronize();
-  CHECK(log.entries() == std::vector<std::string>{"first", "after copy"});
-  const auto counts = device->transfers();
-  CHECK(counts.h2d_copies == 1);
-  CHECK(counts.h2d_bytes == src.size() * sizeof(int));
-  CHECK(counts.d2h_copies == 0);
+    std::this_thread::sleep_for(20ms);
+    CHECK_FALSE(event->done());  // held back by the gate: recording does not complete anything
+    CHECK(dst[n - 1] == -1);
+    CHECK(log.entries().empty());
+    gate.open();
+    event->synchronize();
+    CHECK(dst.values() == src.values());
+    stream->synchronize();
+    CHECK(log.entries() == std::vector<std::string>{"first", "after copy"});
+    const auto counts = device->transfers();
+    CHECK(counts.h2d_copies - before.h2d_copies == 1);
+    CHECK(counts.h2d_bytes - before.h2d_bytes == n * sizeof(int));
+    CHECK(counts.d2h_copies - before.d2h_copies == 1);
+  }
 }
 
 TEST_CASE("a stream waits for another stream's event without the host waiting" * doctest::timeout(30)) {
-  auto device = cpu();
-  auto producer = device->make_stream(), consumer = device->make_stream();
-  auto event = device->make_event();
-  Gate gate;
-  Log log;
-  producer->host_task([&] {
-    gate.pass();
-    log.add("produced");
-  });
-  producer->record(*event);
-  consumer->wait(*event);  // returns at once: only the consumer stream waits
-  consumer->host_task([&] { log.add("consumed"); });
-  // A later record does not move the point the wait already saw.
-  producer->host_task([&] { log.add("later"); });
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto producer = device->make_stream(), consumer = device->make_stream();
+    auto event = device->make_event();
+    StreamGate gate(*device);
+    Log log;
+    gate.hold(*producer);
+    producer->host_task([&] { log.add("produced"); });
+    producer->record(*event);
+    consumer->wait(*event);  // returns at once: only the consumer stream waits
+    consumer->host_task([&] { log.add("consumed"); });
+    // A later record does not move the point the wait already saw.
+    StreamGate later(*device);
+    later.hold(*producer);
+    producer->host_task([&] { log.add("later"); });
+    producer->record(*event);
 
-  std::this_thread::sleep_for(20ms);
-  CHECK(log.entries().empty());
-  gate.open();
-  consumer->synchronize();
-  producer->synchronize();
-  const auto entries = log.entries();
-  REQUIRE(entries.size() == 3);
-  CHECK(entries[0] == "produced");
+    std::this_thread::sleep_for(20ms);
+    CHECK(log.entries().empty());
+    gate.open();
+    consumer->synchronize();
+    CHECK(log.entries() == std::vector<std::string>{"produced", "consumed"});
+    later.open();
+    producer->synchronize();
+    CHECK(log.entries().size() == 3);
+  }
 }
 
 TEST_CASE("a slot pool hands out its fixed buffers, reuses them and reports exhaustion" * doctest::timeout(30)) {
-  auto pool = SlotPool::create(cpu(), SlotPool::Kind::pinned, 2, 4096);
-  auto a = pool->acquire(4096);
-  auto b = pool->acquire(100);
-  CHECK(b.size() == 100);
-  CHECK(pool->in_use() == 2);
-  CHECK_FALSE(pool->try_acquire(1).has_value());
-  const std::byte* address = a.data();
-  a = stoker::Buffer();
-  auto c = pool->try_acquire(64);
-  REQUIRE(c.has_value());
-  CHECK(c->data() == address);  // the same memory, not a new allocation
-  CHECK_THROWS_WITH_AS(pool->acquire(4097), doctest::Contains("4097 bytes asked for"), std::invalid_argument);
-  CHECK_THROWS_AS(SlotPool::create(cpu(), SlotPool::Kind::device, 0, 1), std::invalid_argument);
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto pool = SlotPool::create(device, SlotPool::Kind::pinned, 2, 4096);
+    auto a = pool->acquire(4096);
+    auto b = pool->acquire(100);
+    CHECK(b.size() == 100);
+    CHECK(pool->in_use() == 2);
+    CHECK_FALSE(pool->try_acquire(1).has_value());
+    const std::byte* address = a.data();
+    a = stoker::Buffer();
+    auto c = pool->try_acquire(64);
+    REQUIRE(c.has_value());
+    CHECK(c->data() == address);  // the same memory, not a new allocation
+    CHECK_THROWS_WITH_AS(pool->acquire(4097), doctest::Contains("4097 bytes asked for"), std::invalid_argument);
+    CHECK_THROWS_AS(SlotPool::create(device, SlotPool::Kind::device, 0, 1), std::invalid_argument);
+  }
 }
 
 TEST_CASE("a buffer released after stream work returns once that work is done, without a host wait" *
           doctest::timeout(30)) {
-  auto device = cpu();
-  auto stream = device->make_stream();
-  auto pool = SlotPool::create(device, SlotPool::Kind::device, 1, 256);
-  Gate gate;
-  stream->host_task([&] { gate.pass(); });
-  pool->release_after(pool->acquire(256), *stream);  // returns at once
-  CHECK_FALSE(pool->try_acquire(256).has_value());
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto stream = device->make_stream();
+    auto pool = SlotPool::create(device, SlotPool::Kind::device, 1, 256);
+    StreamGate gate(*device);
+    gate.hold(*stream);
+    pool->release_after(pool->acquire(256), *stream);  // returns at once
+    CHECK_FALSE(pool->try_acquire(256).has_value());
 
-  // A blocked acquire() comes back as soon as the stream passes the event.
-  auto waiter = std::async(std::launch::async, [&] { return pool->acquire(256).size(); });
-  CHECK(waiter.wait_for(30ms) == std::future_status::timeout);
-  gate.open();
-  CHECK(waiter.get() == 256);
+    // A blocked acquire() comes back as soon as the stream passes the event.
+    auto waiter = std::async(std::launch::async, [&] { return pool->acquire(256).size(); });
+    CHECK(waiter.wait_for(30ms) == std::future_status::timeout);
+    gate.open();
+    CHECK(waiter.get() == 256);
+  }
 }
 
 namespace {
-
-constexpr std::size_t kBatch = 8;
-const stoker::Shape kShape{.channels = 1, .height = 4, .width = 4};
 
 // A pipeline of `n` samples whose pixels are their id, collated into `to_device`'s staging
 // buffers and copied by it.
@@ -207,121 +332,155 @@ auto device_pipeline(const stoker::gpu::ToDevice& to_device, std::size_t n, std:
       .build();
 }
 
-std::size_t storage_bytes() { return stoker::Batch::storage_bytes(kShape, stoker::DType::f32, kBatch); }
+// A batch's samples and labels as the host sees them once the work issued to `stream` is done:
+// on CUDA through a copy back (counted in `copies`), on the CPU backend in place.
+struct HostView {
+  std::vector<float> samples;
+  std::vector<std::int32_t> labels;
+};
+HostView read_back(Device& device, stoker::gpu::Stream& stream, const stoker::gpu::DeviceBatch& b,
+                   std::uint64_t& copies) {
+  const std::size_t n = b.count * b.sample_elements();
+  HostView v{std::vector<float>(n), std::vector<std::int32_t>(b.count)};
+  if (!is_cuda(device)) {
+    stream.synchronize();
+    std::memcpy(v.samples.data(), b.data(), n * sizeof(float));
+    std::memcpy(v.labels.data(), b.labels(), b.count * sizeof(std::int32_t));
+    return v;
+  }
+  Pinned<float> samples(device, n);
+  Pinned<std::int32_t> labels(device, b.count);
+  stream.copy_to_host(samples.data(), b.data(), n * sizeof(float));
+  stream.copy_to_host(labels.data(), b.labels(), b.count * sizeof(std::int32_t));
+  stream.synchronize();
+  copies += 2;
+  return {samples.values(), labels.values()};
+}
 
 }  // namespace
 
 TEST_CASE("ToDevice delivers every batch with one copy each and its buffers recycled" * doctest::timeout(60)) {
-  auto device = cpu();
-  stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 4});
-  auto compute = device->make_stream();
-  constexpr std::size_t kSamples = 20 * kBatch + 3;
-  auto pipe = device_pipeline(to_device, kSamples, 2);
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 4});
+    auto compute = device->make_stream();
+    constexpr std::size_t kSamples = 20 * kBatch + 3;
+    const auto before = device->transfers();
+    auto pipe = device_pipeline(to_device, kSamples, 2);
 
-  std::size_t batches = 0, samples = 0;
-  std::vector<int> seen(kSamples, 0);
-  while (!pipe.finished()) {
-    for (auto& b : pipe.epoch()) {
-      compute->wait(b.ready());
-      compute->synchronize();  // the test reads the batch on the host: CPU-backend memory
-      const float* x = b.data_as<float>();
-      for (std::size_t i = 0; i < b.count; ++i) {
-        const auto id = static_cast<std::size_t>(x[i * kShape.elements()]);
-        REQUIRE(id < kSamples);
-        ++seen[id];
-        CHECK(x[i * kShape.elements() + kShape.elements() - 1] == static_cast<float>(id));
-        CHECK(b.labels()[i] == static_cast<std::int32_t>(id % 10));
-        CHECK(b.host_labels[i] == b.labels()[i]);
+    std::size_t batches = 0, samples = 0;
+    std::uint64_t read_backs = 0;
+    std::vector<int> seen(kSamples, 0);
+    while (!pipe.finished()) {
+      for (auto& b : pipe.epoch()) {
+        compute->wait(b.ready());
+        const HostView x = read_back(*device, *compute, b, read_backs);
+        for (std::size_t i = 0; i < b.count; ++i) {
+          const auto id = static_cast<std::size_t>(x.samples[i * kShape.elements()]);
+          REQUIRE(id < kSamples);
+          ++seen[id];
+          CHECK(x.samples[i * kShape.elements() + kShape.elements() - 1] == static_cast<float>(id));
+          CHECK(x.labels[i] == static_cast<std::int32_t>(id % 10));
+          CHECK(b.host_labels[i] == x.labels[i]);
+        }
+        samples += b.count;
+        ++batches;
+        b.release_after(*compute);
       }
-      samples += b.count;
-      ++batches;
-      b.release_after(*compute);
     }
+    CHECK(samples == 2 * kSamples);
+    for (int n : seen) CHECK(n == 2);
+    const auto counts = device->transfers();
+    CHECK(counts.h2d_copies - before.h2d_copies == batches);
+    CHECK(counts.d2h_copies - before.d2h_copies == read_backs);  // none but the test's own
+    const auto summary = pipe.summary();                         // the same counts, as the pipeline reports them
+    REQUIRE(summary.counters.size() == 4);
+    CHECK(summary.counters[0].name == "h2d_copies");
+    CHECK(summary.counters[0].value == counts.h2d_copies);
+    CHECK(to_device.staging()->slots() == 2);  // 42 batches went through two pinned buffers
   }
-  CHECK(samples == 2 * kSamples);
-  for (int n : seen) CHECK(n == 2);
-  const auto counts = device->transfers();
-  CHECK(counts.h2d_copies == batches);
-  CHECK(counts.d2h_copies == 0);
-  const auto summary = pipe.summary();  // the same counts, as the pipeline reports them
-  REQUIRE(summary.counters.size() == 4);
-  CHECK(summary.counters[0].name == "h2d_copies");
-  CHECK(summary.counters[0].value == batches);
-  CHECK(to_device.staging()->slots() == 2);  // 42 batches went through two pinned buffers
 }
 
 TEST_CASE("with two device buffers the copy of batch i+1 completes while compute on batch i is held" *
           doctest::timeout(60)) {
-  auto device = cpu();
-  stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
-  auto compute = device->make_stream();
-  auto pipe = device_pipeline(to_device, 4 * kBatch);
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
+    auto compute = device->make_stream();
+    auto pipe = device_pipeline(to_device, 4 * kBatch);
 
-  Gate gate;
-  Log log;
-  auto first = pipe.next();
-  REQUIRE(first.has_value());
-  compute->wait(first->ready());
-  compute->host_task([&] {
-    gate.pass();
-    log.add("compute 0 done");
-  });
-  first->release_after(*compute);
+    StreamGate gate(*device);
+    Log log;
+    auto first = pipe.next();
+    REQUIRE(first.has_value());
+    compute->wait(first->ready());
+    gate.hold(*compute);
+    compute->host_task([&] { log.add("compute 0 done"); });
+    first->release_after(*compute);
 
-  auto second = pipe.next();  // the copy of batch 1 is issued while compute 0 is held
-  REQUIRE(second.has_value());
-  second->ready().synchronize();
-  log.add("copy 1 done");
-  gate.open();
-  compute->synchronize();
-  CHECK(log.entries() == std::vector<std::string>{"copy 1 done", "compute 0 done"});
-  second->release_after(*compute);
+    auto second = pipe.next();  // the copy of batch 1 is issued while compute 0 is held
+    REQUIRE(second.has_value());
+    second->ready().synchronize();
+    log.add("copy 1 done");
+    gate.open();
+    compute->synchronize();
+    CHECK(log.entries() == std::vector<std::string>{"copy 1 done", "compute 0 done"});
+    second->release_after(*compute);
+  }
 }
 
 TEST_CASE("a pipeline stops while its device pool is exhausted by the consumer" * doctest::timeout(60)) {
-  auto device = cpu();
-  stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
-  std::vector<stoker::gpu::DeviceBatch> held;
-  auto stopped = std::async(std::launch::async, [&] {
-    auto pipe = device_pipeline(to_device, 50 * kBatch);
-    held.push_back(*pipe.next());
-    held.push_back(*pipe.next());  // the h2d stage now waits for a device buffer
-    std::this_thread::sleep_for(20ms);
-    const auto t0 = std::chrono::steady_clock::now();
-    pipe.stop();
-    return std::chrono::steady_clock::now() - t0;
-  });
-  REQUIRE(stopped.wait_for(10s) == std::future_status::ready);
-  CHECK(stopped.get() < 1s);
-  held.clear();
-  CHECK(to_device.device_pool()->in_use() == 0);
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
+    std::vector<stoker::gpu::DeviceBatch> held;
+    auto stopped = std::async(std::launch::async, [&] {
+      auto pipe = device_pipeline(to_device, 50 * kBatch);
+      held.push_back(*pipe.next());
+      held.push_back(*pipe.next());  // the h2d stage now waits for a device buffer
+      std::this_thread::sleep_for(20ms);
+      const auto t0 = std::chrono::steady_clock::now();
+      pipe.stop();
+      return std::chrono::steady_clock::now() - t0;
+    });
+    REQUIRE(stopped.wait_for(10s) == std::future_status::ready);
+    CHECK(stopped.get() < 1s);
+    held.clear();
+    CHECK(to_device.device_pool()->in_use() == 0);
+  }
 }
 
 TEST_CASE("a stage waiting for a device buffer the consumer holds is counted blocked, not busy" *
           doctest::timeout(60)) {
-  auto device = cpu();
-  stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
-  auto pipe = device_pipeline(to_device, 50 * kBatch);
-  std::vector<stoker::gpu::DeviceBatch> held;
-  held.push_back(*pipe.next());
-  held.push_back(*pipe.next());  // the h2d stage now waits for a device buffer
-  std::this_thread::sleep_for(300ms);
-  held.clear();
-  while (pipe.next()) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
+    auto pipe = device_pipeline(to_device, 50 * kBatch);
+    std::vector<stoker::gpu::DeviceBatch> held;
+    held.push_back(*pipe.next());
+    held.push_back(*pipe.next());  // the h2d stage now waits for a device buffer
+    std::this_thread::sleep_for(300ms);
+    held.clear();
+    while (pipe.next()) {
+    }
+    const auto summary = pipe.summary();
+    const auto h2d =
+        std::find_if(summary.stages.begin(), summary.stages.end(), [](auto& s) { return s.name == "h2d"; });
+    REQUIRE(h2d != summary.stages.end());
+    CHECK(h2d->blocked >= 250ms);
+    CHECK(h2d->busy < 100ms);
   }
-  const auto summary = pipe.summary();
-  const auto h2d = std::find_if(summary.stages.begin(), summary.stages.end(), [](auto& s) { return s.name == "h2d"; });
-  REQUIRE(h2d != summary.stages.end());
-  CHECK(h2d->blocked >= 250ms);
-  CHECK(h2d->busy < 100ms);
 }
 
 TEST_CASE("ToDevice rejects a batch that was not collated into its staging buffers") {
-  stoker::gpu::ToDevice to_device(cpu(), {.bytes = storage_bytes()});
-  auto pool = stoker::BufferPool::create();
-  auto batch = stoker::Batch::allocate(*pool, kShape, stoker::DType::f32, kBatch);
-  CHECK_THROWS_WITH_AS(to_device(std::move(batch)), doctest::Contains("staging pool"), std::invalid_argument);
-  CHECK_THROWS_WITH_AS(stoker::gpu::ToDevice(cpu(), {}), doctest::Contains("bytes"), std::invalid_argument);
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes()});
+    auto pool = stoker::BufferPool::create();
+    auto batch = stoker::Batch::allocate(*pool, kShape, stoker::DType::f32, kBatch);
+    CHECK_THROWS_WITH_AS(to_device(std::move(batch)), doctest::Contains("staging pool"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(stoker::gpu::ToDevice(device, {}), doctest::Contains("bytes"), std::invalid_argument);
+  }
 }
 
 TEST_CASE(
@@ -331,120 +490,108 @@ TEST_CASE(
   // Collate fills every staging buffer into its deep output queue, then waits for one; only
   // h2d gives them back. With as many collate bodies as threads, all may wait at once, and h2d
   // must run on a waiting one (StageContext::help_downstream, which SlotPool::acquire calls).
-  for (const int threads : {1, 2}) {
-    CAPTURE(threads);
-    auto device = cpu();
-    stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2});
-    auto compute = device->make_stream();
-    auto pool = stoker::BufferPool::create();
-    constexpr std::size_t kSamples = 200 * kBatch;
-    auto pipe = stoker::PipelineBuilder{}
-                    .threads(threads)
-                    .epochs(1)
-                    .source("read",
-                            [pool, i = std::size_t{0}]() mutable -> std::optional<stoker::Sample> {
-                              if (i == kSamples) return std::nullopt;
-                              stoker::Sample s(*pool, kShape, stoker::DType::f32, 0, i++);
-                              return s;
-                            })
-                    .batch("batch", kBatch, {.queue = 16})  // more batches than staging buffers
-                    .map("collate", stoker::Collate{.pool = to_device.staging()}, {.threads = threads})
-                    .map("h2d", to_device)
-                    .build();
-    std::size_t batches = 0;
-    for (auto& b : pipe.epoch()) {
-      compute->wait(b.ready());
-      b.release_after(*compute);
-      ++batches;
+  for (const auto& device : devices()) {
+    for (const int threads : {1, 2}) {
+      CAPTURE(device->name());
+      CAPTURE(threads);
+      stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2});
+      auto compute = device->make_stream();
+      auto pool = stoker::BufferPool::create();
+      constexpr std::size_t kSamples = 200 * kBatch;
+      auto pipe = stoker::PipelineBuilder{}
+                      .threads(threads)
+                      .epochs(1)
+                      .source("read",
+                              [pool, i = std::size_t{0}]() mutable -> std::optional<stoker::Sample> {
+                                if (i == kSamples) return std::nullopt;
+                                stoker::Sample s(*pool, kShape, stoker::DType::f32, 0, i++);
+                                return s;
+                              })
+                      .batch("batch", kBatch, {.queue = 16})  // more batches than staging buffers
+                      .map("collate", stoker::Collate{.pool = to_device.staging()}, {.threads = threads})
+                      .map("h2d", to_device)
+                      .build();
+      std::size_t batches = 0;
+      for (auto& b : pipe.epoch()) {
+        compute->wait(b.ready());
+        b.release_after(*compute);
+        ++batches;
+      }
+      CHECK(batches == kSamples / kBatch);
     }
-    CHECK(batches == kSamples / kBatch);
   }
 }
-
-namespace {
-
-// kBatch samples of kShape, pixels and labels as device_pipeline makes them.
-std::vector<stoker::Sample> samples_for_staging() {
-  auto pool = stoker::BufferPool::create();
-  std::vector<stoker::Sample> out;
-  for (std::size_t i = 0; i < kBatch; ++i) {
-    out.emplace_back(*pool, kShape, stoker::DType::f32, static_cast<std::int32_t>(i % 10), i);
-    for (float& x : out.back().as<float>()) x = static_cast<float>(i);
-  }
-  return out;
-}
-
-}  // namespace
 
 TEST_CASE("DLPack: a device batch is exported over its device buffer, which returns when both tensors are released" *
           doctest::timeout(60)) {
-  auto device = cpu();
-  stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
-  stoker::DLPackBatch t;
-  std::vector<std::int32_t> host_labels;
-  {
-    auto pipe = device_pipeline(to_device, 4 * kBatch);
-    auto b = pipe.next();
-    REQUIRE(b.has_value());
-    stoker::gpu::Event& ready = b->ready();   // before the export: an empty batch has no event
-    CHECK(ready.native_handle() == nullptr);  // the CPU backend has no CUDA event to share
-    const void* data = b->data();
-    const std::int32_t* labels = b->labels();
-    t = stoker::to_dlpack(std::move(*b));
-    CHECK(b->empty());
-    host_labels = b->host_labels;  // they stay with the batch
-    ready.synchronize();           // what a consumer's stream would wait for
-    REQUIRE(t.samples != nullptr);
-    REQUIRE(t.labels != nullptr);
-    CHECK(t.samples->dl_tensor.data == data);
-    CHECK(t.labels->dl_tensor.data == labels);
-  }  // the pipeline and every batch it still held are gone
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    const bool cuda = is_cuda(*device);
+    stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
+    auto stream = device->make_stream();
+    stoker::DLPackBatch t;
+    std::vector<std::int32_t> host_labels;
+    {
+      auto pipe = device_pipeline(to_device, 4 * kBatch);
+      auto b = pipe.next();
+      REQUIRE(b.has_value());
+      stoker::gpu::Event& ready = b->ready();             // before the export: an empty batch has no event
+      CHECK((ready.native_handle() != nullptr) == cuda);  // the CPU backend has no CUDA event to share
+      const void* data = b->data();
+      const std::int32_t* labels = b->labels();
+      t = stoker::to_dlpack(std::move(*b));
+      CHECK(b->empty());
+      host_labels = b->host_labels;  // they stay with the batch
+      stream->wait(ready);           // what a consumer's stream does
+      REQUIRE(t.samples != nullptr);
+      REQUIRE(t.labels != nullptr);
+      CHECK(t.samples->dl_tensor.data == data);
+      CHECK(t.labels->dl_tensor.data == labels);
+    }  // the pipeline and every batch it still held are gone
 
-  const DLTensor& s = t.samples->dl_tensor;
-  CHECK(s.device.device_type == kDLCPU);  // the CPU backend's device memory is host memory
-  CHECK(s.device.device_id == 0);
-  CHECK(s.dtype.code == kDLFloat);
-  CHECK(s.dtype.bits == 32);
-  CHECK(s.dtype.lanes == 1);
-  REQUIRE(s.ndim == 4);
-  CHECK(std::vector<std::int64_t>(s.shape, s.shape + 4) == std::vector<std::int64_t>{kBatch, 1, 4, 4});
-  CHECK(std::vector<std::int64_t>(s.strides, s.strides + 4) == std::vector<std::int64_t>{16, 16, 4, 1});
-  CHECK(s.byte_offset == 0);
-  const DLTensor& l = t.labels->dl_tensor;
-  CHECK(l.device.device_type == kDLCPU);
-  CHECK(l.dtype.code == kDLInt);
-  CHECK(l.dtype.bits == 32);
-  REQUIRE(l.ndim == 1);
-  CHECK(l.shape[0] == static_cast<std::int64_t>(kBatch));
-  const auto* x = static_cast<const float*>(s.data);
-  const auto* y = static_cast<const std::int32_t*>(l.data);
-  REQUIRE(host_labels.size() == kBatch);
-  for (std::size_t i = 0; i < kBatch; ++i) {
-    CHECK(y[i] == host_labels[i]);
-    CHECK(y[i] == static_cast<std::int32_t>(static_cast<std::size_t>(x[i * kShape.elements()]) % 10));
+    const DLTensor& s = t.samples->dl_tensor;
+    CHECK(s.device.device_type == (cuda ? kDLCUDA : kDLCPU));  // the CPU backend's device memory is host memory
+    CHECK(s.device.device_id == 0);
+    CHECK(s.dtype.code == kDLFloat);
+    CHECK(s.dtype.bits == 32);
+    CHECK(s.dtype.lanes == 1);
+    REQUIRE(s.ndim == 4);
+    CHECK(std::vector<std::int64_t>(s.shape, s.shape + 4) == std::vector<std::int64_t>{kBatch, 1, 4, 4});
+    CHECK(std::vector<std::int64_t>(s.strides, s.strides + 4) == std::vector<std::int64_t>{16, 16, 4, 1});
+    CHECK(s.byte_offset == 0);
+    const DLTensor& l = t.labels->dl_tensor;
+    CHECK(l.device.device_type == s.device.device_type);
+    CHECK(l.dtype.code == kDLInt);
+    CHECK(l.dtype.bits == 32);
+    REQUIRE(l.ndim == 1);
+    CHECK(l.shape[0] == static_cast<std::int64_t>(kBatch));
+    Pinned<float> x(*device, kBatch * kShape.elements());
+    Pinned<std::int32_t> y(*device, kBatch);
+    stream->copy_to_host(x.data(), s.data, x.size * sizeof(float));
+    stream->copy_to_host(y.data(), l.data, y.size * sizeof(std::int32_t));
+    stream->synchronize();
+    REQUIRE(host_labels.size() == kBatch);
+    for (std::size_t i = 0; i < kBatch; ++i) {
+      CHECK(y[i] == host_labels[i]);
+      CHECK(y[i] == static_cast<std::int32_t>(static_cast<std::size_t>(x[i * kShape.elements()]) % 10));
+    }
+
+    CHECK(to_device.device_pool()->in_use() == 1);  // only the exported buffer is out
+    t.samples->deleter(t.samples);
+    CHECK(to_device.device_pool()->in_use() == 1);
+    t.labels->deleter(t.labels);
+    CHECK(to_device.device_pool()->in_use() == 0);
+    CHECK_THROWS_AS(stoker::to_dlpack(stoker::gpu::DeviceBatch{}), std::invalid_argument);
   }
-
-  CHECK(to_device.device_pool()->in_use() == 1);  // only the exported buffer is out
-  t.samples->deleter(t.samples);
-  CHECK(to_device.device_pool()->in_use() == 1);
-  t.labels->deleter(t.labels);
-  CHECK(to_device.device_pool()->in_use() == 0);
-  CHECK_THROWS_AS(stoker::to_dlpack(stoker::gpu::DeviceBatch{}), std::invalid_argument);
 }
 
 TEST_CASE(
     "DLPack: a batch collated into pinned staging is exported as pinned memory on CUDA, host memory on the CPU "
     "backend" *
     doctest::timeout(60)) {
-  std::vector<std::string> backends{"cpu"};
-  if (stoker::gpu::cuda_device_count() > 0)
-    backends.push_back("cuda");
-  else
-    MESSAGE("no CUDA device found: skipping the kDLCUDAHost and kDLCUDA exports");
-  for (const auto& backend : backends) {
-    CAPTURE(backend);
-    const bool cuda = backend == "cuda";
-    auto device = Device::open(backend);
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    const bool cuda = is_cuda(*device);
     stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
     const stoker::Collate collate{.pool = to_device.staging()};
 
@@ -472,5 +619,328 @@ TEST_CASE(
     d.samples->deleter(d.samples);
     d.labels->deleter(d.labels);
     CHECK(to_device.device_pool()->in_use() == 0);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Failures of device work
+
+TEST_CASE("a host task that throws puts its stream in error, reported by check() and synchronize()" *
+          doctest::timeout(30)) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto stream = device->make_stream(), other = device->make_stream();
+    auto event = device->make_event();
+    StreamGate gate(*device);
+    std::atomic<bool> ran_after{false};
+    gate.hold(*stream);
+    stream->host_task([] { throw std::runtime_error("injected fault"); });
+    stream->record(*event);
+    other->wait(*event);
+    stream->host_task([&] { ran_after = true; });
+    CHECK_NOTHROW(stream->check());  // nothing has failed yet: the stream is held before the task
+    gate.open();
+    const std::string what = device_error_of([&] { stream->synchronize(); });
+    CHECK(what.find("injected fault") != std::string::npos);
+    CHECK(what.find("CUDA_LAUNCH_BLOCKING=1") != std::string::npos);
+    CHECK_THROWS_WITH_AS(stream->check(), doctest::Contains("injected fault"), stoker::gpu::DeviceError);
+    if (!is_cuda(*device)) {
+      // As a CUDA stream after a kernel fault: later work does not run, the events after the
+      // failure report it, and so does work that waits for them.
+      CHECK_FALSE(ran_after.load());
+      CHECK_THROWS_WITH_AS(event->done(), doctest::Contains("injected fault"), stoker::gpu::DeviceError);
+      CHECK_THROWS_WITH_AS(event->synchronize(), doctest::Contains("injected fault"), stoker::gpu::DeviceError);
+      CHECK_THROWS_WITH_AS(other->synchronize(), doctest::Contains("injected fault"), stoker::gpu::DeviceError);
+    }
+  }
+}
+
+TEST_CASE("a pool and a copy stage torn down after a failure of device work log it once and do not throw" *
+          doctest::timeout(30)) {
+  LogCapture log;
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto stream = device->make_stream();
+    auto pool = SlotPool::create(device, SlotPool::Kind::device, 2, 256);
+    stream->host_task([] { throw std::runtime_error("injected fault"); });
+    pool->release_after(pool->acquire(256), *stream);  // its slot waits for an event after the failure
+    pool->release_after(pool->acquire(256), *stream);
+    CHECK_THROWS_AS(stream->synchronize(), stoker::gpu::DeviceError);
+    CHECK_NOTHROW(pool.reset());  // without the catch, a throwing destructor ends the process
+  }
+  const std::string text = log.text();
+  CAPTURE(text);
+  // On the CPU backend the pool's events report the failure; logged once, at error level.
+  CHECK(text.find("[error]") != std::string::npos);
+  CHECK(text.find("slot pool's destructor") != std::string::npos);
+  CHECK(text.find("injected fault") != std::string::npos);
+  CHECK(text.find("[error]") == text.rfind("[error]"));
+}
+
+TEST_CASE("device work that fails reaches the consumer as a StageError naming the stage that issued it" *
+          doctest::timeout(60)) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto stream = device->make_stream();
+    auto pipe = stoker::PipelineBuilder{}
+                    .threads(2)
+                    .source("count", [i = 0]() mutable -> std::optional<int> { return i++; })
+                    .map("launch",
+                         [&](int i) {
+                           stream->check();  // as ToDevice and GpuAugment do at every call
+                           if (i == 3) stream->host_task([] { throw std::runtime_error("injected fault"); });
+                           return i;
+                         })
+                    .map("after", [](int i) { return i; })
+                    .build();
+    try {
+      for (int i = 0; i < 10'000'000; ++i) (void)pipe.next();
+      FAIL("the failure never reached the consumer");
+    } catch (const stoker::StageError& e) {
+      CHECK(e.stage() == "launch");
+      CHECK(std::string(e.what()).find("injected fault") != std::string::npos);
+      CHECK(std::string(e.what()).find("CUDA_LAUNCH_BLOCKING=1") != std::string::npos);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Stream-ordered lifetimes of device batches
+
+namespace {
+
+// A device batch of `floats` float32 values over a buffer of `pool`, with no labels read.
+stoker::gpu::DeviceBatch batch_of(SlotPool& pool, std::size_t floats) {
+  const stoker::Shape shape{.channels = 1, .height = 1, .width = static_cast<std::uint32_t>(floats)};
+  return stoker::gpu::DeviceBatch(pool.acquire(floats * sizeof(float)), shape, stoker::DType::f32, 1,
+                                  floats * sizeof(float), {0});
+}
+
+// The pool's one buffer stays out until `gate` opens and `stream` has passed it.
+void check_out_until(SlotPool& pool, StreamGate& gate, stoker::gpu::Stream& stream) {
+  CHECK_FALSE(pool.try_acquire(pool.slot_bytes()).has_value());
+  gate.open();
+  stream.synchronize();
+  CHECK(pool.try_acquire(pool.slot_bytes()).has_value());
+}
+
+}  // namespace
+
+TEST_CASE("a device batch dropped without release_after comes back only after the streams it was used on" *
+          doctest::timeout(30)) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto pool = SlotPool::create(device, SlotPool::Kind::device, 1, 256);
+    auto producer = device->make_stream(), first = device->make_stream(), second = device->make_stream();
+
+    // Used on two streams, each held: the buffer waits for both, whichever way the batch ends.
+    for (const bool released : {false, true}) {
+      CAPTURE(released);
+      StreamGate gate_first(*device), gate_second(*device);
+      {
+        auto b = batch_of(*pool, 64);
+        producer->record(b.ready());
+        b.use_on(*first);
+        b.use_on(*second);
+        gate_first.hold(*first);
+        gate_second.hold(*second);
+        if (released) b.release_after(*first);
+      }  // dropped: no release_after, or one that names only the first stream
+      CHECK_FALSE(pool->try_acquire(256).has_value());
+      gate_first.open();
+      first->synchronize();
+      check_out_until(*pool, gate_second, *second);  // the second stream may still read it
+    }
+
+    // Never used: the buffer waits for the work that fills it (its ready() event).
+    StreamGate filling(*device);
+    {
+      auto b = batch_of(*pool, 64);
+      filling.hold(*producer);
+      producer->record(b.ready());
+    }
+    check_out_until(*pool, filling, *producer);
+
+    // Moved onto: the batch held before goes back as if dropped.
+    StreamGate held(*device);
+    {
+      auto b = batch_of(*pool, 64);
+      b.use_on(*first);
+      held.hold(*first);
+      b = stoker::gpu::DeviceBatch{};
+    }
+    check_out_until(*pool, held, *first);
+  }
+}
+
+TEST_CASE(
+    "hazard: a slow consumer that checksums each batch on its stream never reads a buffer the next copy "
+    "overwrote, whether it releases its batches or drops them" *
+    doctest::timeout(120)) {
+  for (const auto& device : devices()) {
+    for (const bool dropped : {true, false}) {
+      CAPTURE(device->name());
+      CAPTURE(dropped);
+      // Two device buffers: the copy stage waits for a batch's buffer and copies into it the
+      // moment the pool hands it out.
+      stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
+      auto compute = device->make_stream();
+      constexpr std::size_t kBatches = 24;
+      auto pipe = device_pipeline(to_device, kBatches * kBatch);
+      std::mutex mutex;
+      std::vector<std::string> wrong;
+      std::vector<int> seen(kBatches * kBatch, 0);
+      std::vector<Pinned<float>> snapshots;
+      snapshots.reserve(kBatches);
+      std::mt19937 rng(7);
+      for (auto& b : pipe.epoch()) {
+        b.use_on(*compute);
+        // The training step reads the batch slowly, for 0 to 10 ms...
+        stoker::test::delay(*compute, std::chrono::microseconds(rng() % 10'000));
+        auto& snapshot = snapshots.emplace_back(*device, kBatch * kShape.elements());
+        compute->copy_to_host(snapshot.data(), b.data(), snapshot.size * sizeof(float));
+        compute->host_task([&, labels = b.host_labels, count = b.count] {
+          // ... and checks what it read: every sample whole, with its own label.
+          std::lock_guard lock(mutex);
+          for (std::size_t i = 0; i < count; ++i) {
+            const float* x = snapshot.data() + i * kShape.elements();
+            const auto id = static_cast<std::size_t>(x[0]);
+            if (id >= seen.size() || static_cast<std::int32_t>(id % 10) != labels[i] ||
+                std::any_of(x, x + kShape.elements(), [&](float v) { return v != x[0]; })) {
+              wrong.push_back("sample " + std::to_string(i) + " reads id " + std::to_string(x[0]));
+              continue;
+            }
+            ++seen[id];
+          }
+        });
+        // Dropped: no release_after, as after an early break, an exception or a forgotten call.
+        if (!dropped) b.release_after(*compute);
+      }
+      compute->synchronize();
+      CHECK(snapshots.size() == kBatches);
+      CHECK(wrong.empty());
+      for (int n : seen) CHECK(n == 1);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Waiting for a pool's buffers
+
+TEST_CASE("a wait in acquire() is woken when the stream passes a buffer released while it waited" *
+          doctest::timeout(60)) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto stream = device->make_stream();
+    // Outside a pipeline, with nothing on its way back, nothing makes the wait poll: it ends
+    // when it is told, or after a minute.
+    auto pool =
+        SlotPool::create(device, SlotPool::Kind::device, 1, 256, {.name = "test", .sizing = {}, .wait_limit = 60s});
+    auto held = pool->acquire(256);
+    std::atomic<bool> waiting{false};
+    auto waiter = std::async(std::launch::async, [&] {
+      waiting = true;
+      return pool->acquire(256).size();
+    });
+    while (!waiting) std::this_thread::yield();
+    std::this_thread::sleep_for(50ms);  // the waiter is asleep in acquire()
+    StreamGate gate(*device);
+    gate.hold(*stream);
+    pool->release_after(std::move(held), *stream);  // nothing to take yet: the stream is held
+    CHECK(waiter.wait_for(50ms) == std::future_status::timeout);
+    gate.open();  // the stream passes the release's event, and says so
+    REQUIRE(waiter.wait_for(20s) == std::future_status::ready);
+    CHECK(waiter.get() == 256);
+  }
+}
+
+TEST_CASE("a pool whose buffers are all held and none coming back fails the wait, naming itself and how to size it" *
+          doctest::timeout(60)) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto pool = SlotPool::create(device, SlotPool::Kind::device, 2, 256,
+                                 {.name = "test outputs", .sizing = "the rule", .wait_limit = 200ms});
+    auto a = pool->acquire(256), b = pool->acquire(256);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string what;
+    try {
+      (void)pool->acquire(256);
+    } catch (const stoker::gpu::PoolTimeout& e) {
+      what = e.what();
+    }
+    CAPTURE(what);
+    CHECK(what.find("slot pool 'test outputs': no buffer came back in") != std::string::npos);
+    CHECK(what.find("none on its way back") != std::string::npos);
+    CHECK(what.find("Sizing: the rule") != std::string::npos);
+    CHECK(std::chrono::steady_clock::now() - t0 >= 200ms);
+
+    // Held by a device that does not get on: the same bound, another reason.
+    auto stream = device->make_stream();
+    StreamGate gate(*device);
+    gate.hold(*stream);
+    pool->release_after(std::move(a), *stream);
+    CHECK_THROWS_WITH_AS(pool->acquire(256), doctest::Contains("waiting for device work that has not finished"),
+                         stoker::gpu::PoolTimeout);
+    gate.open();
+    CHECK(pool->acquire(256).size() == 256);  // and once it does, the buffer is there
+  }
+}
+
+TEST_CASE(
+    "a consumer that holds more batches than the device pool was sized for gets a StageError naming the stage "
+    "and the sizing rule" *
+    doctest::timeout(60)) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    // Staging buffers for all 50 batches: the collate stage, which would wait for them too once
+    // h2d is stuck, never does, and the error to expect is h2d's alone.
+    stoker::gpu::ToDevice to_device(
+        device, {.bytes = storage_bytes(), .staging_buffers = 50, .device_buffers = 2, .wait_limit = 300ms});
+    auto pipe = device_pipeline(to_device, 50 * kBatch);
+    std::vector<stoker::gpu::DeviceBatch> held;
+    try {
+      for (int i = 0; i < 3; ++i) held.push_back(*pipe.next());  // the third can never be copied
+      FAIL("a third batch came out of a pool of two");
+    } catch (const stoker::StageError& e) {
+      CHECK(e.stage() == "h2d");
+      const std::string what = e.what();
+      CHECK(what.find("ToDevice device buffers") != std::string::npos);
+      CHECK(what.find("device_buffers (2) must cover") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("output sizing adds what one call, the queue and the consumer hold") {
+  constexpr stoker::gpu::OutputSizing sizing{.per_call = 11, .queued = 4, .held = 3};
+  static_assert(sizing.buffers() == 18);
+  CHECK(sizing.rule() == "11 per call + 4 queued + 3 held by the consumer = 18 buffers");
+  CHECK(stoker::gpu::ToDeviceOptions{}.device_buffers == 4);
+}
+
+TEST_CASE("a blocking-sync event lets the host thread sleep while the device works" * doctest::timeout(30)) {
+  const auto thread_cpu = [] {
+    timespec t{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+    return std::chrono::seconds(t.tv_sec) + std::chrono::nanoseconds(t.tv_nsec);
+  };
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto stream = device->make_stream();
+    auto event = device->make_event(stoker::gpu::HostWait::block);
+    StreamGate gate(*device);
+    gate.hold(*stream);
+    stream->record(*event);
+    auto opener = std::async(std::launch::async, [&] {
+      std::this_thread::sleep_for(300ms);
+      gate.open();
+    });
+    const auto wall0 = std::chrono::steady_clock::now();
+    const auto cpu0 = thread_cpu();
+    event->synchronize();
+    const auto cpu = thread_cpu() - cpu0;
+    const auto wall = std::chrono::steady_clock::now() - wall0;
+    opener.get();
+    CHECK(wall >= 250ms);
+    CHECK(cpu < wall / 4);  // a spinning wait burns about all of it
   }
 }

@@ -213,6 +213,46 @@ void check_elementwise(Device& device) {
   for (float value : p.read()) CHECK(value == 0.0f);
 }
 
+// Rows and columns past 2^20, which a kernel whose grid is capped at 4096 blocks of 256
+// threads covers only with a grid-stride loop; the last ones are the ones a capped grid skips.
+void check_past_a_million(Device& device) {
+  auto stream = device.make_stream();
+  const int n = (1 << 20) + 1000, classes = 2;
+  std::vector<float> logits(static_cast<std::size_t>(n) * classes);
+  std::vector<std::int32_t> labels(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) {  // row i favours class i % 2, and is labelled so
+    logits[static_cast<std::size_t>(2 * i + i % 2)] = 1.0f;
+    labels[static_cast<std::size_t>(i)] = i % 2;
+  }
+  DeviceArray<float> z(device, *stream, logits), grad(device, *stream, std::vector<float>(logits.size(), 9.0f));
+  DeviceArray<float> loss(device, *stream, {0.0f});
+  DeviceArray<std::int32_t> y(device, *stream, labels), correct(device, *stream, {0});
+  nn::softmax_cross_entropy(*stream, z.get(), y.get(), n, classes, grad.get(), 1.0f, loss.get(), correct.get());
+  CHECK(correct.read()[0] == n);  // exact: every row counted once
+  // Summed in float by the CUDA kernel's atomics, a million equal terms drift by about 0.1%.
+  const double row_loss = std::log(1.0 + std::exp(-1.0));
+  CHECK(loss.read()[0] == doctest::Approx(row_loss * n).epsilon(1e-2));
+  const auto g = grad.read();
+  for (const int i : {0, (1 << 20) - 1, 1 << 20, n - 1}) {
+    CAPTURE(i);
+    const float p = static_cast<float>(1.0 / (1.0 + std::exp(-1.0)));
+    CHECK(g[static_cast<std::size_t>(2 * i + i % 2)] == doctest::Approx(p - 1.0f));
+  }
+
+  // Two rows of n columns: column j holds j and 1.
+  std::vector<float> two_rows(2 * static_cast<std::size_t>(n));
+  for (int j = 0; j < n; ++j) {
+    two_rows[static_cast<std::size_t>(j)] = static_cast<float>(j % 1000);
+    two_rows[static_cast<std::size_t>(n + j)] = 1.0f;
+  }
+  DeviceArray<float> a(device, *stream, two_rows), sums(device, *stream, std::vector<float>(n, -1.0f));
+  nn::column_sum(*stream, a.get(), 2, n, sums.get());
+  const auto s = sums.read();
+  std::size_t wrong = 0;
+  for (int j = 0; j < n; ++j) wrong += s[static_cast<std::size_t>(j)] != static_cast<float>(j % 1000 + 1);
+  CHECK(wrong == 0);
+}
+
 bool have_fashion_mnist() {
   return std::filesystem::exists(std::filesystem::path(stoker::kFashionMnistDir) / "train-images-idx3-ubyte.gz");
 }
@@ -241,6 +281,15 @@ TEST_CASE("nn ops on the CPU backend: softmax cross-entropy and its gradient aga
 TEST_CASE("nn ops on the CPU backend: bias, ReLU, column sums, SGD and zero against plain loops" *
           doctest::timeout(30)) {
   check_elementwise(*Device::open("cpu"));
+}
+
+TEST_CASE("nn ops on rows and columns past 2^20, on the CPU backend and on CUDA" * doctest::timeout(60)) {
+  check_past_a_million(*Device::open("cpu"));
+  if (stoker::gpu::cuda_device_count() == 0) {
+    MESSAGE("no CUDA device found: the CUDA half (grid-stride loops past 2^20) is skipped on this machine");
+    return;
+  }
+  check_past_a_million(*Device::open("cuda"));
 }
 
 TEST_CASE("nn ops on CUDA match the same references" * doctest::timeout(60)) {
@@ -298,6 +347,31 @@ TEST_CASE("bad trainer options are refused naming the option" * doctest::timeout
   bad.checkpoint_every = 10;
   CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--checkpoint-every needs --checkpoint"),
                        std::invalid_argument);
+}
+
+TEST_CASE(
+    "--device takes cuda:N, refuses a device that is not one or not there naming the option, and gives each "
+    "rank of a machine its own GPU" *
+    doctest::timeout(30)) {
+  using stoker::train::device_for_rank;
+  auto o = small_run("pipelined", 600);
+  o.device = "gpu";
+  CHECK_THROWS_WITH_AS(stoker::train::validate(o), doctest::Contains("--device must be auto, cpu, cuda or cuda:N"),
+                       std::invalid_argument);
+  // The device is opened before any data is read: these fail without the data set too.
+  for (const char* bad : {"cuda:x", "cuda:-1", "cuda:7"}) {
+    o.device = bad;
+    CHECK_NOTHROW(stoker::train::validate(o));
+    CHECK_THROWS_WITH_AS(stoker::train::run_training(o), doctest::Contains(("--device " + std::string(bad)).c_str()),
+                         std::invalid_argument);
+  }
+  CHECK(device_for_rank("auto", 3, 4, 2) == "cuda:1");
+  CHECK(device_for_rank("cuda", 2, 4, 2) == "cuda:0");
+  CHECK(device_for_rank("auto", 3, 4, 0) == "auto");             // no GPU: the CPU backend, as auto says
+  CHECK(device_for_rank("auto", std::nullopt, 4, 2) == "auto");  // no launcher to say where the rank is
+  CHECK(device_for_rank("auto", 1, 1, 2) == "auto");             // one rank: the current device
+  CHECK(device_for_rank("cuda:1", 0, 4, 2) == "cuda:1");         // as asked
+  CHECK(device_for_rank("cpu", 0, 4, 2) == "cpu");
 }
 
 TEST_CASE("a checkpoint is refused by a run with other options, and when truncated or missing" *
@@ -412,10 +486,13 @@ TEST_CASE(
     CHECK(r->test_accuracy() > 0.6);      // chance is 0.1
     CHECK(r->transfers.d2h_copies == 2);  // the counters, once per epoch
   }
-  // Setup: the weights and the test set; then one copy per 300 images, or the data set once.
-  CHECK(streaming.transfers.h2d_copies == 2 + 2 * ((images + 299) / 300));
+  // Setup: the weights and the test set; then one copy per 300 images and one of the slots of
+  // each epoch's drain; or the data set once, then at most one copy of crop jobs per call.
+  const std::size_t calls = (images + 299) / 300 + 1;
+  CHECK(streaming.transfers.h2d_copies == 2 + 2 * calls);
   CHECK(sync.transfers.h2d_copies == streaming.transfers.h2d_copies);
-  CHECK(resident.transfers.h2d_copies == 3);
+  CHECK(resident.transfers.h2d_copies > 3);
+  CHECK(resident.transfers.h2d_copies <= 3 + 2 * calls);
   REQUIRE(streaming.pipeline.has_value());
   CHECK(streaming.pipeline->consumed == streaming.batches());
 }

@@ -10,11 +10,11 @@
 //   auto pipe = stoker::PipelineBuilder{}
 //       .source("read", reader)                                         // whole uint8 images
 //       .batch("images", 256)
-//       .map("collate", stoker::Collate{.pool = augment.staging()})     // straight into pinned memory
-//       .flat_map<stoker::gpu::DeviceBatch>("gpu_augment", augment, {.queue = 2})
+//       .map("collate", stoker::Collate{.pool = augment.staging()}, {.queue = 1})  // into pinned memory
+//       .flat_map<stoker::gpu::DeviceBatch>("gpu_augment", augment, {.queue = 1})  // queues as the pools are sized
 //       .build();
 //   for (auto& b : pipe.epoch()) {
-//     compute.wait(b.ready());      // float32 [255, 1, 24, 24] and int32 labels, on the device
+//     b.use_on(compute);            // float32 [255, 1, 24, 24] and int32 labels, on the device
 //     train_step(b, compute);
 //     b.release_after(compute);
 //   }
@@ -22,8 +22,9 @@
 // Each input batch of images crosses PCIe in one copy, together with the crops to cut and the
 // minibatches to gather, and nothing comes back. The images are collated into the pinned
 // staging buffer that this copy leaves from by the stage before (on its own threads), so the
-// copy needs no extra host copy. The crops and flips are drawn on the host exactly as
-// stoker::RandomCrops draws them (RandomCrops::plan), and each crop equals, bit for bit, what
+// copy needs no extra host copy. The crops and flips are drawn exactly as stoker::RandomCrops
+// draws them (RandomCrops::plan): by the device itself, from (seed, epoch, id, k), where each
+// crop is cut, or, with a count_of, on the host. Each crop equals, bit for bit, what
 // RandomCrops' fused path gives on the CPU.
 //
 // Crops wait on the device in a shuffle window with the semantics of stoker::RandomShuffleQueue
@@ -33,9 +34,10 @@
 // epoch. So the crops of one image are spread over many minibatches, as with a host shuffle.
 //
 // GpuAugment::resident uploads a whole data set once; after that only the crops to cut cross
-// PCIe, read by the kernel straight from pinned memory, and no copy is issued per batch.
+// PCIe, in one small copy per call (28 bytes a crop), and no image byte crosses again.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -68,11 +70,15 @@ struct GpuAugmentOptions {
   DType dtype = DType::u8;
   std::size_t max_images = 0;       ///< most images (or indices) per input batch; required
   std::size_t staging_buffers = 3;  ///< pinned and device staging buffers: with 2 or more, copy i+1 overlaps crop i
-  /// Device buffers of minibatches. The minibatches of one call all need a buffer at once
-  /// (buffers_per_call: enough for count * max_images crops, and for the drain at the end of
-  /// an epoch). 0 = that, plus 2 for minibatches queued or held by the consumer; a pipeline
-  /// that holds more at a time needs more, or it waits for itself.
+  /// Device buffers of minibatches, by OutputSizing: the minibatches of one call all need a
+  /// buffer at once (buffers_per_call: enough for count * max_images crops, and for the drain
+  /// at the end of an epoch), plus those queued after the stage and those the consumer holds
+  /// at once. 0 = buffers_per_call + 1 queued + 1 held; a pipeline that holds more at a time
+  /// needs more, or it waits for itself (and fails after wait_limit, saying so).
   std::size_t output_buffers = 0;
+  /// How long a call waits for a buffer that does not come back before it fails
+  /// (SlotPoolOptions::wait_limit); 0 waits for ever.
+  std::chrono::milliseconds wait_limit{60'000};
 };
 
 /// The flat_map stage function that crops, shuffles and batches on the device. Serial: give

@@ -24,10 +24,17 @@ bool built_with_cuda() noexcept;
 /// machine without a GPU or driver, or when CUDA_VISIBLE_DEVICES hides them all.
 int cuda_device_count() noexcept;
 
-/// A failed CUDA call: the call, its error string, and where it was made.
-class CudaError : public std::runtime_error {
+/// Device work that failed: a failed CUDA call, or work that failed after it was issued (a
+/// kernel's fault; on either backend, a host task that threw).
+class DeviceError : public std::runtime_error {
  public:
-  CudaError(int code, const std::string& what) : std::runtime_error(what), code_(code) {}
+  using std::runtime_error::runtime_error;
+};
+
+/// A failed CUDA call: the call, its error string, and where it was made.
+class CudaError : public DeviceError {
+ public:
+  CudaError(int code, const std::string& what) : DeviceError(what), code_(code) {}
   int code() const noexcept { return code_; }
 
  private:
@@ -43,6 +50,12 @@ struct TransferCounts {
   std::uint64_t d2h_copies = 0, d2h_bytes = 0;
 };
 
+/// How Event::synchronize() waits on the host. `spin`, CUDA's default, returns soonest, with
+/// a core busy for the whole wait; `block` (cudaEventBlockingSync) puts the thread to sleep
+/// until the device signals, a few microseconds later, leaving the core to the pipeline's
+/// stages: what a trainer whose host is the bottleneck wants. The CPU backend always blocks.
+enum class HostWait : std::uint8_t { spin, block };
+
 /// A point in a stream's work. Recording it again moves the point; waits already issued keep
 /// the point they saw, as with CUDA events. Not for concurrent use by several threads.
 class Event {
@@ -52,6 +65,7 @@ class Event {
   /// if the event was never recorded. Never waits.
   virtual bool done() = 0;
   /// Waits on the host until done(). The pipeline never calls it; tests and sync mode do.
+  /// Both throw DeviceError when the work before the point failed.
   virtual void synchronize() = 0;
   /// cudaEvent_t for the CUDA backend, null for the CPU backend: for a framework to make its
   /// own stream wait on it (cudaStreamWaitEvent) without the host waiting. Owned by the event.
@@ -74,10 +88,20 @@ class Stream {
   /// does not wait.
   virtual void wait(Event& event) = 0;
   /// Calls `fn` on a host thread once the work issued before it is done; later work waits for
-  /// it. `fn` must not throw nor issue work to a stream.
+  /// it. `fn` must not issue work to a stream. If it throws, the stream is in error from then
+  /// on, as a CUDA stream is after a kernel fault (see check()).
   virtual void host_task(std::function<void()> fn) = 0;
-  /// Waits on the host for everything issued so far.
+  /// Waits on the host for everything issued so far, then check()s.
   virtual void synchronize() = 0;
+  /// Throws the failure of work issued to this stream, if the stream has seen one, as
+  /// DeviceError (CudaError for a CUDA error); never waits. Work fails after it was issued, so
+  /// this reports it later than the call that issued it: a stage function that issues device
+  /// work checks its streams at every call, so that the failure reaches the consumer as a
+  /// StageError naming that stage. On CUDA a kernel fault is sticky: every later CUDA call in
+  /// the process fails with it, whichever stream it is made on. On the CPU backend a failure
+  /// stays with its stream: later work on it is skipped, and the events recorded on it after
+  /// the failure, and the streams that wait for them, report it too.
+  virtual void check() = 0;
   /// cudaStream_t for the CUDA backend, null for the CPU backend.
   virtual void* native_handle() noexcept = 0;
 };
@@ -85,19 +109,22 @@ class Stream {
 /// Memory of a device, or page-locked host memory: an owner that frees it when destroyed.
 class Memory {
  public:
-  using Free = void (*)(void*) noexcept;
+  /// Frees `data`, which belongs to device `device` (the free runs with that device current).
+  using Free = void (*)(void* data, int device) noexcept;
   Memory() = default;
-  Memory(void* data, std::size_t size, Free free) noexcept
-      : data_(static_cast<std::byte*>(data)), size_(size), free_(free) {}
-  Memory(Memory&& o) noexcept : data_(o.data_), size_(o.size_), free_(o.free_) { o.data_ = nullptr; }
+  Memory(void* data, std::size_t size, Free free, int device = 0) noexcept
+      : data_(static_cast<std::byte*>(data)), size_(size), free_(free), device_(device) {}
+  Memory(Memory&& o) noexcept : data_(o.data_), size_(o.size_), free_(o.free_), device_(o.device_) {
+    o.data_ = nullptr;
+  }
   Memory& operator=(Memory&& o) noexcept {
     Memory old(std::move(*this));
-    data_ = o.data_, size_ = o.size_, free_ = o.free_;
+    data_ = o.data_, size_ = o.size_, free_ = o.free_, device_ = o.device_;
     o.data_ = nullptr;
     return *this;
   }
   ~Memory() {
-    if (data_) free_(data_);
+    if (data_) free_(data_, device_);
   }
 
   std::byte* data() const noexcept { return data_; }
@@ -107,23 +134,36 @@ class Memory {
   std::byte* data_ = nullptr;
   std::size_t size_ = 0;
   Free free_ = nullptr;
+  int device_ = 0;
 };
 
 /// A device. Thread-safe. Streams, events and memory it made must not outlive it.
+///
+/// A CUDA device is one GPU, by its ordinal. Every call that touches it (allocation, streams,
+/// events, copies, launches) makes it the calling thread's current device for the duration
+/// of the call and then puts back the device that was current: nothing here changes the
+/// caller's current device, so that code around stoker (a framework, other GPUs of the
+/// process) keeps the device it chose.
 class Device {
  public:
-  /// "auto" picks CUDA when a device is visible, else the CPU backend; "cpu"; "cuda" throws
-  /// std::runtime_error when this build has no CUDA backend or no device is visible.
-  /// Anything else throws std::invalid_argument.
+  /// "auto": CUDA when a device is visible (the calling thread's current device), else the CPU
+  /// backend; "cpu"; "cuda": the calling thread's current CUDA device; "cuda:N": CUDA device N
+  /// (as numbered under CUDA_VISIBLE_DEVICES). Throws std::runtime_error when this build has no
+  /// CUDA backend or the device asked for is not visible, and std::invalid_argument for anything
+  /// else (`cuda:x`, `cuda:-1`), naming what it was given.
   static std::shared_ptr<Device> open(std::string_view backend = "auto");
 
   virtual ~Device() = default;
   virtual Backend backend() const noexcept = 0;
   /// What it is, for logs: "NVIDIA H100 80GB HBM3 (cuda:0)", or "cpu".
   virtual std::string name() const = 0;
+  /// The CUDA device's ordinal (N of cuda:N); 0 on the CPU backend.
+  virtual int ordinal() const noexcept = 0;
 
   virtual std::unique_ptr<Stream> make_stream() = 0;
-  virtual std::unique_ptr<Event> make_event() = 0;
+  /// An event whose synchronize() waits as `wait` says.
+  virtual std::unique_ptr<Event> make_event(HostWait wait) = 0;
+  std::unique_ptr<Event> make_event() { return make_event(HostWait::spin); }
   /// Device memory; on the CPU backend, host memory. 256-byte aligned. Contents undefined.
   virtual Memory allocate(std::size_t bytes) = 0;
   /// Page-locked host memory, which a device copies from asynchronously (cudaHostAlloc).

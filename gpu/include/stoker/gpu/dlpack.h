@@ -26,8 +26,9 @@ namespace stoker {
 /// Ownership: takes the buffer (`batch` is empty afterwards; its host_labels stay). The two
 /// tensors share it and each must be released exactly once by calling its deleter, directly
 /// or through the framework it was handed to. The buffer goes back to its device pool when the
-/// second deleter runs, at once: unlike DeviceBatch::release_after(), a deleter cannot know
-/// which device work still reads the tensors. The consumer releases them only after that work
+/// second deleter runs, once the work that filled it (ready()) has passed: unlike a
+/// DeviceBatch, whose streams are known (use_on, release_after), a deleter cannot know which
+/// device work still reads the tensors. The consumer releases them only after that work
 /// is done (it synchronizes its stream, or keeps the tensors until a later step is known done),
 /// or the next batch may be copied into memory it is still reading. Tensors held count against
 /// the device pool as DeviceBatches do: the stage that fills the pool waits while none is free.

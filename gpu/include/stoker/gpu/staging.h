@@ -6,22 +6,26 @@
 //   auto pipe = stoker::PipelineBuilder{}
 //       ...
 //       .batch("batch", 255)
-//       .map("collate", stoker::Collate{.pool = to_device.staging()})  // straight into pinned memory
-//       .map("h2d", to_device)                                          // one copy per batch
+//       .map("collate", stoker::Collate{.pool = to_device.staging()}, {.queue = 2})  // into pinned memory
+//       .map("h2d", to_device, {.queue = 2})  // one copy per batch; 2 queued + 1 copied + 1 held = 4 buffers
 //       .build();
 //   for (auto& b : pipe.epoch()) {
-//     compute.wait(b.ready());     // the device waits for the copy; the host does not
+//     b.use_on(compute);           // the device waits for the copy; the host does not
 //     train_step(b, compute);
 //     b.release_after(compute);    // the buffer goes back once the step is done
 //   }
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "stoker/gpu/device.h"
@@ -39,6 +43,38 @@ DLPackBatch to_dlpack(gpu::DeviceBatch&& batch);
 
 namespace stoker::gpu {
 
+/// How many buffers a pool of a stage's outputs needs so that the stage never waits for its own
+/// outputs: those one call holds at once, those the queue after the stage holds, and those the
+/// consumer holds at once (the one it works on, and any it keeps longer, such as training steps
+/// queued on the device). The one rule by which stoker sizes output pools: ToDevice's and
+/// GpuAugment's defaults, and stoker-train, derive their counts from it.
+struct OutputSizing {
+  std::size_t per_call = 1;  ///< outputs one call of the stage holds at once
+  std::size_t queued = 0;    ///< outputs the queue after the stage holds (its capacity)
+  std::size_t held = 1;      ///< outputs the consumer holds at once
+  constexpr std::size_t buffers() const noexcept { return per_call + queued + held; }
+  /// "11 per call + 4 queued + 3 held by the consumer = 18 buffers", for errors and logs.
+  std::string rule() const;
+};
+
+/// What a SlotPool says when a wait for one of its buffers gives up.
+struct SlotPoolOptions {
+  std::string name = "slot pool";  ///< which pool, in errors
+  /// How to size it, in errors: what its buffers must cover (e.g. OutputSizing::rule()).
+  std::string sizing;
+  /// How long acquire() waits without a buffer coming back before it throws PoolTimeout; 0
+  /// waits for ever. A pool sized by its rule waits for one only while the device works.
+  std::chrono::milliseconds wait_limit{60'000};
+};
+
+/// A wait for a pool's buffer that gave up: every buffer held and none coming back (the pool
+/// is smaller than what holds its buffers), or the device not passing the work the buffers wait
+/// for. The message names the pool and says how it must be sized.
+class PoolTimeout : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
 /// A fixed number of equal buffers of pinned host memory or of device memory, all allocated
 /// when the pool is made and reused. An exhausted pool makes acquire() wait (counted as the
 /// calling stage's blocked time, stoker::BlockedTime): backpressure, like a full queue.
@@ -53,56 +89,92 @@ class SlotPool final : public BufferPool {
 
   /// Throws std::invalid_argument for zero slots or zero bytes.
   static std::shared_ptr<SlotPool> create(std::shared_ptr<Device> device, Kind kind, std::size_t slots,
-                                          std::size_t slot_bytes);
+                                          std::size_t slot_bytes, SlotPoolOptions options = {});
   ~SlotPool() override;
 
   using BufferPool::acquire;
   /// A free buffer of `bytes` (at most slot_bytes()). Waits while every slot is in use; gives
-  /// up by throwing PipelineStopped once `ctx.stop` is requested (its pipeline stops).
+  /// up by throwing PipelineStopped once `ctx.stop` is requested (its pipeline stops), and
+  /// PoolTimeout once no buffer has come back for options().wait_limit. Wakes as soon as a
+  /// buffer is destroyed, or the device passes the events of one given back with release_after
+  /// while it waits (a host task on each stream announces it).
   /// Throws std::invalid_argument when `bytes` exceeds slot_bytes().
   Buffer acquire(std::size_t bytes, const StageContext& ctx) override;
   bool waits() const noexcept override { return true; }
   MemoryKind memory_kind() const noexcept override;
-  /// 0: a Device is CUDA device 0.
-  int device_id() const noexcept override { return 0; }
+  /// The ordinal of the device its memory belongs to (Device::ordinal()).
+  int device_id() const noexcept override;
   /// The same without waiting: nullopt when every slot is in use.
   std::optional<Buffer> try_acquire(std::size_t bytes);
 
   /// Takes `buffer` (one of this pool's) and makes its slot free again once the work issued
   /// to `stream` so far is done. Never waits for the device: acquire() checks the slot's event.
   void release_after(Buffer buffer, Stream& stream);
-  /// The event that belongs to `buffer`'s slot, for the holder to record and share.
+  /// The same once the work issued so far to every one of `streams` is done (an event recorded
+  /// on each). With no stream, as a Buffer that is simply destroyed: once the point last
+  /// recorded on the slot's event() has passed.
+  void release_after(Buffer buffer, std::span<Stream* const> streams);
+  /// The event that belongs to `buffer`'s slot, for the holder to record and share. A buffer
+  /// destroyed without release_after() comes back once the point last recorded on it has
+  /// passed: the work that filled it, when its filler recorded that, is never overwritten.
   Event& event(const Buffer& buffer);
 
   Kind kind() const noexcept { return kind_; }
+  const SlotPoolOptions& options() const noexcept { return options_; }
   std::size_t slots() const noexcept { return slots_.size(); }
   std::size_t slot_bytes() const noexcept { return slot_bytes_; }
-  std::size_t in_use() const;  ///< slots held, or waiting for their event
+  /// Slots held, or waiting for their events. Throws DeviceError when an event reports a failure.
+  std::size_t in_use() const;
 
  private:
-  SlotPool(std::shared_ptr<Device> device, Kind kind, std::size_t slots, std::size_t slot_bytes);
+  SlotPool(std::shared_ptr<Device> device, Kind kind, std::size_t slots, std::size_t slot_bytes,
+           SlotPoolOptions options);
   void release(std::byte* data, std::size_t size) noexcept override;
   std::size_t slot_of(const std::byte* data) const;
   std::optional<Buffer> take_free(std::unique_lock<std::mutex>& held, std::size_t bytes);
+  bool passed(std::size_t slot, std::size_t events) const;
+  [[noreturn]] void time_out(std::chrono::steady_clock::duration waited) const;
 
   struct Slot {
     Memory memory;
-    std::unique_ptr<Event> event;
+    /// [0] the slot's own event (a batch's ready(), then its release); more for a release
+    /// after several streams, made as needed.
+    std::vector<std::unique_ptr<Event>> events;
+  };
+  struct Pending {
+    std::size_t slot;
+    std::size_t events;      // the slot's first `events` events must all be done
+    bool announced = false;  // a host task on each stream wakes the waiters once they are
+  };
+  // What waiters wait on, shared with the host tasks that announce a slot's return: those
+  // must not hold the pool itself, whose destructor would then run on a stream's thread.
+  struct Wakeup {
+    std::mutex mutex;  // also guards the pool's books
+    std::condition_variable_any changed;
+    std::uint64_t generation = 0;  // bumped, under `mutex`, with every notification
+    void notify();
   };
   std::shared_ptr<Device> device_;
   const Kind kind_;
   const std::size_t slot_bytes_;
+  const SlotPoolOptions options_;
   std::vector<Slot> slots_;
-  mutable std::mutex mutex_;
-  std::condition_variable returned_;
+  const std::shared_ptr<Wakeup> wake_ = std::make_shared<Wakeup>();
+  std::size_t waiters_ = 0;    // threads in acquire(), under wake_->mutex
+  std::uint64_t returns_ = 0;  // slots given back or freed so far, under wake_->mutex
   std::vector<std::size_t> free_;
-  std::vector<std::size_t> pending_;  // released after an event that may not be done yet
+  std::vector<Pending> pending_;  // released after events that may not be done yet
 };
 
 /// A batch in device memory, laid out as stoker::Batch (samples, then labels). Move-only.
-/// Destroying it frees its buffer at once; when device work still reads it, hand it back
-/// with release_after() instead. to_dlpack() (stoker/gpu/dlpack.h) hands the buffer to
-/// DLPack tensors.
+///
+/// Its buffer has a stream-ordered lifetime, as a tensor given to PyTorch's record_stream:
+/// use_on() makes a stream wait for the batch and remembers that stream, and the buffer goes
+/// back to its pool only once the work issued to every stream it was used on is done, however
+/// the batch ends: release_after(), or destroyed (an early break, an exception in the training
+/// step, a forgotten release). A batch destroyed before any use comes back once ready() has
+/// passed. So no path hands the buffer to the next copy while queued work still reads it.
+/// to_dlpack() (stoker/gpu/dlpack.h) hands the buffer to DLPack tensors instead.
 class DeviceBatch {
  public:
   Shape shape;  ///< of one sample
@@ -113,6 +185,12 @@ class DeviceBatch {
   DeviceBatch() = default;
   DeviceBatch(Buffer storage, Shape shape, DType dtype, std::size_t count, std::size_t labels_offset,
               std::vector<std::int32_t> host_labels);
+  DeviceBatch(DeviceBatch&& other) noexcept;
+  /// Gives back the batch held before, as the destructor does.
+  DeviceBatch& operator=(DeviceBatch&& other) noexcept;
+  /// Gives the buffer back after the work of every stream the batch was used on. Never
+  /// waits; never throws (a failure to record is logged, and the buffer kept from reuse).
+  ~DeviceBatch();
 
   /// Device pointers (host pointers on the CPU backend).
   void* data() noexcept { return storage_.data(); }
@@ -132,23 +210,39 @@ class DeviceBatch {
   }
   std::size_t sample_elements() const noexcept { return shape.elements(); }
 
-  /// Recorded after the work that filled the batch: make a stream wait() on it before use.
+  /// Recorded after the work that filled the batch: make a stream wait() on it before use, or
+  /// use_on() the stream.
   Event& ready() const;
-  /// Gives the buffer back once the work issued to `stream` so far is done; the batch is empty
+  /// Makes `stream` wait for ready() (on the device; the host does not wait) and remembers it:
+  /// the buffer is not reused before the work issued to `stream` up to its release is done.
+  /// `stream` must outlive the batch's release. Once per stream is enough.
+  void use_on(Stream& stream);
+  /// Gives the buffer back once the work issued so far to `stream`, and to every stream the
+  /// batch was used on, is done (use_on(stream) first if it was not); the batch is empty
   /// afterwards.
   void release_after(Stream& stream);
   bool empty() const noexcept { return storage_.empty(); }
 
  private:
   friend DLPackBatch stoker::to_dlpack(DeviceBatch&& batch);
+  void give_back() noexcept;
   Buffer storage_;  // from a SlotPool of device memory
   std::size_t labels_offset_ = 0;
+  std::vector<Stream*> used_on_;
 };
 
 struct ToDeviceOptions {
-  std::size_t bytes = 0;            ///< largest batch storage, Batch::storage_bytes(...)
-  std::size_t staging_buffers = 4;  ///< pinned buffers batches are collated into
-  std::size_t device_buffers = 4;   ///< device buffers: queued batches + held by the consumer + 1
+  std::size_t bytes = 0;  ///< largest batch storage, Batch::storage_bytes(...)
+  /// Pinned buffers batches are collated into: one being collated, the batches queued between
+  /// the collate and h2d stages, and one being copied.
+  std::size_t staging_buffers = 4;
+  /// Device buffers, by OutputSizing: one being copied into, the batches queued after the h2d
+  /// stage, and those the consumer holds at once. The default suits a queue of 2 after h2d
+  /// and a consumer that holds one batch at a time.
+  std::size_t device_buffers = OutputSizing{.per_call = 1, .queued = 2, .held = 1}.buffers();
+  /// How long the stages wait for a buffer that does not come back before they fail
+  /// (SlotPoolOptions::wait_limit); 0 waits for ever.
+  std::chrono::milliseconds wait_limit{60'000};
 };
 
 /// The host-to-device stage (a map function, serial): one asynchronous copy per batch, of its

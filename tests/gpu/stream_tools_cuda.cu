@@ -1,0 +1,60 @@
+// The CUDA halves of stream_tools.h: test kernels and the current device.
+#include <cuda_runtime.h>
+
+#include <stdexcept>
+#include <string>
+
+#include "stream_tools.h"
+
+namespace stoker::test {
+
+namespace {
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
+}
+
+__global__ void gate_kernel(const volatile unsigned* flag) {
+  while (*flag == 0) __nanosleep(1000);
+}
+
+__device__ unsigned long long now_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void delay_kernel(unsigned long long ns) {
+  const unsigned long long start = now_ns();
+  while (now_ns() - start < ns) __nanosleep(1000);
+}
+
+}  // namespace
+
+int current_cuda_device() {
+  int device = -1;
+  if (cudaGetDevice(&device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return device;
+}
+
+void set_current_cuda_device(int ordinal) { check(cudaSetDevice(ordinal), "cudaSetDevice"); }
+
+namespace detail {
+
+void cuda_gate(void* stream, const volatile unsigned* flag) {
+  gate_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(flag);
+  check(cudaGetLastError(), "gate kernel");
+}
+
+void cuda_delay(void* stream, std::chrono::microseconds duration) {
+  delay_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<unsigned long long>(duration.count()) *
+                                                               1000ull);
+  check(cudaGetLastError(), "delay kernel");
+}
+
+}  // namespace detail
+
+}  // namespace stoker::test
