@@ -336,6 +336,7 @@ class Pipeline {
     epoch_ = o.epoch_;
     finished_ = o.finished_.load();
     chunk_ = std::move(o.chunk_);
+    origin_ = o.origin_;
     taken_ = o.taken_;
     consumed_ = o.consumed_;
     return *this;
@@ -350,12 +351,13 @@ class Pipeline {
     while (!finished_) {
       if (taken_ < chunk_.size()) {
         core_->count_consumed();
-        if (auto* taken = core_->taken_items()) taken->took(chunk_.origins[taken_]);
+        if (auto* taken = core_->taken_items()) taken->took(origin_.next(chunk_.runs));
         ++consumed_;
         return std::move(chunk_.items[taken_++]);
       }
       chunk_.clear();
       taken_ = 0;
+      origin_ = {};
       std::uint64_t first = 0;
       // The last stage may wait for the room a pop makes: wake it, whatever the pop did.
       struct WakeLast {
@@ -460,7 +462,8 @@ class Pipeline {
   std::uint32_t epochs_ = 0;
   std::uint32_t epoch_ = 0;
   std::atomic<bool> finished_{false};
-  detail::Chunk<T> chunk_;  // taken from the last queue at once, handed out one by one
+  detail::Chunk<T> chunk_;       // taken from the last queue at once, handed out one by one
+  detail::OriginCursor origin_;  // the origin of chunk_'s next item
   std::size_t taken_ = 0;
   std::uint64_t consumed_ = 0;  // items next() returned in this epoch
 };

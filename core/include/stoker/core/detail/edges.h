@@ -21,32 +21,66 @@
 
 namespace stoker::detail {
 
+/// Consecutive origins: first, first + 1, ..., first + count - 1.
+struct Origins {
+  std::uint64_t first = 0, count = 0;
+};
+
 /// Items on their way between stages, each with its origin: the position the stages before it
 /// gave it in the epoch, which is what StageContext::index is for the stage that takes it. A
 /// source numbers its items by call, a map keeps the number, a flat_map with a fanout k gives the
 /// j-th output of input o the number o * k + j, a shuffle keeps it, a batch numbers its batches.
 /// So an item's origin is the same on every run, whatever the threads and the order, and a
-/// resume can make the item at any origin again (Producer::remake). A chunk without origins (a
+/// resume can make the item at any origin again (Producer::remake).
+///
+/// Origins are kept as runs of consecutive numbers, which is what a chunk holds but after a
+/// shuffle: a run per chunk costs a FIFO queue nothing per item. A chunk without origins (a
 /// flat_map with no fanout cannot number its outputs) is numbered by the queue, by arrival.
 template <class T>
 struct Chunk {
   std::vector<T> items;
-  std::vector<std::uint64_t> origins;  // one per item, or none at all
+  std::vector<Origins> runs;  // the items' origins in order; none at all: numbered by the queue
 
   std::size_t size() const noexcept { return items.size(); }
   bool empty() const noexcept { return items.empty(); }
   void clear() noexcept {
     items.clear();
-    origins.clear();
+    runs.clear();
   }
-  void reserve(std::size_t n) {
-    items.reserve(n);
-    origins.reserve(n);
-  }
+  void reserve(std::size_t n) { items.reserve(n); }
   void push(T&& item, std::uint64_t origin) {
     items.push_back(std::move(item));
-    origins.push_back(origin);
+    number(origin);
   }
+  /// Gives the next item without an origin yet the origin `origin`.
+  void number(std::uint64_t origin) { number(Origins{origin, 1}); }
+  void number(Origins run) {
+    if (!runs.empty() && runs.back().first + runs.back().count == run.first)
+      runs.back().count += run.count;
+    else
+      runs.push_back(run);
+  }
+  /// Every item's origin, in order.
+  std::vector<std::uint64_t> origin_list() const {
+    std::vector<std::uint64_t> out;
+    out.reserve(items.size());
+    for (const Origins& r : runs)
+      for (std::uint64_t i = 0; i < r.count; ++i) out.push_back(r.first + i);
+    return out;
+  }
+};
+
+/// Reads the origins of a chunk's items one by one, in order: next(chunk.runs) for each item.
+class OriginCursor {
+ public:
+  std::uint64_t next(const std::vector<Origins>& runs) noexcept {
+    while (runs[run_].count == offset_) ++run_, offset_ = 0;
+    return runs[run_].first + offset_++;
+  }
+
+ private:
+  std::size_t run_ = 0;
+  std::uint64_t offset_ = 0;
 };
 
 enum class Pop {
@@ -249,7 +283,10 @@ class Edge final : public EdgeBase {
       });
       counted.n = shuffle_->size();
     } else {
-      for (std::size_t i = 0; i < items.size(); ++i, ++counted.n) put_locked(Held{std::move(items[i]), origins[i]});
+      Chunk<T> back;
+      back.items = std::move(items);
+      for (const auto o : origins) back.number(o);
+      counted.n = put_locked(back);
     }
     return next;
   }
@@ -260,23 +297,11 @@ class Edge final : public EdgeBase {
     bool wake = false;
     {
       std::lock_guard lock(mutex_);
-      if (skip_before_ != 0 && !chunk.origins.empty()) drop_before(chunk, skip_before_);
-      auto& items = chunk.items;
-      if (closed_.load() || held_.load() + items.size() > capacity()) return false;
+      if (skip_before_ != 0 && !chunk.runs.empty()) drop_before(chunk, skip_before_);
+      if (closed_.load() || held_.load() + chunk.size() > capacity()) return false;
+      if (chunk.runs.empty() && !chunk.empty()) chunk.runs.push_back({pushed_, chunk.size()});  // by arrival
       Count counted(*this, +1);
-      try {
-        const bool numbered = !chunk.origins.empty();
-        for (auto& v : items) {
-          put_locked(Held{std::move(v), numbered ? chunk.origins[counted.n] : pushed_ + counted.n});
-          ++counted.n;
-        }
-      } catch (...) {  // a move threw: what went in stays in, and leaves `chunk`
-        const auto n = static_cast<std::ptrdiff_t>(counted.n);
-        items.erase(items.begin(), items.begin() + n);
-        if (!chunk.origins.empty()) chunk.origins.erase(chunk.origins.begin(), chunk.origins.begin() + n);
-        pushed_ += counted.n;
-        throw;
-      }
+      counted.n = put_locked(chunk);
       pushed_ += counted.n;
       counted.publish();
       wake = wake_consumer_locked();  // after held_ counts the items
@@ -345,25 +370,50 @@ class Edge final : public EdgeBase {
     ~Count() { publish(); }
   };
 
+  // The items whose origin is at least `origin`, with their origins.
   static void drop_before(Chunk<T>& chunk, std::uint64_t origin) {
-    std::size_t kept = 0;
-    for (std::size_t i = 0; i < chunk.size(); ++i) {
-      if (chunk.origins[i] < origin) continue;
-      if (kept != i) {
-        chunk.items[kept] = std::move(chunk.items[i]);
-        chunk.origins[kept] = chunk.origins[i];
-      }
-      ++kept;
-    }
-    chunk.items.erase(chunk.items.begin() + static_cast<std::ptrdiff_t>(kept), chunk.items.end());
-    chunk.origins.resize(kept);
+    Chunk<T> kept;
+    OriginCursor o;
+    for (auto& item : chunk.items)
+      if (const auto at = o.next(chunk.runs); at >= origin) kept.push(std::move(item), at);
+    chunk = std::move(kept);
   }
 
-  void put_locked(Held&& h) {
-    if (shuffle_)
-      shuffle_->push(std::move(h));
-    else
-      fifo_.push_back(std::move(h));
+  // Under mutex_: moves the items of `chunk` (numbered) in; returns how many went in. A move that
+  // throws leaves what went in in, and the rest in `chunk`.
+  std::size_t put_locked(Chunk<T>& chunk) {
+    std::size_t n = 0;
+    try {
+      if (shuffle_) {
+        OriginCursor o;
+        for (auto& v : chunk.items) {
+          shuffle_->push(Held{std::move(v), o.next(chunk.runs)});
+          ++n;
+        }
+      } else {
+        for (auto& v : chunk.items) {
+          fifo_.push_back(std::move(v));
+          ++n;
+        }
+        for (const Origins& r : chunk.runs)
+          if (!fifo_runs_.empty() && fifo_runs_.back().first + fifo_runs_.back().count == r.first)
+            fifo_runs_.back().count += r.count;
+          else
+            fifo_runs_.push_back(r);
+      }
+    } catch (...) {
+      const auto numbered = chunk.origin_list();
+      if (!shuffle_)  // the runs of the items that went in, which they need for their pops
+        for (std::size_t i = 0; i < n; ++i) fifo_runs_.push_back({numbered[i], 1});
+      chunk.items.erase(chunk.items.begin(), chunk.items.begin() + static_cast<std::ptrdiff_t>(n));
+      chunk.runs.clear();
+      for (std::size_t i = n; i < numbered.size(); ++i) chunk.number(numbered[i]);
+      pushed_ += n;
+      held_.store(held_.load() + n);
+      count_in(n);
+      throw;
+    }
+    return n;
   }
 
   Pop pop_locked(Chunk<T>& out, std::size_t max, std::uint64_t& first) {
@@ -373,21 +423,32 @@ class Edge final : public EdgeBase {
     out.reserve(out.size() + n);
     first = popped_;
     Count counted(*this, -1);
-    for (std::size_t i = 0; i < n; ++i) {
-      if (shuffle_) {
+    if (shuffle_) {
+      for (std::size_t i = 0; i < n; ++i, ++counted.n) {
         Held h = shuffle_->take();
         out.push(std::move(h.value), h.origin);
-      } else {
-        out.push(std::move(fifo_.front().value), fifo_.front().origin);
+      }
+    } else {
+      for (std::size_t i = 0; i < n; ++i, ++counted.n) {
+        out.items.push_back(std::move(fifo_.front()));
         fifo_.pop_front();
       }
-      ++counted.n;
-      ++popped_;
+      for (std::size_t left = n; left != 0;) {
+        Origins& r = fifo_runs_.front();
+        const std::uint64_t k = std::min<std::uint64_t>(r.count, left);
+        out.number(Origins{r.first, k});
+        r.first += k;
+        r.count -= k;
+        left -= static_cast<std::size_t>(k);
+        if (r.count == 0) fifo_runs_.pop_front();
+      }
     }
+    popped_ += n;
     return Pop::items;
   }
 
-  std::deque<Held> fifo_;
+  std::deque<T> fifo_;
+  std::deque<Origins> fifo_runs_;  // the origins of fifo_'s items, in order
   std::optional<ShuffleOptions> shuffle_options_;
   std::optional<ShuffleBuffer<Held>> shuffle_;
   std::size_t window_ = 0;  // a shuffle's: what a take draws from

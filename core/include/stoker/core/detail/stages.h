@@ -541,16 +541,18 @@ class TransformStage final : public Consumer<In, Out> {
     StageBase::Body& body;
     Chunk<Out>& outputs;  // the emitter appends to its items; number() gives them their origins
     Key key;
-    bool numbered;            // false: the queue numbers the outputs (Chunk)
-    std::size_t spilled = 0;  // items sent so far
-    std::uint64_t input = 0;  // the origin of the input whose call emits now
-    std::uint64_t made = 0;   // its outputs numbered so far
+    bool numbered;             // false: the queue numbers the outputs (Chunk)
+    std::size_t spilled = 0;   // items sent so far
+    std::uint64_t input = 0;   // the origin of the input whose call emits now
+    std::uint64_t made = 0;    // its outputs numbered so far
+    std::size_t in_chunk = 0;  // items of `outputs` numbered
 
-    // Origins for the outputs emitted since the last call: the j-th output of input o is
-    // o * fanout + j. A flat_map without a fanout cannot number them, nor can end_epoch().
+    // Origins for a flat_map's outputs emitted since the last call: the j-th output of input o
+    // is o * fanout + j. A flat_map without a fanout cannot number them, nor can end_epoch(). A
+    // map's outputs are numbered as they are made.
     void number() {
-      if (!numbered) return;
-      while (outputs.origins.size() < outputs.items.size()) outputs.origins.push_back(input * stage.fanout_ + made++);
+      if (!Flat || !numbered) return;
+      for (; in_chunk < outputs.size(); ++in_chunk) outputs.number(input * stage.fanout_ + made++);
     }
     void next_input(std::uint64_t origin) {
       input = origin;
@@ -572,6 +574,7 @@ class TransformStage final : public Consumer<In, Out> {
         const bool sent = stage.put(k, std::move(outputs), 0);
         outputs.clear();
         outputs.reserve(capacity);
+        in_chunk = 0;
         if (sent || !wait) return;
         BlockedTime waiting(body.ctx);
         stage.core().wait_for(stage, [&] { return gone(k); });
@@ -601,28 +604,30 @@ class TransformStage final : public Consumer<In, Out> {
     const auto t0 = Clock::now();
     const auto tick = coarse_ticks();
     const auto blocked0 = body.blocked;
-    for (std::size_t i = 0; i < inputs.size() && !this->stopping(); ++i) {
-      body.ctx.index = inputs.origins[i];
-      this->guarded(body.ctx.index, [&] {
-        if constexpr (Flat) {
-          const std::size_t before = spill.spilled + outputs.size();
-          spill.next_input(body.ctx.index);
-          try {
-            call_with_context(fn(body), body.ctx, std::move(inputs.items[i]), emit);
-          } catch (...) {  // what it emitted before it threw goes on (OnError::skip), as its own
+    std::size_t i = 0;
+    for (const Origins& run : inputs.runs)
+      for (std::uint64_t k = 0; k < run.count && !this->stopping(); ++k, ++i) {
+        body.ctx.index = run.first + k;
+        this->guarded(body.ctx.index, [&] {
+          if constexpr (Flat) {
+            const std::size_t before = spill.spilled + outputs.size();
+            spill.next_input(body.ctx.index);
+            try {
+              call_with_context(fn(body), body.ctx, std::move(inputs.items[i]), emit);
+            } catch (...) {  // what it emitted before it threw goes on (OnError::skip), as its own
+              spill.number();
+              throw;
+            }
             spill.number();
-            throw;
+            check_fanout(spill.spilled + outputs.size() - before, body.ctx.index);
+          } else {
+            outputs.push(call_with_context(fn(body), body.ctx, std::move(inputs.items[i])), body.ctx.index);
           }
-          spill.number();
-          check_fanout(spill.spilled + outputs.size() - before, body.ctx.index);
-        } else {
-          outputs.push(call_with_context(fn(body), body.ctx, std::move(inputs.items[i])), body.ctx.index);
-        }
-      });
-      // Slower than usual: hand on what is made rather than keep it from the stages downstream.
-      if (i + 1 < inputs.size() && !outputs.empty() && coarse_ticks() != tick && Clock::now() - t0 > this->kChunkTime)
-        spill.send(false);
-    }
+        });
+        // Slower than usual: hand on what is made rather than keep it from the stages downstream.
+        if (i + 1 < inputs.size() && !outputs.empty() && coarse_ticks() != tick && Clock::now() - t0 > this->kChunkTime)
+          spill.send(false);
+      }
     this->measured(inputs.size(),
                    std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0) - (body.blocked - blocked0));
     const std::size_t made = spill.spilled + outputs.size();
@@ -745,7 +750,7 @@ class BatchStage final : public Consumer<T, std::vector<T>> {
     this->out_.try_claim();  // serial, and flushed before: never refused
     Chunk<std::vector<T>> one;
     one.push(std::move(batch_.items), batches_);
-    if (auto* taken = this->core().taken_items()) taken->batched(batches_, std::move(batch_.origins));
+    if (auto* taken = this->core().taken_items()) taken->batched(batches_, batch_.origin_list());
     this->count_out(1);
     this->put(Key{batches_, 0}, std::move(one), 1);
     ++batches_;
