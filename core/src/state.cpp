@@ -80,7 +80,9 @@ PipelineState PipelineState::from_json(std::string_view text, const std::string&
   }
   if (!s.deterministic) {
     const auto& t = field(j, "taken", [](const nlohmann::json& v) { return v.is_object(); });
-    auto& taken = s.taken.emplace();
+    // Assigned, not emplace()d: clang judges Taken (default member initialisers, nested)
+    // not default-constructible for std::optional.
+    auto& taken = *(s.taken = PipelineState::Taken{});
     taken.queue = field(t, "queue", is_string).get<std::string>();
     taken.below = field(t, "below", is_count).get<std::uint64_t>();
     const auto& except = field(t, "except", [](const nlohmann::json& v) { return v.is_array(); });
