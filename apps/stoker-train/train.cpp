@@ -268,18 +268,19 @@ gpu::ToDeviceOptions to_device_options(const TrainOptions& o) {
 PipelineBuilder pipeline_builder(const TrainOptions& o, Trainer& trainer) {
   PipelineBuilder builder;
   builder.threads(o.threads).seed(o.seed).epochs(o.epochs).counters(gpu::transfer_counters(trainer.device_ptr()));
-  if (!o.occupancy_log.empty()) {
-    // One log per rank of a job, labelled, for stoker-inspect to read together.
-    if (const auto shard = trainer.shard(); shard.world > 1) {
-      std::filesystem::path path(o.occupancy_log);
-      const std::string rank = std::to_string(shard.rank);
-      builder.occupancy_log(path.replace_filename(path.stem().string() + ".rank" + rank + path.extension().string()))
-          .log_label("rank", rank);
-    } else {
-      builder.occupancy_log(o.occupancy_log);
-    }
-  }
-  if (!o.trace.empty()) builder.trace(o.trace);
+  // A job's ranks write a file each, the rank in its name (run.rank1.jsonl), and label their log
+  // records, for stoker-inspect to read them together.
+  const auto shard = trainer.shard();
+  const std::string rank = std::to_string(shard.rank);
+  const auto per_rank = [&](const std::string& file) {
+    std::filesystem::path path(file);
+    if (shard.world == 1) return file;
+    return path.replace_filename(path.stem().string() + ".rank" + rank + path.extension().string()).string();
+  };
+  if (!o.occupancy_log.empty()) builder.occupancy_log(per_rank(o.occupancy_log));
+  if (shard.world > 1) builder.log_label("rank", rank);
+  // The device's copies and kernels (the trainer's too) on its streams' tracks.
+  if (!o.trace.empty()) builder.trace(per_rank(o.trace)).timeline(gpu::device_timeline(trainer.device_ptr()));
   if (o.autotune) builder.autotune();  // the pipeline's threads are the budget
   if (o.deterministic) builder.deterministic();
   if (trainer.resume_point()) builder.resume_from(*trainer.resume_point());

@@ -341,6 +341,7 @@ class PipelineCore::Monitor {
       : core_(core), trace_(trace) {
     for (const auto& [key, value] : core.options().log_labels) labels_[key] = value;
     if (!path.empty()) open_log(path);
+    if (trace_) start_timelines();
     ticker_.emplace(interval, /*at_start=*/true, "occupancy log or trace: a sample could not be written",
                     [this] { sample(); });
   }
@@ -365,6 +366,7 @@ class PipelineCore::Monitor {
     } catch (...) {
       spdlog::error("occupancy log or trace: the final records could not be written");
     }
+    for (auto* t : timelines_) t->stop();
     try {
       if (trace_) trace_->close();
     } catch (const std::exception& e) {
@@ -390,6 +392,20 @@ class PipelineCore::Monitor {
     }
   }
 
+  // Every timeline source starts, or none stays started.
+  void start_timelines() {
+    try {
+      for (const auto& t : core_.options().timelines) {
+        if (!t) throw std::invalid_argument("timeline: a null TimelineSource");
+        t->start();
+        timelines_.push_back(t.get());
+      }
+    } catch (...) {
+      for (auto* t : timelines_) t->stop();
+      throw;
+    }
+  }
+
   void sample() {
     const auto now = Clock::now();
     const double t = std::chrono::duration<double>(now - born_).count();
@@ -407,7 +423,11 @@ class PipelineCore::Monitor {
                {"consumer", e->consumer()}});
       }
     }
-    if (trace_) trace_->write(now, fills_);
+    if (trace_) {
+      timed_.clear();
+      for (auto* t : timelines_) t->take(timed_);
+      trace_->write(now, fills_, timed_);
+    }
   }
 
   void write_totals() {
@@ -448,6 +468,8 @@ class PipelineCore::Monitor {
   nlohmann::json labels_ = nlohmann::json::object();
   const Clock::time_point born_ = Clock::now();
   std::vector<std::pair<std::string, std::size_t>> fills_;  // the sampling thread's
+  std::vector<TimelineSource*> timelines_;                  // started; owned by the options
+  std::vector<TimedSpan> timed_;                            // the sampling thread's
   std::shared_ptr<spdlog::details::thread_pool> pool_;
   std::shared_ptr<spdlog::async_logger> logger_;
   std::optional<Ticker> ticker_;  // started once the log is open

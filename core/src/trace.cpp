@@ -12,6 +12,15 @@ namespace stoker::detail {
 namespace {
 using Json = nlohmann::ordered_json;
 constexpr int kPid = 1;
+constexpr int kTimedPid = 2;  // work timed outside the pipeline: a device's streams
+
+Json metadata(int pid, int tid, const char* what, Json args) {
+  Json j{{"ph", "M"}, {"pid", pid}};
+  if (tid >= 0) j["tid"] = tid;
+  j["name"] = what;
+  j["args"] = std::move(args);
+  return j;
+}
 }  // namespace
 
 TraceFile::TraceFile(const std::string& path, Clock::time_point origin) : path_(path), origin_(origin) {
@@ -19,7 +28,7 @@ TraceFile::TraceFile(const std::string& path, Clock::time_point origin) : path_(
   if (file_ == nullptr)
     throw std::runtime_error("trace '" + path + "': cannot open for writing: " + std::strerror(errno));
   std::fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", file_);
-  emit(Json{{"ph", "M"}, {"pid", kPid}, {"name", "process_name"}, {"args", {{"name", "stoker pipeline"}}}}.dump());
+  emit(metadata(kPid, -1, "process_name", {{"name", "stoker pipeline"}}).dump());
 }
 
 TraceFile::~TraceFile() {
@@ -33,10 +42,8 @@ TraceFile::Track& TraceFile::add_track(const std::string& name, std::string span
   // Spans are the bulk of the file: their JSON is put together from a head made once.
   t.span_head_ = "{\"ph\":\"X\",\"pid\":" + std::to_string(kPid) + ",\"tid\":" + std::to_string(t.tid_) +
                  ",\"name\":" + Json(t.span_name_).dump() + ",\"ts\":";
-  emit(Json{{"ph", "M"}, {"pid", kPid}, {"tid", t.tid_}, {"name", "thread_name"}, {"args", {{"name", name}}}}.dump());
-  emit(Json{
-      {"ph", "M"}, {"pid", kPid}, {"tid", t.tid_}, {"name", "thread_sort_index"}, {"args", {{"sort_index", t.tid_}}}}
-           .dump());
+  emit(metadata(kPid, t.tid_, "thread_name", {{"name", name}}).dump());
+  emit(metadata(kPid, t.tid_, "thread_sort_index", {{"sort_index", t.tid_}}).dump());
   return t;
 }
 
@@ -51,7 +58,8 @@ void TraceFile::emit(const std::string& head, const char* tail) {
   std::fputs(tail, file_);
 }
 
-void TraceFile::write(Clock::time_point t, const std::vector<std::pair<std::string, std::size_t>>& fills) {
+void TraceFile::write(Clock::time_point t, const std::vector<std::pair<std::string, std::size_t>>& fills,
+                      const std::vector<TimedSpan>& timed) {
   for (Track& track : tracks_) {
     taken_.clear();
     {
@@ -74,6 +82,19 @@ void TraceFile::write(Clock::time_point t, const std::vector<std::pair<std::stri
                  .dump());
       }
     }
+  }
+  for (const TimedSpan& span : timed) {
+    auto track = timed_tracks_.find(span.track);
+    if (track == timed_tracks_.end()) {
+      if (timed_tracks_.empty()) emit(metadata(kTimedPid, -1, "process_name", {{"name", "devices"}}).dump());
+      track = timed_tracks_.emplace(span.track, static_cast<int>(timed_tracks_.size()) + 1).first;
+      emit(metadata(kTimedPid, track->second, "thread_name", {{"name", span.track}}).dump());
+    }
+    const double begin = micros(span.begin);
+    Json e{{"ph", "X"},         {"pid", kTimedPid}, {"tid", track->second},
+           {"name", span.name}, {"ts", begin},      {"dur", micros(span.end) - begin}};
+    if (span.bytes > 0) e["args"] = {{"bytes", span.bytes}};
+    emit(e.dump());
   }
   for (std::size_t i = 0; i < fills.size(); ++i) {
     if (i == counter_heads_.size())

@@ -128,7 +128,7 @@ void gemm(Stream& stream, bool trans_a, bool trans_b, int m, int n, int k, float
   check_gemm(trans_a, trans_b, m, n, k, lda, ldb, ldc);
   if (m == 0 || n == 0) return;
   launch(
-      stream,
+      stream, "gemm",
       [=] {
         use_one_blas_thread();
         cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans, m, n, k,
@@ -143,14 +143,14 @@ void bias_activation(Stream& stream, float* y, const float* bias, int rows, int 
   check_size("bias_activation", rows, cols);
   if (rows == 0 || cols == 0) return;
   launch(
-      stream, [=] { cpu_bias_activation(y, bias, rows, cols, relu); },
+      stream, "bias_activation", [=] { cpu_bias_activation(y, bias, rows, cols, relu); },
       [=](void* native) { cuda::bias_activation(native, y, bias, rows, cols, relu); });
 }
 
 void relu_backward(Stream& stream, float* grad, const float* activation, std::size_t n) {
   if (n == 0) return;
   launch(
-      stream,
+      stream, "relu_backward",
       [=] {
         for (std::size_t i = 0; i < n; ++i)
           if (!(activation[i] > 0)) grad[i] = 0;
@@ -164,7 +164,8 @@ void softmax_cross_entropy(Stream& stream, const float* logits, const std::int32
   if (rows == 0) return;
   if (classes == 0) throw std::invalid_argument("nn::softmax_cross_entropy: no classes");
   launch(
-      stream, [=] { cpu_softmax_cross_entropy(logits, labels, rows, classes, grad, grad_scale, loss_sum, correct); },
+      stream, "softmax_cross_entropy",
+      [=] { cpu_softmax_cross_entropy(logits, labels, rows, classes, grad, grad_scale, loss_sum, correct); },
       [=](void* native) {
         cuda::softmax_cross_entropy(native, logits, labels, rows, classes, grad, grad_scale, loss_sum, correct);
       });
@@ -174,7 +175,7 @@ void column_sum(Stream& stream, const float* a, int rows, int cols, float* out) 
   check_size("column_sum", rows, cols);
   if (cols == 0) return;
   launch(
-      stream, [=] { cpu_column_sum(a, rows, cols, out); },
+      stream, "column_sum", [=] { cpu_column_sum(a, rows, cols, out); },
       [=](void* native) { cuda::column_sum(native, a, rows, cols, out); });
 }
 
@@ -182,14 +183,14 @@ void sgd_momentum(Stream& stream, float* param, const float* grad, float* veloci
                   float momentum, float weight_decay) {
   if (n == 0) return;
   launch(
-      stream, [=] { cpu_sgd_momentum(param, grad, velocity, n, lr, momentum, weight_decay); },
+      stream, "sgd_momentum", [=] { cpu_sgd_momentum(param, grad, velocity, n, lr, momentum, weight_decay); },
       [=](void* native) { cuda::sgd_momentum(native, param, grad, velocity, n, lr, momentum, weight_decay); });
 }
 
 void zero(Stream& stream, void* dst, std::size_t bytes) {
   if (bytes == 0) return;
   launch(
-      stream, [=] { std::memset(dst, 0, bytes); }, [=](void* native) { cuda::zero(native, dst, bytes); });
+      stream, "zero", [=] { std::memset(dst, 0, bytes); }, [=](void* native) { cuda::zero(native, dst, bytes); });
 }
 
 }  // namespace stoker::gpu::nn

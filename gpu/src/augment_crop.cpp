@@ -114,7 +114,7 @@ void CropKernels::crop(Stream& stream, const std::byte* images, std::size_t imag
                        std::size_t out_slots, const CropDraws& draws) const {
   if (count == 0) return;
   launch(
-      stream,
+      stream, "crop",
       [=, normalizer = normalizer_, image = image_, dtype = dtype_, extent = extent_, elements = crop_elements(),
        bytes = image_bytes()] {
         for (std::size_t i = 0; i < count; ++i) {
@@ -161,7 +161,7 @@ void CropKernels::gather(Stream& stream, const float* from, const std::int32_t* 
   if (count == 0) return;
   const std::size_t elements = crop_elements();
   launch(
-      stream,
+      stream, "gather",
       [=] {
         for (std::size_t i = 0; i < count; ++i) {
           if (slots[i] >= from_slots)

@@ -2,10 +2,17 @@
 // Private to gpu/.
 #pragma once
 
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
+#include "stoker/core/timeline.h"
 #include "stoker/gpu/device.h"
 
 namespace stoker::gpu::detail {
@@ -37,11 +44,113 @@ class DeviceGuard {
   int previous_ = -1;  // the device to put back; -1 when there is nothing to put back
 };
 
-/// Base of both backends' devices: gives their streams access to the copy counters.
+/// A stream's timed work, for its device's timeline (device_timeline): spans in the order their
+/// work was issued, which on an in-order stream is the order it runs in. Shared by the stream,
+/// its device and (CPU backend) the stream's work, so that spans that end after the stream is
+/// gone are still taken.
+struct StreamSpans {
+  using Clock = std::chrono::steady_clock;
+  struct Span {
+    const char* name = "";
+    std::uint64_t bytes = 0;
+    Clock::time_point begin, end;  // the CPU backend's, set by the stream's worker
+    bool ended = false;            // the CPU backend's: end is set
+    bool dropped = false;          // its work could not be issued: not a span
+    void* events[2]{};             // the CUDA backend's: recorded before and after the work
+  };
+
+  explicit StreamSpans(std::string track) : track(std::move(track)) {}
+  const std::string track;  // "cpu stream 3", "cuda:0 stream 3"
+  std::mutex issuing;       // held while a span's begin, work and end are issued: they stay together
+  std::mutex mutex;         // over spans and closed
+  std::deque<std::shared_ptr<Span>> spans;
+  bool closed = false;  // its stream is gone
+};
+
+/// Base of both backends' devices: gives their streams access to the copy counters, and keeps
+/// the timeline of their work.
+///
+/// Timeline. While a TimelineSource from device_timeline() listens (from its start() to its
+/// stop(); one at a time), every copy and launch issued to the device's streams is recorded as a
+/// span: StreamBase::timed() brackets the work with marks on the stream, which the backend times
+/// (the CPU backend's worker reads the clock; the CUDA backend records timing events), and
+/// take() hands out each stream's spans from the front for as long as their work has finished.
+/// When nothing listens, timed() costs one relaxed atomic load.
 class DeviceBase : public Device {
  public:
+  using Span = StreamSpans::Span;
   void counted_h2d(std::size_t bytes) noexcept { count_h2d(bytes); }
   void counted_d2h(std::size_t bytes) noexcept { count_d2h(bytes); }
+
+  bool timing() const noexcept { return listening_.load(std::memory_order_relaxed); }
+  /// The spans of a new stream, on a track named after the device (`short_name`) and a number.
+  std::shared_ptr<StreamSpans> add_stream(const std::string& short_name);
+  /// Throws std::logic_error if a timeline already listens.
+  void start_timeline();
+  void take_timeline(std::vector<TimedSpan>& out);
+  void stop_timeline() noexcept;
+
+ protected:
+  enum class Resolved : std::uint8_t { pending, ready, lost };
+  /// The backend's: `span`'s begin and end once its work has finished (ready), pending until
+  /// then, lost when its times can no longer be had (a failed device). Sampling thread only.
+  virtual Resolved resolve(Span& span) = 0;
+  /// The backend's: called as a timeline starts, and for each span taken or dropped.
+  virtual void timeline_starting() {}
+  virtual void release(Span& /*span*/) noexcept {}
+  /// Drops every stream's spans, releasing them.
+  void drop_spans() noexcept;
+  /// Streams of this device, to their spans.
+  std::mutex streams_mutex_;
+  std::vector<std::shared_ptr<StreamSpans>> streams_;
+  int streams_made_ = 0;
+
+ private:
+  std::atomic<bool> listening_{false};
+  std::mutex timeline_mutex_;  // start, take and stop
+};
+
+/// Base of both backends' streams: issues timed work (copies, launches).
+class StreamBase : public Stream {
+ public:
+  StreamBase(DeviceBase& device, const std::string& short_name)
+      : device_(device), spans_(device.add_stream(short_name)) {}
+  ~StreamBase() override {
+    std::lock_guard lock(spans_->mutex);
+    spans_->closed = true;
+  }
+
+  /// Issues `work` (which issues one copy or launch to this stream) as a span named `name`
+  /// (static storage) on the device's timeline, when it listens.
+  template <class Work>
+  void timed(const char* name, std::uint64_t bytes, Work&& work) {
+    if (!device_.timing()) return work();
+    std::lock_guard issuing(spans_->issuing);
+    auto span = std::make_shared<DeviceBase::Span>();
+    span->name = name;
+    span->bytes = bytes;
+    {
+      std::lock_guard lock(spans_->mutex);
+      spans_->spans.push_back(span);
+    }
+    try {
+      mark_begin(span);
+      work();
+      mark_end(span);
+    } catch (...) {
+      std::lock_guard lock(spans_->mutex);
+      span->dropped = true;
+      throw;
+    }
+  }
+
+ protected:
+  /// The backend's: marks on the stream where `span`'s work begins and ends.
+  virtual void mark_begin(const std::shared_ptr<DeviceBase::Span>& span) = 0;
+  virtual void mark_end(const std::shared_ptr<DeviceBase::Span>& span) = 0;
+
+  DeviceBase& device_;
+  const std::shared_ptr<StreamSpans> spans_;
 };
 
 /// What a failure of device work says once it surfaces: `what`, and why it may surface far from
@@ -72,14 +181,18 @@ class TraceRange {
 /// Runs `cpu` in stream order on a CPU-backend stream, or `cuda(cudaStream_t)` on a CUDA one.
 /// The one place where a kernel's two implementations meet.
 /// The CUDA side runs with the stream's device current.
+/// The launch is a span named `name` (static storage) on the device's timeline.
 template <class Cpu, class Cuda>
-void launch(Stream& stream, Cpu&& cpu, Cuda&& cuda) {
-  if (void* native = stream.native_handle()) {
-    const DeviceGuard guard(stream);
-    cuda(native);
-  } else {
-    stream.host_task(std::forward<Cpu>(cpu));
-  }
+void launch(Stream& stream, const char* name, Cpu&& cpu, Cuda&& cuda) {
+  // Every stream is a backend's: Device::make_stream() makes them all.
+  static_cast<StreamBase&>(stream).timed(name, 0, [&] {
+    if (void* native = stream.native_handle()) {
+      const DeviceGuard guard(stream);
+      cuda(native);
+    } else {
+      stream.host_task(std::forward<Cpu>(cpu));
+    }
+  });
 }
 
 }  // namespace stoker::gpu::detail

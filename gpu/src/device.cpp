@@ -64,6 +64,30 @@ CounterSource transfer_counters(std::shared_ptr<const Device> device) {
   };
 }
 
+namespace {
+
+// A device's timeline as a pipeline's trace takes it.
+class DeviceTimeline final : public TimelineSource {
+ public:
+  explicit DeviceTimeline(std::shared_ptr<Device> device) : device_(std::move(device)) {
+    if (!device_) throw std::invalid_argument("device_timeline: no device (a null pointer)");
+  }
+  void start() override { base().start_timeline(); }
+  void take(std::vector<TimedSpan>& out) override { base().take_timeline(out); }
+  void stop() noexcept override { base().stop_timeline(); }
+
+ private:
+  // Every device is a backend's: Device::open() makes them all.
+  detail::DeviceBase& base() { return static_cast<detail::DeviceBase&>(*device_); }
+  std::shared_ptr<Device> device_;
+};
+
+}  // namespace
+
+std::shared_ptr<TimelineSource> device_timeline(std::shared_ptr<Device> device) {
+  return std::make_shared<DeviceTimeline>(std::move(device));
+}
+
 TransferCounts Device::transfers() const noexcept {
   return {h2d_copies_.load(), h2d_bytes_.load(), d2h_copies_.load(), d2h_bytes_.load()};
 }
@@ -79,6 +103,57 @@ void Device::count_d2h(std::size_t bytes) noexcept {
 }
 
 namespace detail {
+
+std::shared_ptr<StreamSpans> DeviceBase::add_stream(const std::string& short_name) {
+  std::lock_guard lock(streams_mutex_);
+  auto spans = std::make_shared<StreamSpans>(short_name + " stream " + std::to_string(streams_made_++));
+  streams_.push_back(spans);
+  return spans;
+}
+
+void DeviceBase::start_timeline() {
+  std::lock_guard timeline(timeline_mutex_);
+  if (timing())
+    throw std::logic_error("device_timeline: the work of " + name() +
+                           " already goes to another trace; one trace at a time takes a device's timeline");
+  drop_spans();  // any issued as an earlier timeline stopped are not this one's
+  timeline_starting();
+  listening_.store(true);
+}
+
+void DeviceBase::take_timeline(std::vector<TimedSpan>& out) {
+  std::lock_guard timeline(timeline_mutex_);
+  std::lock_guard lock(streams_mutex_);
+  std::erase_if(streams_, [&](const std::shared_ptr<StreamSpans>& stream) {
+    std::lock_guard spans(stream->mutex);
+    while (!stream->spans.empty()) {
+      Span& span = *stream->spans.front();
+      if (!span.dropped) {
+        const Resolved r = resolve(span);
+        if (r == Resolved::pending) break;  // and so are the spans after it, issued later
+        if (r == Resolved::ready) out.push_back({stream->track, span.name, span.bytes, span.begin, span.end});
+      }
+      release(span);
+      stream->spans.pop_front();
+    }
+    return stream->closed && stream->spans.empty();
+  });
+}
+
+void DeviceBase::stop_timeline() noexcept {
+  std::lock_guard timeline(timeline_mutex_);
+  listening_.store(false);
+  drop_spans();
+}
+
+void DeviceBase::drop_spans() noexcept {
+  std::lock_guard lock(streams_mutex_);
+  for (auto& stream : streams_) {
+    std::lock_guard spans(stream->mutex);
+    for (auto& span : stream->spans) release(*span);
+    stream->spans.clear();
+  }
+}
 
 std::string async_failure(const std::string& what) {
   return "device work failed: " + what +

@@ -71,9 +71,9 @@ class CpuEvent final : public Event {
 // The worker runs each piece of work with the stream's failure so far (empty while there is
 // none): work proper is skipped once there is one, as a CUDA stream's is after a fault, while
 // event records and waits still run, to carry the failure on to whoever waits.
-class CpuStream final : public Stream {
+class CpuStream final : public StreamBase {
  public:
-  explicit CpuStream(DeviceBase& device) : device_(device), worker_([this] { work(); }) {}
+  explicit CpuStream(DeviceBase& device) : StreamBase(device, "cpu"), worker_([this] { work(); }) {}
   ~CpuStream() override {
     {
       std::lock_guard lock(mutex_);
@@ -85,15 +85,13 @@ class CpuStream final : public Stream {
 
   void copy_to_device(void* dst, const void* src, std::size_t bytes) override {
     device_.counted_h2d(bytes);
-    issue_work([=] { std::memcpy(dst, src, bytes); });
+    copy("h2d", dst, src, bytes);
   }
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override {
     device_.counted_d2h(bytes);
-    issue_work([=] { std::memcpy(dst, src, bytes); });
+    copy("d2h", dst, src, bytes);
   }
-  void copy_on_device(void* dst, const void* src, std::size_t bytes) override {
-    issue_work([=] { std::memcpy(dst, src, bytes); });
-  }
+  void copy_on_device(void* dst, const void* src, std::size_t bytes) override { copy("d2d", dst, src, bytes); }
   void record(Event& event) override {
     auto state = static_cast<CpuEvent&>(event).state;
     issue([state, mark = state->mark()](std::string& failure) { state->complete(mark, failure); });
@@ -119,6 +117,25 @@ class CpuStream final : public Stream {
 
  private:
   using Work = std::function<void(std::string& failure)>;
+
+  void copy(const char* name, void* dst, const void* src, std::size_t bytes) {
+    timed(name, bytes, [&] { issue_work([=] { std::memcpy(dst, src, bytes); }); });
+  }
+
+  // A span's times are the worker's clock as it reaches the marks.
+  void mark_begin(const std::shared_ptr<DeviceBase::Span>& span) override {
+    issue([span, spans = spans_](std::string&) {
+      std::lock_guard lock(spans->mutex);
+      span->begin = StreamSpans::Clock::now();
+    });
+  }
+  void mark_end(const std::shared_ptr<DeviceBase::Span>& span) override {
+    issue([span, spans = spans_](std::string&) {
+      std::lock_guard lock(spans->mutex);
+      span->end = StreamSpans::Clock::now();
+      span->ended = true;
+    });
+  }
 
   void issue_work(std::function<void()> fn) {
     issue([fn = std::move(fn)](std::string& failure) {
@@ -157,7 +174,6 @@ class CpuStream final : public Stream {
     }
   }
 
-  DeviceBase& device_;
   std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<Work> work_;
@@ -173,6 +189,7 @@ class CpuDevice final : public DeviceBase {
   Backend backend() const noexcept override { return Backend::cpu; }
   std::string name() const override { return "cpu"; }
   int ordinal() const noexcept override { return 0; }
+  Resolved resolve(Span& span) override { return span.ended ? Resolved::ready : Resolved::pending; }
   std::unique_ptr<Stream> make_stream() override { return std::make_unique<CpuStream>(*this); }
   std::unique_ptr<Event> make_event(HostWait) override { return std::make_unique<CpuEvent>(); }
   Memory allocate(std::size_t bytes) override { return host(bytes); }

@@ -118,9 +118,18 @@ class CudaEvent final : public Event {
   int device_;
 };
 
-class CudaStream final : public Stream {
+// What the CUDA device does for its streams' timelines.
+class Timing {
  public:
-  explicit CudaStream(DeviceBase& device) : device_(device), ordinal_(device.ordinal()) {
+  virtual cudaEvent_t timing_event() = 0;  ///< a timing event from the device's pool
+ protected:
+  ~Timing() = default;
+};
+
+class CudaStream final : public StreamBase {
+ public:
+  CudaStream(DeviceBase& device, Timing& timing)
+      : StreamBase(device, "cuda:" + std::to_string(device.ordinal())), timing_(timing), ordinal_(device.ordinal()) {
     const DeviceGuard guard(ordinal_);
     // Non-blocking: no implicit ordering with the legacy default stream.
     STOKER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -142,18 +151,15 @@ class CudaStream final : public Stream {
   }
 
   void copy_to_device(void* dst, const void* src, std::size_t bytes) override {
-    const DeviceGuard guard(ordinal_);
-    STOKER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    copy("h2d", dst, src, bytes, cudaMemcpyHostToDevice);
     device_.counted_h2d(bytes);
   }
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override {
-    const DeviceGuard guard(ordinal_);
-    STOKER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    copy("d2h", dst, src, bytes, cudaMemcpyDeviceToHost);
     device_.counted_d2h(bytes);
   }
   void copy_on_device(void* dst, const void* src, std::size_t bytes) override {
-    const DeviceGuard guard(ordinal_);
-    STOKER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+    copy("d2d", dst, src, bytes, cudaMemcpyDeviceToDevice);
   }
   void record(Event& event) override {
     const DeviceGuard guard(ordinal_);
@@ -203,6 +209,23 @@ class CudaStream final : public Stream {
   }
 
  private:
+  void copy(const char* name, void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+    const DeviceGuard guard(ordinal_);
+    timed(name, bytes, [&] { STOKER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream_)); });
+  }
+
+  // A span's times are those of timing events recorded before and after its work.
+  void mark_begin(const std::shared_ptr<DeviceBase::Span>& span) override { mark(*span, 0); }
+  void mark_end(const std::shared_ptr<DeviceBase::Span>& span) override { mark(*span, 1); }
+  void mark(DeviceBase::Span& span, int which) {
+    const DeviceGuard guard(ordinal_);
+    cudaEvent_t event = timing_.timing_event();
+    const cudaError_t status = cudaEventRecord(event, stream_);
+    std::lock_guard lock(spans_->mutex);
+    span.events[which] = event;  // the span gives it back to the pool, recorded or not
+    STOKER_CUDA_CHECK(status);
+  }
+
   // A host task that throws cannot fail the CUDA stream it runs on; the stream keeps the failure
   // for check() to report. It outlives its tasks: its destructor waits for them.
   struct HostTask {
@@ -228,7 +251,7 @@ class CudaStream final : public Stream {
   }
 
   using Resource = std::pair<const void*, std::shared_ptr<void>>;
-  DeviceBase& device_;
+  Timing& timing_;
   const int ordinal_;
   cudaStream_t stream_{};
   std::mutex mutex_;
@@ -247,7 +270,7 @@ void free_on(void* p, int device) noexcept {
   }
 }
 
-class CudaDevice final : public DeviceBase {
+class CudaDevice final : public DeviceBase, private Timing {
  public:
   explicit CudaDevice(int ordinal) : ordinal_(ordinal) {
     // The properties of a device are read without making it current: open() moves nobody.
@@ -261,7 +284,19 @@ class CudaDevice final : public DeviceBase {
   Backend backend() const noexcept override { return Backend::cuda; }
   std::string name() const override { return name_; }
   int ordinal() const noexcept override { return ordinal_; }
-  std::unique_ptr<Stream> make_stream() override { return std::make_unique<CudaStream>(*this); }
+  ~CudaDevice() override {
+    try {
+      drop_spans();  // their events come back to the pool
+      const DeviceGuard guard(ordinal_);
+      for (cudaEvent_t e : pool_) (void)cudaEventDestroy(e);
+      if (reference_) (void)cudaEventDestroy(reference_);
+    } catch (...) {
+      log_teardown_failure("a CUDA device's destructor");
+    }
+  }
+  std::unique_ptr<Stream> make_stream() override {
+    return std::make_unique<CudaStream>(*this, static_cast<Timing&>(*this));
+  }
   std::unique_ptr<Event> make_event(HostWait wait) override {
     return std::make_unique<CudaEvent>(ordinal_,
                                        cudaEventDisableTiming | (wait == HostWait::block ? cudaEventBlockingSync : 0u));
@@ -286,8 +321,78 @@ class CudaDevice final : public DeviceBase {
   }
 
  private:
+  cudaEvent_t timing_event() override {
+    {
+      std::lock_guard lock(pool_mutex_);
+      if (!pool_.empty()) {
+        cudaEvent_t e = pool_.back();
+        pool_.pop_back();
+        return e;
+      }
+    }
+    const DeviceGuard guard(ordinal_);
+    cudaEvent_t e{};
+    STOKER_CUDA_CHECK(cudaEventCreate(&e));  // with timing
+    return e;
+  }
+  void release(Span& span) noexcept override {
+    try {
+      std::lock_guard lock(pool_mutex_);
+      for (void*& e : span.events)
+        if (e) pool_.push_back(static_cast<cudaEvent_t>(std::exchange(e, nullptr)));
+    } catch (...) {  // no memory for the pool: the events stay until the process ends
+    }
+  }
+
+  // The device's clock is read against the host's through a reference event: recorded on an
+  // idle stream, it passes between the host's clock readings before and after it, and is taken
+  // to pass halfway. cudaEventElapsedTime's float milliseconds lose precision far from the
+  // reference, so a new one is taken every few seconds.
+  void timeline_starting() override { take_reference(); }
+  void take_reference() {
+    const DeviceGuard guard(ordinal_);
+    if (!reference_) STOKER_CUDA_CHECK(cudaEventCreate(&reference_));
+    cudaStream_t idle{};
+    STOKER_CUDA_CHECK(cudaStreamCreateWithFlags(&idle, cudaStreamNonBlocking));
+    const auto before = StreamSpans::Clock::now();
+    cudaError_t status = cudaEventRecord(reference_, idle);
+    if (status == cudaSuccess) status = cudaEventSynchronize(reference_);
+    const auto after = StreamSpans::Clock::now();
+    (void)cudaStreamDestroy(idle);
+    STOKER_CUDA_CHECK(status);
+    reference_time_ = before + (after - before) / 2;
+  }
+  Resolved resolve(Span& span) override {
+    if (!span.events[1]) return Resolved::pending;  // its work is still being issued
+    const DeviceGuard guard(ordinal_);
+    const auto end = static_cast<cudaEvent_t>(span.events[1]);
+    const cudaError_t status = cudaEventQuery(end);
+    if (status == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return Resolved::pending;
+    }
+    if (StreamSpans::Clock::now() - reference_time_ > std::chrono::seconds(10)) take_reference();
+    float begin_ms = 0, end_ms = 0;
+    if (status != cudaSuccess ||
+        cudaEventElapsedTime(&begin_ms, reference_, static_cast<cudaEvent_t>(span.events[0])) != cudaSuccess ||
+        cudaEventElapsedTime(&end_ms, reference_, end) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return Resolved::lost;
+    }
+    const auto at = [&](float ms) {
+      return reference_time_ +
+             std::chrono::duration_cast<StreamSpans::Clock::duration>(std::chrono::duration<double, std::milli>(ms));
+    };
+    span.begin = at(begin_ms), span.end = at(end_ms);
+    return Resolved::ready;
+  }
+
   const int ordinal_;
   std::string name_;
+  std::mutex pool_mutex_;
+  std::vector<cudaEvent_t> pool_;  // timing events, under pool_mutex_
+  cudaEvent_t reference_{};        // the timeline's sampling thread's, as is the time below
+  StreamSpans::Clock::time_point reference_time_;
 };
 
 }  // namespace

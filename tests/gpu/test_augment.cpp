@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <future>
 #include <limits>
 #include <map>
@@ -11,6 +12,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "augment_crop.h"  // the kernels' own entry point (private to gpu/)
 #include "gpu/stream_tools.h"
@@ -501,6 +504,73 @@ TEST_CASE("streaming on the device the pipeline runs on: no copy back, one copy 
   const auto t = device->transfers();
   CHECK(t.h2d_copies == 2 * (data.batches() + 1));  // and each epoch's drain its gather slots
   CHECK(t.d2h_copies == read.copies);               // only the test's own read-backs
+}
+
+TEST_CASE("a traced run draws every copy and kernel on its stream's track, in order, once" * doctest::timeout(120)) {
+  for (const auto& device : devices()) {
+    INFO("device: " << device->name());
+    const test::TempDir dir("device-trace");
+    const auto path = dir / "run.trace.json";
+    const auto o = fashion_options();
+    GpuAugment augment(device, o);
+    const Images data{.images = 300, .per_batch = 50};
+    const auto before = device->transfers();
+    ReadBack read(*device);
+    {
+      auto pipe = PipelineBuilder{}
+                      .seed(3)
+                      .epochs(2)
+                      .trace(path.string())
+                      .timeline(gpu::device_timeline(device))
+                      .source("read", data.source())
+                      .batch("images", data.per_batch)
+                      .flat_map<DeviceBatch>("gpu_augment", augment, {.queue = 2})
+                      .build();
+      // One trace at a time takes a device's timeline.
+      auto second = PipelineBuilder{}
+                        .trace((dir / "second.trace.json").string())
+                        .timeline(gpu::device_timeline(device))
+                        .source("read", data.source());
+      CHECK_THROWS_WITH(second.build(), doctest::Contains("already goes to another trace"));
+      for (auto epoch : pipe.epochs())
+        for (auto& b : epoch) (void)read(b);
+    }
+    const auto after = device->transfers();
+
+    std::ifstream in(path);
+    const auto trace = nlohmann::json::parse(in);
+    std::map<int, std::string> tracks;
+    std::map<int, std::vector<std::pair<double, double>>> spans;  // per track: (ts, dur) in file order
+    std::map<std::string, std::uint64_t> count;                    // per span name
+    for (const auto& e : trace.at("traceEvents")) {
+      if (e.at("pid") != 2) continue;
+      if (e.at("ph") == "M" && e.at("name") == "thread_name") tracks[e.at("tid").get<int>()] = e.at("args").at("name");
+      if (e.at("ph") != "X") continue;
+      const int tid = e.at("tid");
+      CHECK(tracks.contains(tid));
+      spans[tid].emplace_back(e.at("ts").get<double>(), e.at("dur").get<double>());
+      ++count[e.at("name").get<std::string>()];
+      if (e.at("name") == "h2d") CHECK(e.at("args").at("bytes").get<std::uint64_t>() > 0);
+    }
+    // Every copy of the run, and kernels; none twice.
+    CHECK(count["h2d"] == after.h2d_copies - before.h2d_copies);
+    CHECK(count["d2h"] == after.d2h_copies - before.d2h_copies);
+    CHECK(count["crop"] > 0);
+    CHECK(count["gather"] > 0);
+    // A track per stream, named after its device; a stream runs its work in order, one piece
+    // at a time (CUDA's times come through float milliseconds: a microsecond's slack).
+    const double slack = device->backend() == gpu::Backend::cpu ? 0.001 : 1.0;
+    const std::string prefix = device->backend() == gpu::Backend::cpu ? "cpu stream " : "cuda:";
+    for (const auto& [tid, list] : spans) {
+      CAPTURE(tracks[tid]);
+      CHECK(tracks[tid].starts_with(prefix));
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        CHECK(list[i].first >= 0);
+        CHECK(list[i].second >= 0);
+        if (i > 0) CHECK(list[i].first >= list[i - 1].first + list[i - 1].second - slack);
+      }
+    }
+  }
 }
 
 namespace {

@@ -25,6 +25,36 @@ Json read_json(const std::filesystem::path& path) {
   return Json::parse(in);  // throws, failing the test, if the file is not one JSON document
 }
 
+// Hands out spans on two tracks at every take(), and counts what the pipeline called.
+class FakeTimeline final : public TimelineSource {
+ public:
+  explicit FakeTimeline(bool refuse = false) : refuse_(refuse) {}
+  void start() override {
+    if (refuse_) throw std::logic_error("fake timeline: refused");
+    CHECK(state_ == State::fresh);
+    state_ = State::started;
+  }
+  void take(std::vector<TimedSpan>& out) override {
+    CHECK(state_ == State::started);
+    const auto now = std::chrono::steady_clock::now();
+    out.push_back({"fake A", "work", 0, now - 100us, now - 50us});
+    out.push_back({"fake B", "copy", 64, now - 40us, now});
+    handed += 2;
+  }
+  void stop() noexcept override {
+    CHECK(state_ == State::started);
+    state_ = State::stopped;
+  }
+  bool started() const { return state_ != State::fresh; }
+  bool stopped() const { return state_ == State::stopped; }
+  int handed = 0;
+
+ private:
+  enum class State { fresh, started, stopped };
+  bool refuse_;
+  State state_ = State::fresh;
+};
+
 }  // namespace
 
 TEST_SUITE("Pipeline trace") {
@@ -129,5 +159,71 @@ TEST_SUITE("Pipeline trace") {
     } catch (const std::exception& e) {
       CHECK(std::string(e.what()).find(path.string()) != std::string::npos);
     }
+  }
+
+  TEST_CASE("spans from a timeline source go on tracks of a devices process, each taken once" * doctest::timeout(60)) {
+    const TempDir dir("trace");
+    const auto path = dir / "run.trace.json";
+    auto source = std::make_shared<FakeTimeline>();
+    {
+      auto pipe = PipelineBuilder{}
+                      .trace(path.string())
+                      .timeline(source)
+                      .occupancy_log("", 2ms)
+                      .epochs(1)
+                      .source("read", CountUpTo{50})
+                      .map("slow", [](int x) {
+                        std::this_thread::sleep_for(1ms);
+                        return x;
+                      })
+                      .build();
+      CHECK(source->started());
+      for (int x : pipe.epoch()) (void)x;
+    }
+    CHECK(source->stopped());
+    REQUIRE(source->handed >= 4);  // a few samples in 50 ms at 2 ms
+
+    const Json trace = read_json(path);
+    std::map<int, std::string> tracks;  // of the devices process
+    std::map<std::string, int> spans;   // per track
+    bool process_named = false;
+    for (const Json& e : trace["traceEvents"]) {
+      if (e.at("pid") != 2) continue;
+      const std::string ph = e.at("ph");
+      if (ph == "M" && e.at("name") == "process_name") process_named = e.at("args").at("name") == "devices";
+      if (ph == "M" && e.at("name") == "thread_name") tracks[e.at("tid").get<int>()] = e.at("args").at("name");
+      if (ph == "X") {
+        const std::string track = tracks.at(e.at("tid").get<int>());  // named before its first span
+        ++spans[track];
+        CHECK(e.at("name") == (track == "fake A" ? "work" : "copy"));
+        CHECK(e.at("dur").get<double>() > 0);
+        if (track == "fake B") CHECK(e.at("args").at("bytes") == 64);
+        if (track == "fake A") CHECK(!e.contains("args"));
+      }
+    }
+    CHECK(process_named);
+    CHECK(tracks.size() == 2);
+    CHECK(spans["fake A"] + spans["fake B"] == source->handed);
+  }
+
+  TEST_CASE("a timeline source that refuses to start fails build(), and those started before it are stopped") {
+    const TempDir dir("trace");
+    auto first = std::make_shared<FakeTimeline>();
+    auto builder = PipelineBuilder{}
+                       .trace((dir / "run.trace.json").string())
+                       .timeline(first)
+                       .timeline(std::make_shared<FakeTimeline>(/*refuse=*/true))
+                       .source("read", CountUpTo{10});
+    CHECK_THROWS_WITH(builder.build(), doctest::Contains("fake timeline: refused"));
+    CHECK(first->stopped());
+  }
+
+  TEST_CASE("without a trace, timeline sources are left alone") {
+    auto source = std::make_shared<FakeTimeline>();
+    {
+      auto pipe = PipelineBuilder{}.timeline(source).epochs(1).source("read", CountUpTo{10}).build();
+      for (int x : pipe.epoch()) (void)x;
+    }
+    CHECK(!source->started());
   }
 }

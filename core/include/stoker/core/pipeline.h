@@ -22,6 +22,7 @@
 #include "stoker/core/stage_error.h"
 #include "stoker/core/stage_stats.h"
 #include "stoker/core/state.h"
+#include "stoker/core/timeline.h"
 
 namespace stoker {
 
@@ -78,6 +79,10 @@ struct PipelineOptions {
   /// track per stage body with a span per chunk of work, the consumer's waits, queue fills
   /// as counters at every sample_interval, and epoch marks.
   std::string trace;
+  /// Work timed outside the pipeline, drawn in the trace on tracks of its own, e.g.
+  /// stoker::gpu::device_timeline(device) for a device's copies and kernels on its streams.
+  /// Only with a trace.
+  std::vector<std::shared_ptr<TimelineSource>> timelines;
   std::chrono::milliseconds sample_interval{50};
   /// Moves threads between the map and flat_map stages as the pipeline runs (AutotuneOptions);
   /// none = off.
@@ -136,6 +141,10 @@ class BuilderOptions {
   Self&& autotune(AutotuneOptions a = {}) && { return std::move(autotune(a)); }
   Self& trace(std::string path) & { return set([&](auto& o) { o.trace = std::move(path); }); }
   Self&& trace(std::string path) && { return std::move(trace(std::move(path))); }
+  Self& timeline(std::shared_ptr<TimelineSource> source) & {
+    return set([&](auto& o) { o.timelines.push_back(std::move(source)); });
+  }
+  Self&& timeline(std::shared_ptr<TimelineSource> source) && { return std::move(timeline(std::move(source))); }
   Self& counters(CounterSource source) & { return set([&](auto& o) { o.counters = std::move(source); }); }
   Self&& counters(CounterSource source) && { return std::move(counters(std::move(source))); }
   Self& resume_from(PipelineState s) & { return set([&](auto& o) { o.resume = std::move(s); }); }
@@ -275,8 +284,8 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
     auto& final_edge = make_edge(*a, "consumer");
     static_cast<detail::Producer<T>*>(a->last)->connect_output(&final_edge, nullptr);
     const auto& o = a->options;
-    a->core->start({o.threads, o.seed, o.deterministic, o.occupancy_log, o.log_labels, o.trace, o.sample_interval,
-                    o.autotune, o.counters});
+    a->core->start({o.threads, o.seed, o.deterministic, o.occupancy_log, o.log_labels, o.trace, o.timelines,
+                    o.sample_interval, o.autotune, o.counters});
     return Pipeline<T>(std::move(a->core), final_edge, *a->last, o.epochs, o.resume);
   }
 

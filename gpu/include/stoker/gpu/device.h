@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "stoker/core/stage_stats.h"
+#include "stoker/core/timeline.h"
 
 namespace stoker::gpu {
 
@@ -186,5 +187,13 @@ class Device {
 /// The device's copy counters as pipeline counters: PipelineBuilder{}.counters(transfer_counters(d))
 /// puts them in the summary and the occupancy log.
 CounterSource transfer_counters(std::shared_ptr<const Device> device);
+
+/// The device's copies and kernels as spans on one trace track per stream:
+/// PipelineBuilder{}.trace(path).timeline(device_timeline(d)). Only while a trace listens does
+/// the device time its work: the CPU backend reads the clock in the stream's worker, the CUDA
+/// backend records a pair of timing events around each copy and launch and reads them once they
+/// have passed (times to within a few microseconds of the host's clock). One trace at a time
+/// per device: a second one refuses to start.
+std::shared_ptr<TimelineSource> device_timeline(std::shared_ptr<Device> device);
 
 }  // namespace stoker::gpu

@@ -246,6 +246,7 @@ struct CoreOptions {
   std::string occupancy_log;
   std::map<std::string, std::string> log_labels;
   std::string trace;
+  std::vector<std::shared_ptr<TimelineSource>> timelines;
   std::chrono::milliseconds sample_interval{50};
   std::optional<AutotuneOptions> autotune;
   CounterSource counters;

@@ -6,10 +6,12 @@
 #include <cstdint>
 #include <cstdio>
 #include <deque>
+#include <map>
 #include <string>
 #include <vector>
 
 #include "stoker/core/detail/spin_lock.h"
+#include "stoker/core/timeline.h"
 
 namespace stoker::detail {
 
@@ -61,9 +63,11 @@ class TraceFile {
   /// they are added. Before the first write().
   Track& add_track(const std::string& name, std::string span_name);
 
-  /// Writes every track's events so far, and the queue fills given as counters at `t`. Writer
-  /// thread only.
-  void write(Clock::time_point t, const std::vector<std::pair<std::string, std::size_t>>& fills);
+  /// Writes every track's events so far, the queue fills given as counters at `t`, and `timed`,
+  /// spans from timeline sources, on tracks of a second process ("devices") by their names.
+  /// Writer thread only.
+  void write(Clock::time_point t, const std::vector<std::pair<std::string, std::size_t>>& fills,
+             const std::vector<TimedSpan>& timed);
   /// Ends the JSON and closes the file. Throws std::runtime_error naming the file if writing failed.
   void close();
 
@@ -78,7 +82,8 @@ class TraceFile {
   bool first_ = true;
   std::deque<Track> tracks_;  // stable addresses
   std::vector<Track::Event> taken_;
-  std::vector<std::string> counter_heads_;  // per queue, a counter's JSON up to its "ts" value
+  std::vector<std::string> counter_heads_;                // per queue, a counter's JSON up to its "ts" value
+  std::map<std::string, int, std::less<>> timed_tracks_;  // a timeline's track -> its tid
 };
 
 }  // namespace stoker::detail
