@@ -106,6 +106,12 @@ namespace detail {
 
 std::shared_ptr<StreamSpans> DeviceBase::add_stream(const std::string& short_name) {
   std::lock_guard lock(streams_mutex_);
+  // The streams that are gone with nothing left to take, which take_timeline() also drops: so
+  // that a device whose timeline nobody takes keeps only its live streams.
+  std::erase_if(streams_, [](const std::shared_ptr<StreamSpans>& stream) {
+    std::lock_guard spans(stream->mutex);
+    return stream->closed && stream->spans.empty();
+  });
   auto spans = std::make_shared<StreamSpans>(short_name + " stream " + std::to_string(streams_made_++));
   streams_.push_back(spans);
   return spans;
