@@ -11,6 +11,7 @@
 #include "stoker/core/stage_error.h"
 #include "stoker/core/stage_stats.h"
 #include "stoker/core/state.h"
+#include "stoker/core/timeline.h"
 #include "stoker/dist/communicator.h"
 #include "stoker/dist/remote.h"
 #include "stoker/gpu/augment.h"
