@@ -342,8 +342,13 @@ class PipelineCore::Monitor {
     for (const auto& [key, value] : core.options().log_labels) labels_[key] = value;
     if (!path.empty()) open_log(path);
     if (trace_) start_timelines();
-    ticker_.emplace(interval, /*at_start=*/true, "occupancy log or trace: a sample could not be written",
-                    [this] { sample(); });
+    try {
+      ticker_.emplace(interval, /*at_start=*/true, "occupancy log or trace: a sample could not be written",
+                      [this] { sample(); });
+    } catch (...) {
+      stop_timelines();
+      throw;
+    }
   }
   ~Monitor() { finish(); }
 
@@ -366,7 +371,7 @@ class PipelineCore::Monitor {
     } catch (...) {
       spdlog::error("occupancy log or trace: the final records could not be written");
     }
-    for (auto* t : timelines_) t->stop();
+    stop_timelines();
     try {
       if (trace_) trace_->close();
     } catch (const std::exception& e) {
@@ -401,9 +406,13 @@ class PipelineCore::Monitor {
         timelines_.push_back(t.get());
       }
     } catch (...) {
-      for (auto* t : timelines_) t->stop();
+      stop_timelines();
       throw;
     }
+  }
+  void stop_timelines() noexcept {
+    for (auto* t : timelines_) t->stop();
+    timelines_.clear();
   }
 
   void sample() {

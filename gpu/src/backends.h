@@ -55,16 +55,18 @@ struct StreamSpans {
     std::uint64_t bytes = 0;
     Clock::time_point begin, end;  // the CPU backend's, set by the stream's worker
     bool ended = false;            // the CPU backend's: end is set
-    bool dropped = false;          // its work could not be issued: not a span
+    bool dropped = false;          // its work or a mark could not be issued: not a span
+    bool released = false;         // taken or dropped by the device, which holds it no more
     void* events[2]{};             // the CUDA backend's: recorded before and after the work
   };
 
   explicit StreamSpans(std::string track) : track(std::move(track)) {}
   const std::string track;  // "cpu stream 3", "cuda:0 stream 3"
   std::mutex issuing;       // held while a span's begin, work and end are issued: they stay together
-  std::mutex mutex;         // over spans and closed
+  std::mutex mutex;         // over the rest, and every Span's fields once it is listed
   std::deque<std::shared_ptr<Span>> spans;
-  bool closed = false;  // its stream is gone
+  Clock::time_point last_end;  // of the last span taken
+  bool closed = false;         // its stream is gone
 };
 
 /// Base of both backends' devices: gives their streams access to the copy counters, and keeps
@@ -74,8 +76,11 @@ struct StreamSpans {
 /// stop(); one at a time), every copy and launch issued to the device's streams is recorded as a
 /// span: StreamBase::timed() brackets the work with marks on the stream, which the backend times
 /// (the CPU backend's worker reads the clock; the CUDA backend records timing events), and
-/// take() hands out each stream's spans from the front for as long as their work has finished.
-/// When nothing listens, timed() costs one relaxed atomic load.
+/// take() hands out each stream's spans from the front for as long as their work has finished,
+/// never overlapping on a track. A timeline starts empty: spans left from an earlier one (work
+/// still running as it stopped) are dropped. Timing is best effort: a mark that cannot be issued
+/// leaves its work untimed, never failed. When nothing listens, timed() costs one relaxed
+/// atomic load.
 class DeviceBase : public Device {
  public:
   using Span = StreamSpans::Span;
@@ -89,20 +94,35 @@ class DeviceBase : public Device {
   void start_timeline();
   void take_timeline(std::vector<TimedSpan>& out);
   void stop_timeline() noexcept;
+  /// Called by timed() once `span`'s marks and work are issued, `timed` false if a mark failed:
+  /// gives back what was stored in a span the device had already let go of.
+  void issued(StreamSpans& stream, Span& span, bool timed) noexcept;
 
  protected:
   enum class Resolved : std::uint8_t { pending, ready, lost };
   /// The backend's: `span`'s begin and end once its work has finished (ready), pending until
-  /// then, lost when its times can no longer be had (a failed device). Sampling thread only.
-  virtual Resolved resolve(Span& span) = 0;
-  /// The backend's: called as a timeline starts, and for each span taken or dropped.
+  /// then, lost when its times can no longer be had (a failed device). Under the stream's mutex,
+  /// from take_timeline() only.
+  virtual Resolved resolve(Span& span) noexcept = 0;
+  /// The backend's: called as a timeline starts (may throw: the start fails), and before each
+  /// take.
   virtual void timeline_starting() {}
+  virtual void before_take() noexcept {}
+  /// The backend's: gives back what `span` holds (events). Under the stream's mutex.
   virtual void release(Span& /*span*/) noexcept {}
-  /// Drops every stream's spans, releasing them.
+  /// Drops every stream's spans.
   void drop_spans() noexcept;
-  /// Streams of this device, to their spans.
+
+ private:
+  void give_back(Span& span) noexcept {
+    release(span);
+    span.released = true;
+  }
+  /// Forgets the streams that are gone with nothing left to take. Under streams_mutex_.
+  void prune_streams() noexcept;
+
   std::mutex streams_mutex_;
-  std::vector<std::shared_ptr<StreamSpans>> streams_;
+  std::vector<std::shared_ptr<StreamSpans>> streams_;  // this device's, to their spans
   int streams_made_ = 0;
 
  private:
@@ -133,21 +153,31 @@ class StreamBase : public Stream {
       std::lock_guard lock(spans_->mutex);
       spans_->spans.push_back(span);
     }
+    bool marked = best_effort([&] { mark_begin(span); });
     try {
-      mark_begin(span);
       work();
-      mark_end(span);
     } catch (...) {
-      std::lock_guard lock(spans_->mutex);
-      span->dropped = true;
+      device_.issued(*spans_, *span, false);
       throw;
     }
+    marked = marked && best_effort([&] { mark_end(span); });
+    device_.issued(*spans_, *span, marked);
   }
 
  protected:
   /// The backend's: marks on the stream where `span`'s work begins and ends.
   virtual void mark_begin(const std::shared_ptr<DeviceBase::Span>& span) = 0;
   virtual void mark_end(const std::shared_ptr<DeviceBase::Span>& span) = 0;
+
+  template <class F>
+  static bool best_effort(F&& f) noexcept {
+    try {
+      f();
+      return true;
+    } catch (...) {
+      return false;
+    }
+  }
 
   DeviceBase& device_;
   const std::shared_ptr<StreamSpans> spans_;
@@ -184,15 +214,19 @@ class TraceRange {
 /// The launch is a span named `name` (static storage) on the device's timeline.
 template <class Cpu, class Cuda>
 void launch(Stream& stream, const char* name, Cpu&& cpu, Cuda&& cuda) {
-  // Every stream is a backend's: Device::make_stream() makes them all.
-  static_cast<StreamBase&>(stream).timed(name, 0, [&] {
+  const auto issue = [&] {
     if (void* native = stream.native_handle()) {
       const DeviceGuard guard(stream);
       cuda(native);
     } else {
       stream.host_task(std::forward<Cpu>(cpu));
     }
-  });
+  };
+  // A stream of a Device is a StreamBase; one a user made is not timed.
+  if (auto* timed = dynamic_cast<StreamBase*>(&stream))
+    timed->timed(name, 0, issue);
+  else
+    issue();
 }
 
 }  // namespace stoker::gpu::detail

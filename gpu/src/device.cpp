@@ -1,11 +1,13 @@
 #include "stoker/gpu/device.h"
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <exception>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -72,14 +74,24 @@ class DeviceTimeline final : public TimelineSource {
   explicit DeviceTimeline(std::shared_ptr<Device> device) : device_(std::move(device)) {
     if (!device_) throw std::invalid_argument("device_timeline: no device (a null pointer)");
   }
-  void start() override { base().start_timeline(); }
-  void take(std::vector<TimedSpan>& out) override { base().take_timeline(out); }
-  void stop() noexcept override { base().stop_timeline(); }
+  void start() override {
+    if (started_) throw std::logic_error("device_timeline: started twice");
+    base().start_timeline();
+    started_ = true;
+  }
+  void take(std::vector<TimedSpan>& out) override {
+    if (started_) base().take_timeline(out);
+  }
+  // Only the timeline that started stops the device's: one refused leaves the other listening.
+  void stop() noexcept override {
+    if (std::exchange(started_, false)) base().stop_timeline();
+  }
 
  private:
   // Every device is a backend's: Device::open() makes them all.
   detail::DeviceBase& base() { return static_cast<detail::DeviceBase&>(*device_); }
   std::shared_ptr<Device> device_;
+  bool started_ = false;
 };
 
 }  // namespace
@@ -106,15 +118,17 @@ namespace detail {
 
 std::shared_ptr<StreamSpans> DeviceBase::add_stream(const std::string& short_name) {
   std::lock_guard lock(streams_mutex_);
-  // The streams that are gone with nothing left to take, which take_timeline() also drops: so
-  // that a device whose timeline nobody takes keeps only its live streams.
+  prune_streams();  // so that a device whose timeline nobody takes keeps only its live streams
+  auto spans = std::make_shared<StreamSpans>(short_name + " stream " + std::to_string(streams_made_++));
+  streams_.push_back(spans);
+  return spans;
+}
+
+void DeviceBase::prune_streams() noexcept {
   std::erase_if(streams_, [](const std::shared_ptr<StreamSpans>& stream) {
     std::lock_guard spans(stream->mutex);
     return stream->closed && stream->spans.empty();
   });
-  auto spans = std::make_shared<StreamSpans>(short_name + " stream " + std::to_string(streams_made_++));
-  streams_.push_back(spans);
-  return spans;
 }
 
 void DeviceBase::start_timeline() {
@@ -122,41 +136,59 @@ void DeviceBase::start_timeline() {
   if (timing())
     throw std::logic_error("device_timeline: the work of " + name() +
                            " already goes to another trace; one trace at a time takes a device's timeline");
-  drop_spans();  // any issued as an earlier timeline stopped are not this one's
+  drop_spans();
   timeline_starting();
   listening_.store(true);
 }
 
 void DeviceBase::take_timeline(std::vector<TimedSpan>& out) {
   std::lock_guard timeline(timeline_mutex_);
-  std::lock_guard lock(streams_mutex_);
-  std::erase_if(streams_, [&](const std::shared_ptr<StreamSpans>& stream) {
+  before_take();
+  std::vector<std::shared_ptr<StreamSpans>> streams;
+  {
+    std::lock_guard lock(streams_mutex_);
+    streams = streams_;
+  }
+  for (const auto& stream : streams) {
     std::lock_guard spans(stream->mutex);
     while (!stream->spans.empty()) {
       Span& span = *stream->spans.front();
       if (!span.dropped) {
         const Resolved r = resolve(span);
         if (r == Resolved::pending) break;  // and so are the spans after it, issued later
-        if (r == Resolved::ready) out.push_back({stream->track, span.name, span.bytes, span.begin, span.end});
+        if (r == Resolved::ready) {
+          // A stream runs one piece of work at a time: a span that would begin before the last
+          // one ended (the device's clock read through another reference) begins as it ends.
+          const auto begin = std::max(span.begin, stream->last_end);
+          const auto end = std::max(span.end, begin);
+          out.push_back({stream->track, span.name, span.bytes, begin, end});
+          stream->last_end = end;
+        }
       }
-      release(span);
+      give_back(span);
       stream->spans.pop_front();
     }
-    return stream->closed && stream->spans.empty();
-  });
+  }
+  std::lock_guard lock(streams_mutex_);
+  prune_streams();
 }
 
 void DeviceBase::stop_timeline() noexcept {
   std::lock_guard timeline(timeline_mutex_);
-  listening_.store(false);
-  drop_spans();
+  listening_.store(false);  // what is left is dropped as the next timeline starts
+}
+
+void DeviceBase::issued(StreamSpans& stream, Span& span, bool timed) noexcept {
+  std::lock_guard lock(stream.mutex);
+  if (!timed) span.dropped = true;
+  if (span.released) release(span);  // a mark stored after the device let go of the span
 }
 
 void DeviceBase::drop_spans() noexcept {
   std::lock_guard lock(streams_mutex_);
   for (auto& stream : streams_) {
     std::lock_guard spans(stream->mutex);
-    for (auto& span : stream->spans) release(*span);
+    for (auto& span : stream->spans) give_back(*span);
     stream->spans.clear();
   }
 }

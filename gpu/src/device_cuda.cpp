@@ -346,45 +346,61 @@ class CudaDevice final : public DeviceBase, private Timing {
 
   // The device's clock is read against the host's through a reference event: recorded on an
   // idle stream, it passes between the host's clock readings before and after it, and is taken
-  // to pass halfway. cudaEventElapsedTime's float milliseconds lose precision far from the
-  // reference, so a new one is taken every few seconds.
+  // to pass halfway (tried again while those readings are more than 50 us apart, up to 3
+  // times). cudaEventElapsedTime's float milliseconds lose precision far from the reference, and
+  // the two clocks drift apart, so a new one is taken every 10 s; take_timeline() keeps the
+  // spans of a track from overlapping where two references disagree.
   void timeline_starting() override { take_reference(); }
+  void before_take() noexcept override {
+    if (StreamSpans::Clock::now() - reference_time_ < std::chrono::seconds(10)) return;
+    try {
+      take_reference();
+    } catch (...) {  // the spans read through the old one, or are lost with the device
+    }
+  }
   void take_reference() {
     const DeviceGuard guard(ordinal_);
     if (!reference_) STOKER_CUDA_CHECK(cudaEventCreate(&reference_));
     cudaStream_t idle{};
     STOKER_CUDA_CHECK(cudaStreamCreateWithFlags(&idle, cudaStreamNonBlocking));
-    const auto before = StreamSpans::Clock::now();
-    cudaError_t status = cudaEventRecord(reference_, idle);
-    if (status == cudaSuccess) status = cudaEventSynchronize(reference_);
-    const auto after = StreamSpans::Clock::now();
+    cudaError_t status = cudaSuccess;
+    for (int attempt = 0; attempt < 3 && status == cudaSuccess; ++attempt) {
+      const auto before = StreamSpans::Clock::now();
+      status = cudaEventRecord(reference_, idle);
+      if (status == cudaSuccess) status = cudaEventSynchronize(reference_);
+      const auto after = StreamSpans::Clock::now();
+      reference_time_ = before + (after - before) / 2;
+      if (after - before <= std::chrono::microseconds(50)) break;
+    }
     (void)cudaStreamDestroy(idle);
     STOKER_CUDA_CHECK(status);
-    reference_time_ = before + (after - before) / 2;
   }
-  Resolved resolve(Span& span) override {
+  Resolved resolve(Span& span) noexcept override {
     if (!span.events[1]) return Resolved::pending;  // its work is still being issued
-    const DeviceGuard guard(ordinal_);
-    const auto end = static_cast<cudaEvent_t>(span.events[1]);
-    const cudaError_t status = cudaEventQuery(end);
-    if (status == cudaErrorNotReady) {
-      (void)cudaGetLastError();
-      return Resolved::pending;
-    }
-    if (StreamSpans::Clock::now() - reference_time_ > std::chrono::seconds(10)) take_reference();
-    float begin_ms = 0, end_ms = 0;
-    if (status != cudaSuccess ||
-        cudaEventElapsedTime(&begin_ms, reference_, static_cast<cudaEvent_t>(span.events[0])) != cudaSuccess ||
-        cudaEventElapsedTime(&end_ms, reference_, end) != cudaSuccess) {
-      (void)cudaGetLastError();
+    try {
+      const DeviceGuard guard(ordinal_);
+      const auto end = static_cast<cudaEvent_t>(span.events[1]);
+      const cudaError_t status = cudaEventQuery(end);
+      if (status == cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        return Resolved::pending;
+      }
+      float begin_ms = 0, end_ms = 0;
+      if (status != cudaSuccess ||
+          cudaEventElapsedTime(&begin_ms, reference_, static_cast<cudaEvent_t>(span.events[0])) != cudaSuccess ||
+          cudaEventElapsedTime(&end_ms, reference_, end) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return Resolved::lost;
+      }
+      const auto at = [&](float ms) {
+        return reference_time_ +
+               std::chrono::duration_cast<StreamSpans::Clock::duration>(std::chrono::duration<double, std::milli>(ms));
+      };
+      span.begin = at(begin_ms), span.end = at(end_ms);
+      return Resolved::ready;
+    } catch (...) {  // the device guard could not make the device current
       return Resolved::lost;
     }
-    const auto at = [&](float ms) {
-      return reference_time_ +
-             std::chrono::duration_cast<StreamSpans::Clock::duration>(std::chrono::duration<double, std::milli>(ms));
-    };
-    span.begin = at(begin_ms), span.end = at(end_ms);
-    return Resolved::ready;
   }
 
   const int ordinal_;

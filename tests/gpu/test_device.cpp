@@ -959,7 +959,11 @@ TEST_CASE("a device timeline hands out each copy as a span once the stream has r
     stream->copy_to_device(a.data(), host.data(), kBytes);  // before the timeline listens: not timed
     stream->synchronize();
     timeline->start();
-    CHECK_THROWS_AS(stoker::gpu::device_timeline(device)->start(), std::logic_error);  // one at a time
+    {  // One at a time; the one refused does not stop the one listening.
+      auto refused = stoker::gpu::device_timeline(device);
+      CHECK_THROWS_AS(refused->start(), std::logic_error);
+      refused->stop();
+    }
     {
       StreamGate gate(*device);
       gate.hold(*stream);
@@ -996,13 +1000,23 @@ TEST_CASE("a device timeline hands out each copy as a span once the stream has r
     REQUIRE(spans.size() == 2 * kCopies);
     for (std::size_t i = 1; i < spans.size(); ++i) CHECK(spans[i - 1].end <= spans[i].begin + 1us);
 
-    timeline->stop();
-    stream->copy_to_device(a.data(), host.data(), kBytes);
-    stream->synchronize();
-    timeline->start();  // another trace may take it now; what ran before is not its
+    // A timeline starts empty: work still running as the last one stopped is not the new one's.
+    {
+      StreamGate gate(*device);
+      gate.hold(*stream);
+      stream->copy_to_device(a.data(), host.data(), kBytes);
+      timeline->stop();
+      timeline->start();
+      gate.open();
+      stream->synchronize();
+    }
     spans.clear();
     timeline->take(spans);
     CHECK(spans.empty());
+    stream->copy_on_device(b.data(), a.data(), kBytes);
+    stream->synchronize();
+    timeline->take(spans);
+    CHECK(spans.size() == 1);
     timeline->stop();
   }
 }

@@ -192,8 +192,9 @@ CounterSource transfer_counters(std::shared_ptr<const Device> device);
 /// PipelineBuilder{}.trace(path).timeline(device_timeline(d)). Only while a trace listens does
 /// the device time its work: the CPU backend reads the clock in the stream's worker, the CUDA
 /// backend records a pair of timing events around each copy and launch and reads them once they
-/// have passed (times to within a few microseconds of the host's clock). One trace at a time
-/// per device: a second one refuses to start.
+/// have passed, on the host's clock through a reference event (docs/inspect.md, "The trace").
+/// One trace at a time per device: a second one refuses to start; stop() stops the device's
+/// timeline only if this one started it.
 std::shared_ptr<TimelineSource> device_timeline(std::shared_ptr<Device> device);
 
 }  // namespace stoker::gpu
