@@ -680,7 +680,6 @@ void PipelineCore::wait_for(const StageBase& from, const std::function<bool()>& 
 void PipelineCore::begin_epoch(std::uint32_t epoch, const PipelineState* resume) {
   for (auto& e : edges_) e->begin_epoch(epoch);
   for (auto& s : stages_) s->begin_epoch(epoch);
-  if (taken_) taken_->reset();
   // From the consumer up: each stage learns how far its output had been taken, and tells how
   // far its input had (Producer::resume).
   if (resume) {
@@ -753,6 +752,10 @@ void PipelineCore::describe_for_resume() {
   }
 }
 
+void PipelineCore::end_epoch() {
+  if (taken_) taken_->reset();  // the consumer has taken nothing of the next epoch, or of none
+}
+
 PipelineState PipelineCore::state(std::uint32_t epoch, std::uint64_t consumed) const {
   if (!cannot_resume_.empty()) throw StateError("no pipeline state: " + cannot_resume_);
   for (const auto& s : stages_)
@@ -779,6 +782,11 @@ void PipelineCore::check_state(const PipelineState& state) const {
   if (mine.deterministic != state.deterministic)
     throw StateError(refused + "it was taken in " + mode(state.deterministic) + ", and this pipeline runs in " +
                      mode(mine.deterministic));
+  if (state.taken.has_value() == state.deterministic)
+    throw StateError(std::string("cannot resume from this state: it is in ") + mode(state.deterministic) + " and " +
+                     (state.taken ? "lists" : "does not list") +
+                     " the items the consumer took (PipelineState::taken), " +
+                     "which a state lists in free order only");
   if (state.taken && state.taken->queue != mine.taken->queue)
     throw StateError(refused + "its consumer's items are traced to queue '" + state.taken->queue +
                      "', this pipeline's to '" + mine.taken->queue + "'");

@@ -56,7 +56,8 @@ struct Shape {
   bool drop_remainder = false;
   std::uint32_t epochs = 2;
   bool deterministic = true;
-  bool mark_batches = true;  // the check stage marks each batch with its index
+  bool mark_batches = true;    // the check stage marks each batch with its index
+  bool after_shuffle = false;  // a flat_map (fanout 2) and a map between the shuffle and the batch
 };
 
 using Batch = std::vector<Item>;
@@ -95,6 +96,19 @@ Pipeline<Batch> build(const Shape& s, int threads, const std::optional<PipelineS
                           },
                           {.threads = threads, .queue = std::max<std::size_t>(s.capacity, 32), .fanout = s.fanout});
   if (s.capacity != 0) b.shuffle("shuffle", {.capacity = s.capacity, .min_after_dequeue = s.min_after_dequeue});
+  if (s.after_shuffle)
+    b = b.flat_map<Item>("halves",
+                         [](Item x, Emitter<Item>& emit, const StageContext& ctx) {
+                           for (std::uint32_t j = 0; j < 2; ++j)
+                             emit(Item{x.source, x.mapped, derive_seed(x.draw, ctx.index, j), x.part * 2 + j});
+                         },
+                         {.threads = threads, .queue = 32, .fanout = 2})
+            .map("touch",
+                 [](Item x, const StageContext& ctx) {
+                   x.mapped ^= ctx.index;
+                   return x;
+                 },
+                 {.threads = threads, .queue = 32});
   auto batched = b.batch("batch", s.batch, {.drop_remainder = s.drop_remainder, .queue = 4})
                      .map("check",
                           [mark = s.mark_batches](Batch v, const StageContext& ctx) {
@@ -270,6 +284,7 @@ TEST_SUITE("Resume") {
       check_shape({.items = 300, .fanout = 1, .capacity = 0, .batch = 1});
     }
     SUBCASE("remainders dropped") { check_shape({.items = 997, .batch = 10, .drop_remainder = true}); }
+    SUBCASE("a flat_map and a map between the shuffle and the batch") { check_shape({.after_shuffle = true}); }
   }
 
   TEST_CASE("rebuilding a shuffle makes again only the items it held, not the epoch so far" * doctest::timeout(60)) {
@@ -291,6 +306,27 @@ TEST_SUITE("Resume") {
     auto resumed = build(s, 1, pipe.state());
     CHECK(resumed.finished());
     CHECK(!resumed.next());
+  }
+
+  TEST_CASE("a state taken after the last epoch resumes a longer run with every item of the next epoch") {
+    for (const bool deterministic : {true, false}) {
+      CAPTURE(deterministic);
+      Shape s{.items = 50, .epochs = 1, .deterministic = deterministic, .mark_batches = deterministic};
+      auto pipe = build(s, 1);
+      drain_epoch(pipe);
+      REQUIRE(pipe.finished());
+      const auto state = PipelineState::from_json(pipe.state().to_json());
+      s.epochs = 2;
+      auto longer = build(s, 1);
+      const auto reference = whole_run(longer);
+      auto resumed = build(s, 1, state);
+      const auto rest = whole_run(resumed);
+      REQUIRE(rest.size() == 1);
+      if (deterministic)
+        CHECK(rest[0] == reference[1]);
+      else
+        CHECK(items_of(rest[0]) == items_of(reference[1]));
+    }
   }
 
   TEST_CASE("state() refuses, naming why, what a resume could not reproduce") {
@@ -470,6 +506,7 @@ TEST_SUITE("Resume") {
       check_free_shape({.items = 300, .fanout = 1, .capacity = 0, .batch = 1});
     }
     SUBCASE("remainders dropped") { check_free_shape({.items = 997, .batch = 10, .drop_remainder = true}); }
+    SUBCASE("a flat_map and a map between the shuffle and the batch") { check_free_shape({.after_shuffle = true}); }
   }
 
   TEST_CASE("free order: a state of a resumed run resumes again, and the state holds only what was in flight" *
@@ -576,6 +613,22 @@ TEST_SUITE("Resume") {
     CHECK_THROWS_WITH_AS(build(s, 1, free_pipe.state()),
                          doctest::Contains("it was taken in free order, and this pipeline runs in deterministic"),
                          StateError);
+  }
+
+  TEST_CASE("a state made in code with its mode and its list of taken items at odds is refused") {
+    Shape s{.items = 50};
+    s.deterministic = false;
+    auto pipe = build(s, 1);
+    (void)pipe.next();
+    auto state = pipe.state();
+    state.taken.reset();
+    CHECK_THROWS_WITH_AS(build(s, 1, state), doctest::Contains("does not list the items the consumer took"),
+                         StateError);
+    s.deterministic = true;
+    auto det = build(s, 1);
+    auto det_state = det.state();
+    det_state.taken = PipelineState::Taken{"x", 0, {}};
+    CHECK_THROWS_WITH_AS(build(s, 1, det_state), doctest::Contains("lists the items the consumer took"), StateError);
   }
 
   TEST_CASE("a version 1 state still reads; a free-order state's list is checked") {

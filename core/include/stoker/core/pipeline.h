@@ -456,6 +456,7 @@ class Pipeline {
   void end_epoch() {
     ++epoch_;
     consumed_ = 0;
+    core_->end_epoch();
     if (epochs_ != 0 && epoch_ >= epochs_) {
       finished_ = true;
       core_->stop();

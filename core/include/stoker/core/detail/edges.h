@@ -146,11 +146,17 @@ class EdgeBase : public QueueMeter {
     std::lock_guard lock(mutex_);
     return ended_.load() ? std::optional(pushed_) : std::nullopt;
   }
-  /// Exact resume: items pushed from now on whose origin is below `origin` are dropped (the
-  /// outputs of a flat_map's first input that the consumer had taken, or holds again).
-  void skip_before(std::uint64_t origin) {
+  /// Exact resume of the producer, a stage making `per_input` outputs of each input, whose
+  /// outputs had been made up to `next`: the outputs of its first input that were made before
+  /// (the consumer took them, or holds them again) are dropped as they are pushed. In
+  /// deterministic mode `next` is a position: the first next % per_input pushes are dropped. In
+  /// free order it is an origin: the items whose origin is below it are.
+  void skip_made(std::uint64_t next, std::uint64_t per_input) {
     std::lock_guard lock(mutex_);
-    skip_before_ = origin;
+    if (deterministic_)
+      skip_pushes_ = next % per_input;
+    else
+      skip_before_ = next;
   }
 
   /// For good (the pipeline stops): pops report `closed`, pushes fail, the consumer wakes.
@@ -191,6 +197,7 @@ class EdgeBase : public QueueMeter {
   std::uint64_t popped_ = 0;       // under mutex_: items taken this epoch
   std::uint64_t pushed_ = 0;       // under mutex_: items put this epoch (their positions)
   std::uint64_t skip_before_ = 0;  // under mutex_: pushed items below this origin are dropped
+  std::uint64_t skip_pushes_ = 0;  // under mutex_: so many pushed items are dropped
   bool deterministic_ = false;
   std::atomic<std::size_t> held_{0};
   std::atomic<bool> ended_{false}, closed_{false};
@@ -224,7 +231,7 @@ class Edge final : public EdgeBase {
   void begin_epoch(std::uint32_t epoch) override {
     std::lock_guard lock(mutex_);
     ended_.store(false);
-    popped_ = pushed_ = skip_before_ = 0;
+    popped_ = pushed_ = skip_before_ = skip_pushes_ = 0;
     epoch_seed_ = derive_seed(seed_, epoch);
     if (shuffle_) shuffle_->reseed(epoch_seed_);
   }
@@ -298,6 +305,7 @@ class Edge final : public EdgeBase {
     {
       std::lock_guard lock(mutex_);
       if (skip_before_ != 0 && !chunk.runs.empty()) drop_before(chunk, skip_before_);
+      if (skip_pushes_ != 0) skip_pushes_ -= drop_first(chunk, skip_pushes_);
       if (closed_.load() || held_.load() + chunk.size() > capacity()) return false;
       if (chunk.runs.empty() && !chunk.empty()) chunk.runs.push_back({pushed_, chunk.size()});  // by arrival
       Count counted(*this, +1);
@@ -371,6 +379,22 @@ class Edge final : public EdgeBase {
   };
 
   // The items whose origin is at least `origin`, with their origins.
+  // Drops the first `n` items of `chunk`; returns how many it dropped.
+  static std::uint64_t drop_first(Chunk<T>& chunk, std::uint64_t n) {
+    n = std::min<std::uint64_t>(n, chunk.size());
+    if (chunk.runs.empty()) {  // numbered by arrival
+      chunk.items.erase(chunk.items.begin(), chunk.items.begin() + static_cast<std::ptrdiff_t>(n));
+      return n;
+    }
+    Chunk<T> kept;
+    OriginCursor o;
+    std::uint64_t i = 0;
+    for (auto& item : chunk.items)
+      if (const auto at = o.next(chunk.runs); i++ >= n) kept.push(std::move(item), at);
+    chunk = std::move(kept);
+    return n;
+  }
+
   static void drop_before(Chunk<T>& chunk, std::uint64_t origin) {
     Chunk<T> kept;
     OriginCursor o;

@@ -278,6 +278,8 @@ class PipelineCore {
   /// Prepares every queue and stage for epoch `epoch`; no body may run. With `resume`, for
   /// going on from where the consumer stood in it (check_state() first).
   void begin_epoch(std::uint32_t epoch, const PipelineState* resume = nullptr);
+  /// The consumer has taken the epoch's last item (whether another epoch follows or not).
+  void end_epoch();
 
   // Exact resume (PipelineState).
   /// The run's state once the consumer has taken `consumed` items of epoch `epoch`; throws

@@ -486,7 +486,7 @@ class TransformStage final : public Consumer<In, Out> {
  protected:
   std::uint64_t resume_input(std::uint64_t next) override {
     const std::uint64_t per_input = std::max<std::uint64_t>(fanout_, 1);  // 0: refused before
-    this->out_.edge().skip_before(next);  // the first input's outputs below `next` were made
+    this->out_.edge().skip_made(next, per_input);
     this->out_.resume_at(next / per_input);
     return next / per_input;
   }
