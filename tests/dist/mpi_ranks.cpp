@@ -220,8 +220,11 @@ void remote(Communicator& comm) {
   std::printf("samples per worker:");
   for (const auto n : stats.worker_samples) std::printf(" %llu", static_cast<unsigned long long>(n));
   std::printf("\n");
-  require(stats.worker_samples.front() > 2 * stats.worker_samples.back(),
-          "the slow worker took fewer shards than a fast one");
+  // Handed out on demand, the shards go to whoever asks: the slow worker gets fewer than every
+  // fast one (a fixed split would give each a third). How many fewer depends on the machine's
+  // load: under ThreadSanitizer, with 4 ranks on 2 cores, the fast ones lose most of their lead.
+  for (std::size_t w = 0; w + 1 < stats.worker_samples.size(); ++w)
+    require(stats.worker_samples[w] > stats.worker_samples.back(), "the slow worker took fewer shards than a fast one");
 }
 
 void remote_throw(Communicator& comm) {
