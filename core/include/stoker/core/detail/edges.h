@@ -378,7 +378,6 @@ class Edge final : public EdgeBase {
     ~Count() { publish(); }
   };
 
-  // The items whose origin is at least `origin`, with their origins.
   // Drops the first `n` items of `chunk`; returns how many it dropped.
   static std::uint64_t drop_first(Chunk<T>& chunk, std::uint64_t n) {
     n = std::min<std::uint64_t>(n, chunk.size());
@@ -395,6 +394,7 @@ class Edge final : public EdgeBase {
     return n;
   }
 
+  // Keeps the items whose origin is at least `origin`, with their origins.
   static void drop_before(Chunk<T>& chunk, std::uint64_t origin) {
     Chunk<T> kept;
     OriginCursor o;
