@@ -58,13 +58,16 @@ for step in "${steps[@]}"; do
       # Each compute-sanitizer tool over the cases with a CUDA half: memcheck (kernel bounds, no
       # host memory read that was not pinned), synccheck (barriers), racecheck (shared memory
       # hazards) and initcheck (device memory read before it was written). The 512^3 volume
-      # (9 GB of crops) and the deliberate fault are left to the tests step.
+      # (9 GB of crops) and the deliberate fault are left to the tests step, and so are the cases
+      # that hold a stream with a gate kernel (test suite "gate"): under each of the four tools the
+      # work that should run beside a gate spinning on the host's flag did not start, and these
+      # cases hung (seen on an H100, 2026-11-24).
       cases_gpu='*'
       cases_augment='*CUDA*,*device the pipeline runs on*,resident*,*awkward*,*copy of an input batch*'
       cases_train='*CUDA*,*augment gpu*,*past 2^20*'
       for tool in memcheck synccheck racecheck initcheck; do
         run "$tool-gpu" 600 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-          "$bin/test_gpu" --test-case="$cases_gpu" --test-case-exclude='*own process*'
+          "$bin/test_gpu" --test-case="$cases_gpu" --test-case-exclude='*own process*' --test-suite-exclude=gate
         run "$tool-augment" 600 compute-sanitizer --tool "$tool" --error-exitcode 9 \
           "$bin/test_augment" --test-case="$cases_augment" --test-case-exclude='*own process*,*512^3*'
         run "$tool-train" 600 compute-sanitizer --tool "$tool" --error-exitcode 9 \

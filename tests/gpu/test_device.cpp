@@ -200,7 +200,7 @@ TEST_CASE("opening and using a CUDA device never changes the caller's current de
   stoker::test::set_current_cuda_device(0);
 }
 
-TEST_CASE("a stream runs its work in order and an event completes when the stream reaches it" * doctest::timeout(30)) {
+TEST_CASE("a stream runs its work in order and an event completes when the stream reaches it" * doctest::timeout(30) * doctest::test_suite("gate")) {
   for (const auto& device : devices()) {
     CAPTURE(device->name());
     auto stream = device->make_stream();
@@ -238,7 +238,7 @@ TEST_CASE("a stream runs its work in order and an event completes when the strea
   }
 }
 
-TEST_CASE("a stream waits for another stream's event without the host waiting" * doctest::timeout(30)) {
+TEST_CASE("a stream waits for another stream's event without the host waiting" * doctest::timeout(30) * doctest::test_suite("gate")) {
   for (const auto& device : devices()) {
     CAPTURE(device->name());
     auto producer = device->make_stream(), consumer = device->make_stream();
@@ -287,7 +287,7 @@ TEST_CASE("a slot pool hands out its fixed buffers, reuses them and reports exha
 }
 
 TEST_CASE("a buffer released after stream work returns once that work is done, without a host wait" *
-          doctest::timeout(30)) {
+          doctest::timeout(30) * doctest::test_suite("gate")) {
   for (const auto& device : devices()) {
     CAPTURE(device->name());
     auto stream = device->make_stream();
@@ -402,7 +402,7 @@ TEST_CASE("ToDevice delivers every batch with one copy each and its buffers recy
 }
 
 TEST_CASE("with two device buffers the copy of batch i+1 completes while compute on batch i is held" *
-          doctest::timeout(60)) {
+          doctest::timeout(60) * doctest::test_suite("gate")) {
   for (const auto& device : devices()) {
     CAPTURE(device->name());
     stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 2});
@@ -576,11 +576,19 @@ TEST_CASE("DLPack: a device batch is exported over its device buffer, which retu
       CHECK(y[i] == static_cast<std::int32_t>(static_cast<std::size_t>(x[i * kShape.elements()]) % 10));
     }
 
-    CHECK(to_device.device_pool()->in_use() == 1);  // only the exported buffer is out
+    // The buffers of the batches the pipeline dropped come back once their streams have passed
+    // them (stream-ordered, from a host task on the stream): then only the exported one is out.
+    const auto in_use_after_streams = [&](std::size_t expected) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while (to_device.device_pool()->in_use() > expected && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      return to_device.device_pool()->in_use();
+    };
+    CHECK(in_use_after_streams(1) == 1);
     t.samples->deleter(t.samples);
-    CHECK(to_device.device_pool()->in_use() == 1);
+    CHECK(in_use_after_streams(1) == 1);  // the labels still hold it
     t.labels->deleter(t.labels);
-    CHECK(to_device.device_pool()->in_use() == 0);
+    CHECK(in_use_after_streams(0) == 0);
     CHECK_THROWS_AS(stoker::to_dlpack(stoker::gpu::DeviceBatch{}), std::invalid_argument);
   }
 }
@@ -626,7 +634,7 @@ TEST_CASE(
 // Failures of device work
 
 TEST_CASE("a host task that throws puts its stream in error, reported by check() and synchronize()" *
-          doctest::timeout(30)) {
+          doctest::timeout(30) * doctest::test_suite("gate")) {
   for (const auto& device : devices()) {
     CAPTURE(device->name());
     auto stream = device->make_stream(), other = device->make_stream();
@@ -727,7 +735,7 @@ void check_out_until(SlotPool& pool, StreamGate& gate, stoker::gpu::Stream& stre
 }  // namespace
 
 TEST_CASE("a device batch dropped without release_after comes back only after the streams it was used on" *
-          doctest::timeout(30)) {
+          doctest::timeout(30) * doctest::test_suite("gate")) {
   for (const auto& device : devices()) {
     CAPTURE(device->name());
     auto pool = SlotPool::create(device, SlotPool::Kind::device, 1, 256);
@@ -828,7 +836,7 @@ TEST_CASE(
 // Waiting for a pool's buffers
 
 TEST_CASE("a wait in acquire() is woken when the stream passes a buffer released while it waited" *
-          doctest::timeout(60)) {
+          doctest::timeout(60) * doctest::test_suite("gate")) {
   for (const auto& device : devices()) {
     CAPTURE(device->name());
     auto stream = device->make_stream();
@@ -855,7 +863,7 @@ TEST_CASE("a wait in acquire() is woken when the stream passes a buffer released
 }
 
 TEST_CASE("a pool whose buffers are all held and none coming back fails the wait, naming itself and how to size it" *
-          doctest::timeout(60)) {
+          doctest::timeout(60) * doctest::test_suite("gate")) {
   for (const auto& device : devices()) {
     CAPTURE(device->name());
     auto pool = SlotPool::create(device, SlotPool::Kind::device, 2, 256,
@@ -917,7 +925,7 @@ TEST_CASE("output sizing adds what one call, the queue and the consumer hold") {
   CHECK(stoker::gpu::ToDeviceOptions{}.device_buffers == 4);
 }
 
-TEST_CASE("a blocking-sync event lets the host thread sleep while the device works" * doctest::timeout(30)) {
+TEST_CASE("a blocking-sync event lets the host thread sleep while the device works" * doctest::timeout(30) * doctest::test_suite("gate")) {
   const auto thread_cpu = [] {
     timespec t{};
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
@@ -946,7 +954,7 @@ TEST_CASE("a blocking-sync event lets the host thread sleep while the device wor
 }
 
 TEST_CASE("a device timeline hands out each copy as a span once the stream has run it, in stream order" *
-          doctest::timeout(60)) {
+          doctest::timeout(60) * doctest::test_suite("gate")) {
   for (const auto& device : devices()) {
     CAPTURE(device->name());
     const auto timeline = stoker::gpu::device_timeline(device);
