@@ -156,8 +156,12 @@ class Trainer {
       current_.device_wait_seconds += seconds_since(t0);
     }
     batch.use_on(*compute_);
-    model_.train_step(*compute_, batch.data_as<float>(), batch.labels(), static_cast<int>(batch.count), learning_rate(),
-                      ranks_ ? average_gradients_ : Mlp::Reduce{});
+    // One span a step in a trace, not one per kernel: the step's two dozen small kernels would
+    // cost the trace a pair of timing events each.
+    gpu::timed_work(*compute_, "train_step", [&] {
+      model_.train_step(*compute_, batch.data_as<float>(), batch.labels(), static_cast<int>(batch.count),
+                        learning_rate(), ranks_ ? average_gradients_ : Mlp::Reduce{});
+    });
     batch.release_after(*compute_);
     compute_->record(done);
     ++issued_;

@@ -330,13 +330,21 @@ struct GpuAugment::State {
     compute->copy_to_device(dev.data(), host.data(), bytes);
     lists->release_after(std::move(host), *compute);
     std::vector<Buffer> out = acquire_outputs(ctx);
+    if (resident()) {
+      // One launch cuts every minibatch's crops, each straight into its own buffer.
+      std::vector<detail::CropOutput> outputs;
+      for (std::size_t i = 0; i < minibatches.size(); ++i) {
+        const Minibatch& m = minibatches[i];
+        outputs.push_back({crops_of(out[i]), labels_of(out[i], m), static_cast<std::uint32_t>(m.first - minibatches[0].first),
+                           static_cast<std::uint32_t>(m.count)});
+      }
+      kernels->crop(*compute, resident_images.data(), dataset->size(),
+                    reinterpret_cast<const CropJob*>(dev.data()) + minibatches[0].first,
+                    picked.size() - minibatches[0].first, table_data, outputs, draws);
+    }
     for (std::size_t i = 0; i < minibatches.size(); ++i) {
       Minibatch& m = minibatches[i];
-      if (resident()) {
-        const auto* jobs_on_device = reinterpret_cast<const CropJob*>(dev.data());
-        kernels->crop(*compute, resident_images.data(), dataset->size(), jobs_on_device + m.first, m.count, table_data,
-                      crops_of(out[i]), labels_of(out[i], m), m.count, draws);
-      } else {
+      if (!resident()) {
         const auto* picks_on_device = reinterpret_cast<const std::uint32_t*>(dev.data());
         kernels->gather(*compute, window_crops(), window_labels(), window_slots, picks_on_device + m.first, m.count,
                         crops_of(out[i]), labels_of(out[i], m));

@@ -112,37 +112,64 @@ CropJob CropKernels::drawn_job(std::uint32_t image, std::uint64_t id, std::uint3
 void CropKernels::crop(Stream& stream, const std::byte* images, std::size_t image_count, const CropJob* jobs,
                        std::size_t count, const std::byte* table, float* out, std::int32_t* labels,
                        std::size_t out_slots, const CropDraws& draws) const {
+  const CropOutput output{out, labels, 0, static_cast<std::uint32_t>(std::min<std::size_t>(out_slots, UINT32_MAX))};
+  crop(stream, images, image_count, jobs, count, table, std::span(&output, 1), draws);
+}
+
+void CropKernels::crop(Stream& stream, const std::byte* images, std::size_t image_count, const CropJob* jobs,
+                       std::size_t count, const std::byte* table, std::span<const CropOutput> outputs,
+                       const CropDraws& draws) const {
   if (count == 0) return;
+  if (outputs.empty() || outputs.front().first != 0 || count > UINT32_MAX)
+    throw std::logic_error("CropKernels::crop: the outputs must start at job 0, and a launch take under 2^32 jobs");
+  for (std::size_t o = 1; o < outputs.size(); ++o)
+    if (outputs[o].first < outputs[o - 1].first || outputs[o].first > count)
+      throw std::logic_error("CropKernels::crop: the outputs' first jobs must ascend within the jobs");
+  // Launches of at most kMaxCropOutputs outputs each: outputs [o, end) take jobs [at, until).
+  for (std::size_t o = 0; o < outputs.size(); o += kMaxCropOutputs) {
+    const std::size_t end = std::min(outputs.size(), o + kMaxCropOutputs);
+    const std::uint32_t at = outputs[o].first;
+    const std::uint32_t until = end < outputs.size() ? outputs[end].first : static_cast<std::uint32_t>(count);
+    if (until == at) continue;
+    std::vector<CropOutput> part(outputs.begin() + o, outputs.begin() + end);
+    for (CropOutput& p : part) p.first -= at;
+    launch_crop(stream, images, image_count, jobs + at, until - at, table, std::move(part), draws);
+  }
+}
+
+void CropKernels::launch_crop(Stream& stream, const std::byte* images, std::size_t image_count, const CropJob* jobs,
+                              std::uint32_t count, const std::byte* table, std::vector<CropOutput> outputs,
+                              const CropDraws& draws) const {
   launch(
       stream, "crop",
       [=, normalizer = normalizer_, image = image_, dtype = dtype_, extent = extent_, elements = crop_elements(),
        bytes = image_bytes()] {
-        for (std::size_t i = 0; i < count; ++i) {
+        for (std::uint32_t i = 0; i < count; ++i) {
           CropJob job = jobs[i];
           draw_if_asked(draws, job);
-          if (job.image >= image_count || job.dst >= out_slots)
+          const CropOutput& o = output_of(outputs.data(), static_cast<std::uint32_t>(outputs.size()), i);
+          if (job.image >= image_count || job.dst >= o.slots)
             throw std::out_of_range("crop job " + std::to_string(i) + ": image " + std::to_string(job.image) + " of " +
                                     std::to_string(image_count) + ", slot " + std::to_string(job.dst) + " of " +
-                                    std::to_string(out_slots));
+                                    std::to_string(o.slots));
           Window w = extent;
           w.z = job.z, w.y = job.y, w.x = job.x;
           const Flips flips{(job.flips & kFlipDepth) != 0, (job.flips & kFlipHeight) != 0,
                             (job.flips & kFlipWidth) != 0};
           crop_mirror_normalize_into(borrowed_sample(images + job.image * bytes, image, dtype), w, flips, *normalizer,
-                                     std::span<float>(out + job.dst * elements, elements));
-          labels[job.dst] = job.label;
+                                     std::span<float>(o.out + job.dst * elements, elements));
+          o.labels[job.dst] = job.label;
         }
       },
       [&](void* native) {
         CropArgs a;
         a.images = images;
         a.image_count = image_count;
-        a.out_slots = out_slots;
         a.pixel = pixel_type(dtype_);
         a.channels = image_.channels, a.depth = image_.depth, a.height = image_.height, a.width = image_.width;
         a.crop_depth = extent_.depth, a.crop_height = extent_.height, a.crop_width = extent_.width;
         a.jobs = jobs;
-        a.count = static_cast<std::uint32_t>(count);
+        a.count = count;
         a.draws = draws;
         const auto* t = reinterpret_cast<const float*>(table);
         a.lut = t;
@@ -150,8 +177,8 @@ void CropKernels::crop(Stream& stream, const std::byte* images, std::size_t imag
         a.std = a.mean + table_channels_;
         a.scale = normalizer_->options().scale;
         a.table_channels = table_channels_;
-        a.out = out;
-        a.labels = labels;
+        a.output_count = static_cast<std::uint32_t>(outputs.size());
+        std::copy(outputs.begin(), outputs.end(), a.outputs);
         cuda_crop(native, a);
       });
 }

@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
+#include <vector>
 
 #include "augment_kernels.h"
 #include "stoker/gpu/device.h"
@@ -56,6 +58,11 @@ class CropKernels {
   void crop(Stream& stream, const std::byte* images, std::size_t image_count, const CropJob* jobs, std::size_t count,
             const std::byte* table, float* out, std::int32_t* labels, std::size_t out_slots,
             const CropDraws& draws = {}) const;
+  /// The same into several outputs (the minibatches of a call, each in its own buffer): job i
+  /// goes to output_of(outputs, i), whose slots its dst must be under. One launch per
+  /// kMaxCropOutputs outputs.
+  void crop(Stream& stream, const std::byte* images, std::size_t image_count, const CropJob* jobs, std::size_t count,
+            const std::byte* table, std::span<const CropOutput> outputs, const CropDraws& draws = {}) const;
 
   /// What the crops of `options` (which has no count_of) draw from in epoch `epoch` of a
   /// pipeline seeded `seed`, for images of this geometry.
@@ -70,6 +77,11 @@ class CropKernels {
               const std::uint32_t* slots, std::size_t count, float* out, std::int32_t* labels) const;
 
  private:
+  // One launch: at most kMaxCropOutputs outputs, firsts counted from `jobs`.
+  void launch_crop(Stream& stream, const std::byte* images, std::size_t image_count, const CropJob* jobs,
+                   std::uint32_t count, const std::byte* table, std::vector<CropOutput> outputs,
+                   const CropDraws& draws) const;
+
   Shape image_;
   DType dtype_;
   Window extent_;  // the crop's extents; the origin comes with each job

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 
 #include "augment_kernels.h"
 #include "cuda_check.h"
@@ -13,6 +15,9 @@ namespace {
 
 constexpr unsigned kWarps = 8, kThreads = 32 * kWarps;
 constexpr unsigned kMaxGridY = 65535;
+// A crop block cuts about kTileValues values (several small crops, at most kMaxTile), kUnits
+// units a thread when one crop spans several blocks.
+constexpr unsigned kTileValues = 2048, kMaxTile = 32, kUnits = 4;
 
 // The CPU transform's arithmetic with every rounding spelled out: __fdiv_rn and __fsub_rn
 // are IEEE round-to-nearest and can never be contracted or approximated, whatever the
@@ -27,57 +32,56 @@ __device__ __forceinline__ float normalized(std::uint16_t v, const CropArgs& a, 
   return normalized(static_cast<float>(v), a, t);
 }
 
-// One row of a crop: dst[dx] = the normalized src[dx], or src[cw - 1 - dx] mirrored, by the
-// lanes of a warp. With `Quads`, each lane writes four consecutive values as one 16-byte store
-// (dst on 16 bytes, cw a multiple of 4) after loading all four: a warp moves 512 bytes a store
-// and keeps four loads in flight per lane.
-template <bool Quads, class T>
-__device__ __forceinline__ void crop_row(const T* src, float* dst, unsigned cw, bool flip, const CropArgs& a,
-                                         unsigned t, unsigned lane) {
-  const auto at = [&](unsigned dx) { return normalized(src[flip ? cw - 1 - dx : dx], a, t); };
-  if constexpr (Quads) {
-#pragma unroll 2
-    for (unsigned q = lane; q < cw / 4; q += 32) {
-      const unsigned dx = 4 * q;
-      reinterpret_cast<float4*>(dst)[q] = make_float4(at(dx), at(dx + 1), at(dx + 2), at(dx + 3));
-    }
-  } else {
-#pragma unroll 4
-    for (unsigned dx = lane; dx < cw; dx += 32) dst[dx] = at(dx);
-  }
-}
-
-// One block row (blockIdx.x) per crop; each warp copies one row of the crop at a time, its
-// lanes on consecutive elements so that reads and writes coalesce, and the row's place in the
-// image is worked out once per row rather than once per element.
+// Each block cuts `a.tile` consecutive crops of the launch (several small ones, so that no lane
+// idles on a 24-wide row; one large one, split over gridDim.y blocks): its first threads read
+// and draw the jobs once, then every thread takes units of the block's crops in turn, a unit
+// being 4 consecutive values of a row (one 16-byte store, with `Quads`: crop width a multiple of
+// 4 and every output on 16 bytes) or one value. Consecutive threads take consecutive units, and
+// a crop's values are consecutive in its output, so stores coalesce whatever the width.
 template <bool Quads, class T>
 __global__ void __launch_bounds__(kThreads) crop_kernel(CropArgs a) {
-  // Read once per block: the jobs may be in pinned host memory, read across PCIe.
-  __shared__ CropJob job;
-  if (threadIdx.x == 0) {
-    job = a.jobs[blockIdx.x];
-    draw_if_asked(a.draws, job);  // a few dozen integer steps, once per block
-  }
-  __syncthreads();
-  // A corrupt job fails the launch (a sticky error the host reports) rather than read or
-  // write memory it does not own.
-  if (job.image >= a.image_count || job.dst >= a.out_slots) __trap();
-
+  __shared__ CropJob jobs[kMaxTile];
+  __shared__ float* outs[kMaxTile];
+  const unsigned first = blockIdx.x * a.tile;
+  const unsigned tile = min(a.tile, a.count - first);
   const unsigned cw = a.crop_width, ch = a.crop_height, cd = a.crop_depth;
   const unsigned rows = a.channels * cd * ch;
-  const std::size_t plane = std::size_t{a.width} * a.height, volume = plane * a.depth;
-  const T* image = static_cast<const T*>(a.images) + job.image * volume * a.channels;
-  float* out = a.out + std::size_t{job.dst} * rows * cw;
-  const bool flip_z = job.flips & kFlipDepth, flip_y = job.flips & kFlipHeight, flip_x = job.flips & kFlipWidth;
-
-  for (unsigned r = blockIdx.y * kWarps + threadIdx.x / 32; r < rows; r += gridDim.y * kWarps) {
-    const unsigned dy = r % ch, dz = r / ch % cd, c = r / ch / cd;
-    const std::size_t y = job.y + (flip_y ? ch - 1 - dy : dy);
-    const std::size_t z = job.z + (flip_z ? cd - 1 - dz : dz);
-    crop_row<Quads>(image + c * volume + z * plane + y * a.width + job.x, out + std::size_t{r} * cw, cw, flip_x, a,
-                    a.table_channels == 1 ? 0 : c, threadIdx.x % 32);
+  if (threadIdx.x < tile) {
+    // The jobs may be in pinned host memory, read across PCIe: read once, by one thread each.
+    CropJob job = a.jobs[first + threadIdx.x];
+    draw_if_asked(a.draws, job);  // a few dozen integer steps, once per crop
+    const CropOutput& o = output_of(a.outputs, a.output_count, first + threadIdx.x);
+    // A corrupt job fails the launch (a sticky error the host reports) rather than read or
+    // write memory it does not own.
+    if (job.image >= a.image_count || job.dst >= o.slots) __trap();
+    jobs[threadIdx.x] = job;
+    outs[threadIdx.x] = o.out + std::size_t{job.dst} * rows * cw;
+    if (blockIdx.y == 0) o.labels[job.dst] = job.label;
   }
-  if (blockIdx.y == 0 && threadIdx.x == 0) a.labels[job.dst] = job.label;
+  __syncthreads();
+
+  const unsigned per_row = Quads ? cw / 4 : cw, per_crop = rows * per_row;
+  const std::size_t plane = std::size_t{a.width} * a.height, volume = plane * a.depth;
+  for (unsigned u = blockIdx.y * kThreads + threadIdx.x; u < tile * per_crop; u += gridDim.y * kThreads) {
+    const unsigned j = u / per_crop, in_crop = u - j * per_crop;
+    const unsigned r = in_crop / per_row, at_row = in_crop - r * per_row;
+    const unsigned dy = r % ch, dz = r / ch % cd, c = r / ch / cd;
+    const CropJob& job = jobs[j];
+    const unsigned t = a.table_channels == 1 ? 0 : c;
+    const std::size_t y = job.y + ((job.flips & kFlipHeight) ? ch - 1 - dy : dy);
+    const std::size_t z = job.z + ((job.flips & kFlipDepth) ? cd - 1 - dz : dz);
+    const T* src = static_cast<const T*>(a.images) + job.image * volume * a.channels + c * volume + z * plane +
+                   y * a.width + job.x;
+    float* dst = outs[j] + std::size_t{r} * cw;
+    const bool flip = job.flips & kFlipWidth;
+    const auto at = [&](unsigned dx) { return normalized(src[flip ? cw - 1 - dx : dx], a, t); };
+    if constexpr (Quads) {
+      const unsigned dx = 4 * at_row;
+      reinterpret_cast<float4*>(dst)[at_row] = make_float4(at(dx), at(dx + 1), at(dx + 2), at(dx + 3));
+    } else {
+      dst[at_row] = at(at_row);
+    }
+  }
 }
 
 // One block row per crop, copied 16 bytes at a time when every crop starts on 16 bytes.
@@ -103,11 +107,22 @@ dim3 grid_for(std::uint32_t crops, std::size_t rows_of_work, std::size_t per_blo
 
 }  // namespace
 
-void cuda_crop(void* stream, const CropArgs& a) {
-  if (a.count == 0) return;
-  const dim3 grid = grid_for(a.count, std::size_t{a.channels} * a.crop_depth * a.crop_height, kWarps);
+void cuda_crop(void* stream, const CropArgs& args) {
+  if (args.count == 0) return;
+  CropArgs a = args;
+  const std::size_t values = std::size_t{a.channels} * a.crop_depth * a.crop_height * a.crop_width;
+  if (values > std::size_t{1} << 31)
+    throw std::invalid_argument("crop kernel: crops of more than 2^31 values (" + std::to_string(values) + ")");
+  a.tile = static_cast<std::uint32_t>(std::clamp<std::size_t>(kTileValues / values, 1, kMaxTile));
+  bool aligned = true;
+  for (std::uint32_t o = 0; o < a.output_count; ++o)
+    aligned = aligned && reinterpret_cast<std::uintptr_t>(a.outputs[o].out) % 16 == 0;
+  const bool quads = a.crop_width % 4 == 0 && aligned;
+  const std::size_t units = a.tile * values / (quads ? 4 : 1);
+  const dim3 grid((a.count + a.tile - 1) / a.tile,
+                  static_cast<unsigned>(std::clamp<std::size_t>((units + kThreads * kUnits - 1) / (kThreads * kUnits),
+                                                                1, kMaxGridY)));
   auto s = static_cast<cudaStream_t>(stream);
-  const bool quads = a.crop_width % 4 == 0 && reinterpret_cast<std::uintptr_t>(a.out) % 16 == 0;
   const auto launch = [&](auto pixel) {
     using T = decltype(pixel);
     if (quads)

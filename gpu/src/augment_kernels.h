@@ -72,13 +72,39 @@ STOKER_HOST_DEVICE inline void draw_if_asked(const CropDraws& d, CropJob& job) {
 
 enum class PixelType : std::uint8_t { u8, u16, f32 };
 
+/// Where some of a launch's crops go: jobs [first, the next output's first) into
+/// out + dst * crop elements and labels[dst], for dst < slots. One launch cuts the crops of
+/// several minibatches, each in its own buffer.
+struct CropOutput {
+  float* out;
+  std::int32_t* labels;
+  std::uint32_t first;  ///< the index in the launch of the output's first job
+  std::uint32_t slots;  ///< crops `out` holds: a job's dst outside them traps
+};
+/// The outputs one launch takes, in its parameters (which stay under CUDA's 4 KB).
+inline constexpr std::uint32_t kMaxCropOutputs = 64;
+
+/// The output of job i: the last of `outputs` (ascending firsts, the first 0) whose first is
+/// at most i.
+STOKER_HOST_DEVICE inline const CropOutput& output_of(const CropOutput* outputs, std::uint32_t count,
+                                                      std::uint32_t i) {
+  std::uint32_t lo = 0, hi = count;
+  while (hi - lo > 1) {
+    const std::uint32_t mid = lo + (hi - lo) / 2;
+    if (outputs[mid].first <= i)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return outputs[lo];
+}
+
 /// A launch of the crop kernel: crop i is jobs[i] of images[jobs[i].image], mirrored and
-/// normalized, written to out[jobs[i].dst] (each crop channels x crop extents floats), and
-/// its label to labels[jobs[i].dst].
+/// normalized, written to its output's out[jobs[i].dst] (each crop channels x crop extents
+/// floats), and its label to that output's labels[jobs[i].dst].
 struct CropArgs {
   const void* images = nullptr;  // images of `pixel` elements, one after the other
   std::size_t image_count = 0;   // a job outside them traps
-  std::size_t out_slots = 0;     // crops `out` holds: a job's dst outside them traps
   PixelType pixel = PixelType::u8;
   std::uint32_t channels = 1, depth = 1, height = 1, width = 1;  // of one image
   std::uint32_t crop_depth = 1, crop_height = 1, crop_width = 1;
@@ -93,8 +119,9 @@ struct CropArgs {
   const float* std = nullptr;
   float scale = 1.0f;
   std::uint32_t table_channels = 1;
-  float* out = nullptr;
-  std::int32_t* labels = nullptr;
+  std::uint32_t output_count = 0;
+  CropOutput outputs[kMaxCropOutputs];
+  std::uint32_t tile = 1;  // crops a block cuts: cuda_crop sets it from the crop's size
 };
 
 /// A launch of the gather kernel: out[i] = from[slots[i]], labels[i] = from_labels[slots[i]].

@@ -10,6 +10,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "stoker/core/timeline.h"
@@ -140,12 +141,20 @@ class StreamBase : public Stream {
     spans_->closed = true;
   }
 
-  /// Issues `work` (which issues one copy or launch to this stream) as a span named `name`
-  /// (static storage) on the device's timeline, when it listens.
+  /// Issues `work` (which issues one copy or launch to this stream, or any number of them) as
+  /// a span named `name` (static storage) on the device's timeline, when it listens. Work timed
+  /// inside it, by the same thread on this stream, is part of its span, not a span of its own:
+  /// a chunk of work costs one pair of marks however many launches it makes (timed_work()).
   template <class Work>
   void timed(const char* name, std::uint64_t bytes, Work&& work) {
-    if (!device_.timing()) return work();
+    if (!device_.timing() || chunk_owner_.load(std::memory_order_relaxed) == std::this_thread::get_id())
+      return work();
     std::lock_guard issuing(spans_->issuing);
+    const struct Owner {
+      std::atomic<std::thread::id>& owner;
+      explicit Owner(std::atomic<std::thread::id>& o) : owner(o) { owner.store(std::this_thread::get_id()); }
+      ~Owner() { owner.store(std::thread::id{}); }
+    } owner(chunk_owner_);
     auto span = std::make_shared<DeviceBase::Span>();
     span->name = name;
     span->bytes = bytes;
@@ -181,6 +190,9 @@ class StreamBase : public Stream {
 
   DeviceBase& device_;
   const std::shared_ptr<StreamSpans> spans_;
+  // The thread inside timed() on this stream, which holds spans_->issuing: what it issues to
+  // this stream meanwhile is part of its span. Other threads wait for the lock.
+  std::atomic<std::thread::id> chunk_owner_{};
 };
 
 /// What a failure of device work says once it surfaces: `what`, and why it may surface far from

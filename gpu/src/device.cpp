@@ -96,6 +96,13 @@ class DeviceTimeline final : public TimelineSource {
 
 }  // namespace
 
+void timed_work(Stream& stream, const char* name, const std::function<void()>& work) {
+  if (auto* timed = dynamic_cast<detail::StreamBase*>(&stream))
+    timed->timed(name, 0, work);
+  else
+    work();
+}
+
 std::shared_ptr<TimelineSource> device_timeline(std::shared_ptr<Device> device) {
   return std::make_shared<DeviceTimeline>(std::move(device));
 }

@@ -856,6 +856,96 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("one crop call fills many outputs, each with its own slots, as one output would, past a launch's outputs" *
+          doctest::timeout(60)) {
+  const auto seed = std::random_device{}();
+  INFO("seed " << seed);
+  for (const auto& device : devices()) {
+    for (const CropSize size : {CropSize{24, 24}, CropSize{26, 26}, CropSize{5, 3}}) {
+      CAPTURE(device->name());
+      CAPTURE(size.str());
+      Rng rng(seed);
+      const Shape shape{1, 1, 28, 28, false};
+      const gpu::detail::CropKernels kernels(shape, DType::u8, size, Normalizer(kFashion));
+      const std::size_t images = 8, jobs = 400, elements = kernels.crop_elements();
+      std::vector<std::byte> pixels;
+      for (std::size_t i = 0; i < images; ++i) {
+        const Sample image = make_image(shape, DType::u8, i, seed);
+        pixels.insert(pixels.end(), image.data.data(), image.data.data() + image.data.size());
+      }
+      // 100 outputs (more than one launch takes), some empty, each job at a scattered slot of
+      // its own output; the same jobs at slot i of one output are the reference.
+      std::vector<std::uint32_t> firsts{0};
+      for (int o = 1; o < 100; ++o) firsts.push_back(static_cast<std::uint32_t>(rng.below(jobs + 1)));
+      std::sort(firsts.begin(), firsts.end());
+      std::vector<gpu::detail::CropJob> many, one;
+      for (std::size_t o = 0; o < firsts.size(); ++o) {
+        const std::uint32_t end = o + 1 < firsts.size() ? firsts[o + 1] : jobs;
+        std::vector<std::uint32_t> slots(end - firsts[o]);
+        for (std::uint32_t k = 0; k < slots.size(); ++k) slots[k] = k;
+        std::shuffle(slots.begin(), slots.end(), rng);
+        for (std::uint32_t k = 0; k < slots.size(); ++k) {
+          auto job = gpu::detail::CropKernels::drawn_job(static_cast<std::uint32_t>(rng.below(images)), rng(),
+                                                         static_cast<std::uint32_t>(rng.below(5)),
+                                                         static_cast<std::int32_t>(rng()));
+          job.dst = slots[k];
+          many.push_back(job);
+          job.dst = firsts[o] + k;
+          one.push_back(job);
+        }
+      }
+      RandomCropOptions crops{.size = size, .count = 5, .mirror = MirrorOptions{.axis = Axis::width, .p = 0.5}};
+      const auto draws = kernels.draws_for(crops, seed, 3);
+      std::vector<std::byte> table(kernels.table_bytes());
+      kernels.write_table(table.data());
+
+      auto stream = device->make_stream();
+      const auto upload = [&](const void* data, std::size_t bytes) {
+        gpu::Memory m = device->allocate(std::max<std::size_t>(bytes, 1));
+        if (bytes) stream->copy_to_device(m.data(), data, bytes);
+        return m;
+      };
+      const std::vector<float> nan(jobs * elements, std::numeric_limits<float>::quiet_NaN());
+      const std::vector<std::int32_t> sentinel(jobs, std::numeric_limits<std::int32_t>::min());
+      gpu::Memory d_images = upload(pixels.data(), pixels.size()), d_table = upload(table.data(), table.size());
+      gpu::Memory d_many = upload(many.data(), jobs * sizeof many[0]), d_one = upload(one.data(), jobs * sizeof one[0]);
+      gpu::Memory ref = upload(nan.data(), jobs * elements * sizeof(float));
+      gpu::Memory ref_labels = upload(sentinel.data(), jobs * sizeof(std::int32_t));
+      std::vector<gpu::Memory> outs, out_labels;
+      std::vector<gpu::detail::CropOutput> outputs;
+      for (std::size_t o = 0; o < firsts.size(); ++o) {
+        const std::uint32_t count = (o + 1 < firsts.size() ? firsts[o + 1] : jobs) - firsts[o];
+        outs.push_back(upload(nan.data(), count * elements * sizeof(float)));
+        out_labels.push_back(upload(sentinel.data(), count * sizeof(std::int32_t)));
+        outputs.push_back({reinterpret_cast<float*>(outs.back().data()),
+                           reinterpret_cast<std::int32_t*>(out_labels.back().data()), firsts[o], count});
+      }
+      kernels.crop(*stream, d_images.data(), images, reinterpret_cast<const gpu::detail::CropJob*>(d_one.data()), jobs,
+                   d_table.data(), reinterpret_cast<float*>(ref.data()),
+                   reinterpret_cast<std::int32_t*>(ref_labels.data()), jobs, draws);
+      kernels.crop(*stream, d_images.data(), images, reinterpret_cast<const gpu::detail::CropJob*>(d_many.data()),
+                   jobs, d_table.data(), outputs, draws);
+      std::vector<float> want(jobs * elements), got(elements);
+      std::vector<std::int32_t> want_labels(jobs);
+      std::int32_t got_label = 0;
+      stream->copy_to_host(want.data(), ref.data(), want.size() * sizeof(float));
+      stream->copy_to_host(want_labels.data(), ref_labels.data(), jobs * sizeof(std::int32_t));
+      stream->synchronize();
+      for (std::size_t i = 0; i < jobs; ++i) {
+        const auto& o = gpu::detail::output_of(outputs.data(), static_cast<std::uint32_t>(outputs.size()),
+                                               static_cast<std::uint32_t>(i));
+        CAPTURE(i);
+        stream->copy_to_host(got.data(), o.out + std::size_t{many[i].dst} * elements, elements * sizeof(float));
+        stream->copy_to_host(&got_label, o.labels + many[i].dst, sizeof got_label);
+        stream->synchronize();
+        CHECK(std::memcmp(got.data(), want.data() + i * elements, elements * sizeof(float)) == 0);
+        CHECK(got_label == want_labels[i]);
+        CHECK(got_label == many[i].label);
+      }
+    }
+  }
+}
+
 TEST_CASE("a crop drawn from (seed, epoch, id, k) alone equals RandomCrops::plan's, window and mirror" *
           doctest::timeout(60)) {
   const auto seed = std::random_device{}();

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <map>
 #include <cstring>
 #include <ctime>
 #include <future>
@@ -1026,5 +1027,38 @@ TEST_CASE("a device timeline hands out each copy as a span once the stream has r
     timeline->take(spans);
     CHECK(spans.size() == 1);
     timeline->stop();
+  }
+}
+
+TEST_CASE("timed_work makes the work it issues to its stream one span, and other streams' work spans of their own" *
+          doctest::timeout(60)) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    const auto timeline = stoker::gpu::device_timeline(device);
+    auto stream = device->make_stream(), other = device->make_stream();
+    constexpr std::size_t kBytes = 4096;
+    Pinned<std::byte> host(*device, kBytes);
+    const stoker::gpu::Memory a = device->allocate(kBytes), b = device->allocate(kBytes);
+    std::vector<stoker::TimedSpan> spans;
+    stoker::gpu::timed_work(*stream, "untimed", [&] { stream->copy_on_device(b.data(), a.data(), kBytes); });
+    stream->synchronize();  // nothing listens yet: no span, and the work ran
+    timeline->start();
+    stoker::gpu::timed_work(*stream, "step", [&] {
+      stream->copy_to_device(a.data(), host.data(), kBytes);
+      for (int i = 0; i < 5; ++i) stream->copy_on_device(b.data(), a.data(), kBytes);
+      other->copy_on_device(a.data(), b.data(), kBytes);  // another stream: its own span
+    });
+    stream->copy_on_device(b.data(), a.data(), kBytes);  // after the chunk: a span again
+    stream->synchronize();
+    other->synchronize();
+    timeline->take(spans);
+    timeline->stop();
+    std::map<std::string, std::vector<std::string>> by_track;
+    for (const auto& s : spans) by_track[s.track].push_back(s.name);
+    REQUIRE(by_track.size() == 2);
+    const auto& mine = by_track.begin()->second.size() == 2 ? by_track.begin()->second : by_track.rbegin()->second;
+    const auto& theirs = by_track.begin()->second.size() == 2 ? by_track.rbegin()->second : by_track.begin()->second;
+    CHECK(mine == std::vector<std::string>{"step", "d2d"});
+    CHECK(theirs == std::vector<std::string>{"d2d"});
   }
 }

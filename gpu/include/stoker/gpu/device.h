@@ -197,4 +197,11 @@ CounterSource transfer_counters(std::shared_ptr<const Device> device);
 /// timeline only if this one started it.
 std::shared_ptr<TimelineSource> device_timeline(std::shared_ptr<Device> device);
 
+/// Issues the work that `work` issues to `stream` as one span named `name` (static storage) on
+/// the device's timeline while a trace listens, instead of one span per copy and launch: a
+/// training step of many small kernels then costs the trace one pair of timing events, not a
+/// pair per kernel. Work that `work` issues to other streams is timed as usual. Without a
+/// listening timeline, or on a stream that is not a Device's, it just calls `work`.
+void timed_work(Stream& stream, const char* name, const std::function<void()>& work);
+
 }  // namespace stoker::gpu
