@@ -52,7 +52,6 @@ for step in "${steps[@]}"; do
         run "$t" 300 "$bin/$t" --duration=true --test-case-exclude='*own process*'
       done
       run test_augment-fault 60 "$bin/test_augment" --test-case='*own process*'
-      run test_augment-fault-blocking 60 env CUDA_LAUNCH_BLOCKING=1 "$bin/test_augment" --test-case='*own process*'
       ;;
     sanitizer)
       # Each compute-sanitizer tool over the cases with a CUDA half: memcheck (kernel bounds, no

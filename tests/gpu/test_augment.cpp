@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <future>
@@ -842,10 +841,9 @@ TEST_CASE(
         const std::string what = e.what();
         CAPTURE(what);
         // On CUDA the fault is sticky: every later CUDA call fails with it, so any stage of
-        // the device may report it first, unless every launch waits for its kernel
-        // (CUDA_LAUNCH_BLOCKING=1, which scripts/gpu-check.sh also runs this case with).
-        const char* blocking = std::getenv("CUDA_LAUNCH_BLOCKING");
-        if (device->backend() == gpu::Backend::cpu || (blocking && std::string(blocking) == "1"))
+        // the device may report it first, even with CUDA_LAUNCH_BLOCKING=1 (a stage that calls
+        // CUDA while the faulting launch is returning: seen on an H100, gpu_augment's launch).
+        if (device->backend() == gpu::Backend::cpu)
           CHECK(e.stage() == "inject");
         else
           CHECK((e.stage() == "inject" || e.stage() == "gpu_augment" || e.stage() == "collate"));

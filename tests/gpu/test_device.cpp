@@ -1040,6 +1040,9 @@ TEST_CASE("timed_work makes the work it issues to its stream one span, and other
     Pinned<std::byte> host(*device, kBytes);
     const stoker::gpu::Memory a = device->allocate(kBytes), b = device->allocate(kBytes);
     std::vector<stoker::TimedSpan> spans;
+    std::memset(host.data(), 7, kBytes);
+    stream->copy_to_device(a.data(), host.data(), kBytes);
+    stream->copy_to_device(b.data(), host.data(), kBytes);
     stoker::gpu::timed_work(*stream, "untimed", [&] { stream->copy_on_device(b.data(), a.data(), kBytes); });
     stream->synchronize();  // nothing listens yet: no span, and the work ran
     timeline->start();
