@@ -44,10 +44,9 @@ GpuAugmentOptions checked(GpuAugmentOptions o) {
   return o;
 }
 
-// A minibatch taken out of the window: its crops are picked[first, first + count). In streaming
-// mode it is gathered once jobs[0, jobs_before) of the input batch have been cropped.
+// A minibatch taken out of the window: its crops are picked[first, first + count).
 struct Minibatch {
-  std::size_t jobs_before = 0, first = 0, count = 0;
+  std::size_t first = 0, count = 0;
   std::vector<std::int32_t> labels;
 };
 
@@ -147,7 +146,10 @@ struct GpuAugment::State {
     device_staging =
         SlotPool::create(device, SlotPool::Kind::device, options.staging_buffers, per_batch,
                          {.name = "GpuAugment device staging", .sizing = {}, .wait_limit = options.wait_limit});
-    window_slots = mad + B;  // all the window can hold: a minibatch leaves as soon as it can
+    // All the window can hold (a minibatch leaves as soon as it can), and a call's crops more:
+    // the slots a call's gathers empty are booked again from the next call on, so that a call
+    // cuts all its crops in one launch before its gathers.
+    window_slots = mad + B + max_jobs;
     window_labels_at = align_up(window_slots * kernels->crop_elements() * sizeof(float));
     window_memory = device->allocate(window_labels_at + window_slots * sizeof(std::int32_t));
     table = device->allocate(kernels->table_bytes());
@@ -192,6 +194,7 @@ struct GpuAugment::State {
   // work issued from now on runs after it, in stream order.
   void drop_window() {
     window.reset();
+    emptied_slots.clear();
     free_slots.resize(window_slots);
     for (std::size_t i = 0; i < window_slots; ++i) free_slots[i] = static_cast<std::uint32_t>(window_slots - 1 - i);
   }
@@ -201,9 +204,14 @@ struct GpuAugment::State {
   void book_jobs() {
     picked.clear();
     minibatches.clear();
+    // The slots the last call's gathers emptied: work issued from now on runs after those.
+    free_slots.insert(free_slots.end(), emptied_slots.begin(), emptied_slots.end());
+    emptied_slots.clear();
     const std::size_t full = options.shuffle.min_after_dequeue + batch_size();
     for (std::size_t j = 0; j < jobs.size();) {
       const std::size_t n = std::min(full - window->size(), jobs.size() - j);
+      if (!resident() && free_slots.size() < n)  // never: the window has a call's slots to spare
+        throw std::logic_error("GpuAugment: the window has no free slot");
       if (!resident())
         for (std::size_t k = j; k < j + n; ++k) {
           jobs[k].dst = free_slots.back();
@@ -215,22 +223,22 @@ struct GpuAugment::State {
       if (window->try_push_many(first, first + static_cast<std::ptrdiff_t>(n)) != n)
         throw std::logic_error("GpuAugment: the window is full");
       j += n;
-      take_minibatch(j, false);
+      take_minibatch(false);
     }
   }
 
-  bool take_minibatch(std::size_t jobs_before, bool closing) {
+  bool take_minibatch(bool closing) {
     const std::size_t first = picked.size();
     const std::size_t n = window->try_pop_many(picked, batch_size(), closing);
     if (n == 0) return false;
-    Minibatch m{jobs_before, first, n, {}};
+    Minibatch m{first, n, {}};
     m.labels.reserve(n);
     for (std::size_t k = first; k < first + n; ++k) {
       m.labels.push_back(picked[k].label);
       if (resident())
         picked[k].dst = static_cast<std::uint32_t>(k - first);  // cropped straight into the minibatch
       else
-        free_slots.push_back(picked[k].dst);  // a later crop into it is issued after this gather
+        emptied_slots.push_back(picked[k].dst);  // booked again from the next call on
     }
     minibatches.push_back(std::move(m));
     return true;
@@ -250,11 +258,6 @@ struct GpuAugment::State {
     return reinterpret_cast<std::int32_t*>(window_memory.data() + window_labels_at);
   }
 
-  void crop_into_window(const std::byte* images, std::size_t image_count, const CropJob* jobs, std::size_t count) {
-    kernels->crop(*compute, images, image_count, jobs, count, table_data, window_crops(), window_labels(), window_slots,
-                  draws);
-  }
-
   // Records the end of the work that fills minibatch m in `buffer`, and emits it.
   void finish(Minibatch& m, Buffer buffer, Emitter<DeviceBatch>& emit) {
     compute->record(outputs->event(buffer));
@@ -267,8 +270,9 @@ struct GpuAugment::State {
   }
 
   // Streaming: one copy of [collated images | jobs | gather slots | table, the first time],
-  // then the kernels in the order the books were kept, so that a slot is refilled only after
-  // the gather that emptied it.
+  // then one launch that cuts every crop of the call into the window, then a gather per
+  // minibatch. A slot this call empties is booked again only by a later call, whose crops the
+  // stream runs after these gathers.
   void crop_images(Batch& images, Emitter<DeviceBatch>& emit, const StageContext& ctx) {
     const std::size_t jobs_at = align_up(images.storage.size());
     const std::size_t picks_at = align_up(jobs_at + jobs.size() * sizeof(CropJob));
@@ -300,16 +304,14 @@ struct GpuAugment::State {
     }
     const auto* dev_jobs = reinterpret_cast<const CropJob*>(dev.data() + jobs_at);
     const auto* dev_picks = reinterpret_cast<const std::uint32_t*>(dev.data() + picks_at);
-    std::size_t cropped = 0;
+    kernels->crop(*compute, dev.data(), images.count, dev_jobs, jobs.size(), table_data, window_crops(),
+                  window_labels(), window_slots, draws);
     for (std::size_t i = 0; i < minibatches.size(); ++i) {
       Minibatch& m = minibatches[i];
-      crop_into_window(dev.data(), images.count, dev_jobs + cropped, m.jobs_before - cropped);
-      cropped = m.jobs_before;
       kernels->gather(*compute, window_crops(), window_labels(), window_slots, dev_picks + m.first, m.count,
                       crops_of(out[i]), labels_of(out[i], m));
       finish(m, std::move(out[i]), emit);
     }
-    crop_into_window(dev.data(), images.count, dev_jobs + cropped, jobs.size() - cropped);
     device_staging->release_after(std::move(dev), *compute);
   }
 
@@ -437,7 +439,7 @@ struct GpuAugment::State {
     picked.clear();
     minibatches.clear();
     window->close();
-    while (take_minibatch(0, true)) {
+    while (take_minibatch(true)) {
     }
     if (options.drop_remainder && !minibatches.empty() && minibatches.back().count < batch_size()) {
       picked.resize(minibatches.back().first);
@@ -467,6 +469,7 @@ struct GpuAugment::State {
   std::optional<RandomShuffleQueue<CropJob>> window;  // the books: which slot holds what
   std::uint32_t window_epoch = 0;
   std::vector<std::uint32_t> free_slots;
+  std::vector<std::uint32_t> emptied_slots;  // by this call's gathers: free from the next call on
 
   detail::CropDraws draws;  // of the epoch, for the jobs drawn on the device
 
