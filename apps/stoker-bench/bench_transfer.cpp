@@ -193,9 +193,7 @@ void time_reference_epoch(const std::shared_ptr<Device>& device, GpuAugment& aug
   for (std::size_t i = 0; i < images; ++i) inputs[i / per_call].push_back(i);
   const auto timeline = gpu::device_timeline(device);
   timeline->start();
-  const double wall = timed(consumer, [&] {
-    run_epoch(augment, std::move(inputs), consumer, epoch, images * 5);
-  });
+  const double wall = timed(consumer, [&] { run_epoch(augment, std::move(inputs), consumer, epoch, images * 5); });
   std::vector<TimedSpan> spans;
   timeline->take(spans);
   timeline->stop();
@@ -421,9 +419,10 @@ Json run_transfer(const TransferOptions& opt, const CommonOptions& common) {
     if (shape.crop.height == 24) (shape.images_per_call ? per_call_ratio : reference_ratio) = kernel_gb_s / copy_gb_s;
     const std::string calls = shape.images_per_call ? "calls of " + std::to_string(shape.images_per_call) : "one call";
     std::cout << std::setprecision(2) << "  crops " << shape.crop.height << "x" << shape.crop.width << " of 28x28, "
-              << std::setw(14) << std::left << calls << std::right << std::setw(8) << kernel_gb_s << " (" << copy_gb_s << ") = " << std::setprecision(3)
-              << kernel_gb_s / copy_gb_s << " of the copy, device time of " << shape.launches
-              << " launches; an epoch " << std::setprecision(1) << crops_per_s / 1e6 << " M crops/s wall\n";
+              << std::setw(14) << std::left << calls << std::right << std::setw(8) << kernel_gb_s << " (" << copy_gb_s
+              << ") = " << std::setprecision(3) << kernel_gb_s / copy_gb_s << " of the copy, device time of "
+              << shape.launches << " launches; an epoch " << std::setprecision(1) << crops_per_s / 1e6
+              << " M crops/s wall\n";
     reference.push_back({{"crop", {shape.crop.height, shape.crop.width}},
                          {"images_per_call", shape.images_per_call ? shape.images_per_call : reference_images},
                          {"crop_launches", shape.launches},
@@ -447,9 +446,8 @@ Json run_transfer(const TransferOptions& opt, const CommonOptions& common) {
   goals["crop_kernel_reference"] =
       goal("crop kernel GB/s (device time, the epoch in one call) / device-to-device copy GB/s, 24x24 of 28x28",
            reference_ratio, ">= 0.50", reference_ratio >= 0.5, on_gpu);
-  goals["crop_kernel_reference_per_call"] =
-      goal("the same in calls of 1,024 images (one launch of 15 MB each)", per_call_ratio, ">= 0.50",
-           per_call_ratio >= 0.5, on_gpu);
+  goals["crop_kernel_reference_per_call"] = goal("the same in calls of 1,024 images (one launch of 15 MB each)",
+                                                 per_call_ratio, ">= 0.50", per_call_ratio >= 0.5, on_gpu);
   std::cout << "\ngoals " << (on_gpu ? "(GPU):" : "(not applicable on the CPU backend):");
   for (const auto& [name, g] : goals.items()) {
     const char* verdict = g["met"].is_null() ? "" : g["met"].get<bool>() ? " met" : " MISSED";

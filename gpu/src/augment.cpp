@@ -333,16 +333,15 @@ struct GpuAugment::State {
     lists->release_after(std::move(host), *compute);
     std::vector<Buffer> out = acquire_outputs(ctx);
     if (resident()) {
-      // One launch cuts every minibatch's crops, each straight into its own buffer.
+      // One launch cuts every minibatch's crops (picked, in minibatch order), each straight into
+      // its own buffer.
       std::vector<detail::CropOutput> outputs;
-      for (std::size_t i = 0; i < minibatches.size(); ++i) {
-        const Minibatch& m = minibatches[i];
-        outputs.push_back({crops_of(out[i]), labels_of(out[i], m), static_cast<std::uint32_t>(m.first - minibatches[0].first),
-                           static_cast<std::uint32_t>(m.count)});
-      }
-      kernels->crop(*compute, resident_images.data(), dataset->size(),
-                    reinterpret_cast<const CropJob*>(dev.data()) + minibatches[0].first,
-                    picked.size() - minibatches[0].first, table_data, outputs, draws);
+      for (std::size_t i = 0; i < minibatches.size(); ++i)
+        outputs.push_back({crops_of(out[i]), labels_of(out[i], minibatches[i]),
+                           static_cast<std::uint32_t>(minibatches[i].first),
+                           static_cast<std::uint32_t>(minibatches[i].count)});
+      kernels->crop(*compute, resident_images.data(), dataset->size(), reinterpret_cast<const CropJob*>(dev.data()),
+                    picked.size(), table_data, outputs, draws);
     }
     for (std::size_t i = 0; i < minibatches.size(); ++i) {
       Minibatch& m = minibatches[i];

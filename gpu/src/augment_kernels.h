@@ -86,8 +86,7 @@ inline constexpr std::uint32_t kMaxCropOutputs = 64;
 
 /// The output of job i: the last of `outputs` (ascending firsts, the first 0) whose first is
 /// at most i.
-STOKER_HOST_DEVICE inline const CropOutput& output_of(const CropOutput* outputs, std::uint32_t count,
-                                                      std::uint32_t i) {
+STOKER_HOST_DEVICE inline const CropOutput& output_of(const CropOutput* outputs, std::uint32_t count, std::uint32_t i) {
   std::uint32_t lo = 0, hi = count;
   while (hi - lo > 1) {
     const std::uint32_t mid = lo + (hi - lo) / 2;

@@ -147,8 +147,7 @@ class StreamBase : public Stream {
   /// a chunk of work costs one pair of marks however many launches it makes (timed_work()).
   template <class Work>
   void timed(const char* name, std::uint64_t bytes, Work&& work) {
-    if (!device_.timing() || chunk_owner_.load(std::memory_order_relaxed) == std::this_thread::get_id())
-      return work();
+    if (!device_.timing() || chunk_owner_.load(std::memory_order_relaxed) == std::this_thread::get_id()) return work();
     std::lock_guard issuing(spans_->issuing);
     const struct Owner {
       std::atomic<std::thread::id>& owner;

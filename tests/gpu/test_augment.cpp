@@ -541,7 +541,7 @@ TEST_CASE("a traced run draws every copy and kernel on its stream's track, in or
     const auto trace = nlohmann::json::parse(in);
     std::map<int, std::string> tracks;
     std::map<int, std::vector<std::pair<double, double>>> spans;  // per track: (ts, dur) in file order
-    std::map<std::string, std::uint64_t> count;                    // per span name
+    std::map<std::string, std::uint64_t> count;                   // per span name
     for (const auto& e : trace.at("traceEvents")) {
       if (e.at("pid") != 2) continue;
       if (e.at("ph") == "M" && e.at("name") == "thread_name") tracks[e.at("tid").get<int>()] = e.at("args").at("name");
@@ -921,8 +921,8 @@ TEST_CASE("one crop call fills many outputs, each with its own slots, as one out
       kernels.crop(*stream, d_images.data(), images, reinterpret_cast<const gpu::detail::CropJob*>(d_one.data()), jobs,
                    d_table.data(), reinterpret_cast<float*>(ref.data()),
                    reinterpret_cast<std::int32_t*>(ref_labels.data()), jobs, draws);
-      kernels.crop(*stream, d_images.data(), images, reinterpret_cast<const gpu::detail::CropJob*>(d_many.data()),
-                   jobs, d_table.data(), outputs, draws);
+      kernels.crop(*stream, d_images.data(), images, reinterpret_cast<const gpu::detail::CropJob*>(d_many.data()), jobs,
+                   d_table.data(), outputs, draws);
       std::vector<float> want(jobs * elements), got(elements);
       std::vector<std::int32_t> want_labels(jobs);
       std::int32_t got_label = 0;

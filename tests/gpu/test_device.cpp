@@ -9,10 +9,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <map>
 #include <cstring>
 #include <ctime>
 #include <future>
+#include <map>
 #include <mutex>
 #include <numeric>
 #include <random>
@@ -201,7 +201,8 @@ TEST_CASE("opening and using a CUDA device never changes the caller's current de
   stoker::test::set_current_cuda_device(0);
 }
 
-TEST_CASE("a stream runs its work in order and an event completes when the stream reaches it" * doctest::timeout(30) * doctest::test_suite("gate")) {
+TEST_CASE("a stream runs its work in order and an event completes when the stream reaches it" * doctest::timeout(30) *
+          doctest::test_suite("gate")) {
   for (const auto& device : devices()) {
     CAPTURE(device->name());
     auto stream = device->make_stream();
@@ -239,7 +240,8 @@ TEST_CASE("a stream runs its work in order and an event completes when the strea
   }
 }
 
-TEST_CASE("a stream waits for another stream's event without the host waiting" * doctest::timeout(30) * doctest::test_suite("gate")) {
+TEST_CASE("a stream waits for another stream's event without the host waiting" * doctest::timeout(30) *
+          doctest::test_suite("gate")) {
   for (const auto& device : devices()) {
     CAPTURE(device->name());
     auto producer = device->make_stream(), consumer = device->make_stream();
@@ -926,7 +928,8 @@ TEST_CASE("output sizing adds what one call, the queue and the consumer hold") {
   CHECK(stoker::gpu::ToDeviceOptions{}.device_buffers == 4);
 }
 
-TEST_CASE("a blocking-sync event lets the host thread sleep while the device works" * doctest::timeout(30) * doctest::test_suite("gate")) {
+TEST_CASE("a blocking-sync event lets the host thread sleep while the device works" * doctest::timeout(30) *
+          doctest::test_suite("gate")) {
   const auto thread_cpu = [] {
     timespec t{};
     clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
