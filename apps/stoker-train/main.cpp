@@ -204,6 +204,12 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
       ->check(CLI::Range(1, 64))
       ->capture_default_str()
       ->group("Pipeline");
+  app.add_option("--graph", o.graph,
+                 "auto: on a CUDA device (one rank), each full training step is one CUDA graph launch; no: "
+                 "kernel by kernel")
+      ->check(CLI::IsMember({"auto", "no"}))
+      ->capture_default_str()
+      ->group("Model");
   app.add_option("--limit", o.limit, "Use only the first N training and N test images (0: all); for quick runs")
       ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 32))
       ->capture_default_str()
@@ -259,6 +265,7 @@ Json to_json(const TrainOptions& o, const TrainReport& r) {
   out["mode"] = r.mode;
   out["augment"] = o.augment;
   out["resident"] = r.resident;
+  out["graph"] = r.graph;
   std::uint64_t all_samples = r.samples();  // every rank's
   if (!r.ranks.empty()) {
     all_samples = 0;

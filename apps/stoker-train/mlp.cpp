@@ -53,6 +53,7 @@ Mlp::Mlp(gpu::Device& device, gpu::Stream& stream, MlpOptions options) : options
   grad_a_ = device.allocate(rows * static_cast<std::size_t>(widest) * sizeof(float));
   grad_b_ = device.allocate(rows * static_cast<std::size_t>(widest) * sizeof(float));
   counters_ = device.allocate(sizeof(DeviceCounters));
+  learning_rate_ = device.allocate(sizeof(float));
 
   std::vector<float> initial(parameter_count_, 0.0f);  // biases stay 0
   Rng rng(derive_seed(options_.seed, 0x6d6c70));
@@ -82,6 +83,21 @@ float* Mlp::forward(gpu::Stream& stream, const float* x, int rows) {
 
 void Mlp::train_step(gpu::Stream& stream, const float* x, const std::int32_t* labels, int rows, float learning_rate,
                      const Reduce& reduce) {
+  set_learning_rate(stream, learning_rate);
+  issue_step(stream, x, labels, rows, reduce);
+}
+
+void Mlp::set_learning_rate(gpu::Stream& stream, float learning_rate) {
+  nn::fill(stream, at(learning_rate_), learning_rate);
+}
+
+std::unique_ptr<gpu::Replay> Mlp::capture_step(gpu::Stream& stream, const float* x, const std::int32_t* labels,
+                                               int rows) {
+  return std::make_unique<gpu::Replay>(stream, [=, this, &stream] { issue_step(stream, x, labels, rows, {}); });
+}
+
+void Mlp::issue_step(gpu::Stream& stream, const float* x, const std::int32_t* labels, int rows,
+                     const Reduce& reduce) {
   if (rows < 1 || rows > options_.max_rows)
     throw std::invalid_argument("mlp: a training batch of " + std::to_string(rows) + " rows (1 to " +
                                 std::to_string(options_.max_rows) + " allowed)");
@@ -106,7 +122,7 @@ void Mlp::train_step(gpu::Stream& stream, const float* x, const std::int32_t* la
     std::swap(grad_out, grad_in);
   }
   if (reduce) reduce(stream, at(grads_), parameter_count_);
-  nn::sgd_momentum(stream, at(params_), at(grads_), at(velocity_), parameter_count_, learning_rate, options_.momentum,
+  nn::sgd_momentum(stream, at(params_), at(grads_), at(velocity_), parameter_count_, at(learning_rate_), options_.momentum,
                    options_.weight_decay);
 }
 

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -45,6 +46,13 @@ class Mlp {
   /// `stream`; adds the batch's loss and correct predictions to the counters.
   void train_step(gpu::Stream& stream, const float* x, const std::int32_t* labels, int rows, float learning_rate,
                   const Reduce& reduce = {});
+  /// The same step without a reduce, for inputs at `x` and `labels` (`rows` of them), captured
+  /// once on `stream` to be run again and again (a CUDA graph on CUDA), each run with the rate
+  /// of the last set_learning_rate() before it.
+  std::unique_ptr<gpu::Replay> capture_step(gpu::Stream& stream, const float* x, const std::int32_t* labels,
+                                            int rows);
+  /// The learning rate of the steps issued after it, set in stream order.
+  void set_learning_rate(gpu::Stream& stream, float learning_rate);
 
   /// Adds to test_correct the samples among `rows` (any number) that the model predicts right.
   void evaluate(gpu::Stream& stream, const float* x, const std::int32_t* labels, std::size_t rows);
@@ -73,6 +81,8 @@ class Mlp {
     std::int32_t train_correct, test_correct;
   };
 
+  // A step that reads its learning rate from learning_rate_.
+  void issue_step(gpu::Stream& stream, const float* x, const std::int32_t* labels, int rows, const Reduce& reduce);
   // Returns the logits of the last layer.
   float* forward(gpu::Stream& stream, const float* x, int rows);
   float* at(gpu::Memory& m, std::size_t offset = 0) const noexcept {
@@ -93,6 +103,7 @@ class Mlp {
   std::vector<gpu::Memory> activations_;  // each layer's output, max_rows x outputs
   gpu::Memory grad_a_, grad_b_;           // gradients w.r.t. a layer's output, ping-pong
   gpu::Memory counters_;
+  gpu::Memory learning_rate_;  // one float, read by the optimizer's kernel as it runs
   DeviceCounters host_counters_{};  // where read_counters() copies to
 };
 

@@ -86,6 +86,7 @@ class Trainer {
         device_(std::move(device)),
         compute_(device_->make_stream()),
         model_(*device_, *compute_, model_options(o)),
+        graph_(o.graph == "auto" && device_->backend() == gpu::Backend::cuda && !ranks_),
         samples_per_epoch_(samples_per_epoch),
         total_steps_(static_cast<std::uint64_t>(o.epochs) * ((samples_per_epoch + o.batch_size - 1) / o.batch_size)) {
     // The host waits on these: asleep (blocking sync), not spinning a core the pipeline needs.
@@ -159,8 +160,13 @@ class Trainer {
     // One span a step in a trace, not one per kernel: the step's two dozen small kernels would
     // cost the trace a pair of timing events each.
     gpu::timed_work(*compute_, "train_step", [&] {
-      model_.train_step(*compute_, batch.data_as<float>(), batch.labels(), static_cast<int>(batch.count),
-                        learning_rate(), ranks_ ? average_gradients_ : Mlp::Reduce{});
+      // After a first step kernel by kernel, which makes what the kernels make on first use (the
+      // stream's cuBLAS handle), which a graph capture could not.
+      if (graph_ && batch.count == o_.batch_size && issued_ > 0)
+        graph_step(batch);
+      else
+        model_.train_step(*compute_, batch.data_as<float>(), batch.labels(), static_cast<int>(batch.count),
+                          learning_rate(), ranks_ ? average_gradients_ : Mlp::Reduce{});
     });
     batch.release_after(*compute_);
     compute_->record(done);
@@ -172,6 +178,8 @@ class Trainer {
   }
 
   void add_input_wait(double seconds) { current_.input_wait_seconds += seconds; }
+  /// Whether full steps run as one CUDA graph launch each (TrainOptions::graph).
+  bool graph() const noexcept { return graph_; }
 
   /// Waits, asleep, for the work issued to `stream` so far (Stream::synchronize may spin).
   void wait_for(gpu::Stream& stream) {
@@ -214,6 +222,22 @@ class Trainer {
   }
 
   // Cosine decay from the initial rate to zero over the whole run.
+  // A full step as one launch: the batch copied to where the step captured from the first one
+  // reads it, the rate set, the graph launched. The host issues 4 calls a step, not two dozen.
+  void graph_step(const gpu::DeviceBatch& batch) {
+    const std::size_t x_bytes = batch.count * static_cast<std::size_t>(model_.options().layers.front()) * sizeof(float);
+    if (!captured_step_) {
+      step_input_ = device_->allocate(x_bytes + batch.count * sizeof(std::int32_t));
+      captured_step_ = model_.capture_step(*compute_, reinterpret_cast<const float*>(step_input_.data()),
+                                  reinterpret_cast<const std::int32_t*>(step_input_.data() + x_bytes),
+                                  static_cast<int>(batch.count));
+    }
+    compute_->copy_on_device(step_input_.data(), batch.data_as<float>(), x_bytes);
+    compute_->copy_on_device(step_input_.data() + x_bytes, batch.labels(), batch.count * sizeof(std::int32_t));
+    model_.set_learning_rate(*compute_, learning_rate());
+    captured_step_->run();
+  }
+
   float learning_rate() const {
     const double progress = static_cast<double>(step_) / static_cast<double>(std::max<std::uint64_t>(total_steps_, 1));
     return static_cast<float>(o_.learning_rate * 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
@@ -238,6 +262,9 @@ class Trainer {
   Mlp model_;
   std::vector<std::unique_ptr<gpu::Event>> step_done_;
   std::unique_ptr<gpu::Event> caught_up_;  // wait_for()'s
+  const bool graph_;
+  gpu::Memory step_input_;             // where the captured step reads its batch
+  std::unique_ptr<gpu::Replay> captured_step_;  // made at the first full batch
   std::uint64_t samples_per_epoch_, total_steps_;
   std::uint64_t step_ = 0;    // of the run: the learning rate's schedule
   std::uint64_t issued_ = 0;  // by this process: which event a step records
@@ -602,6 +629,7 @@ void validate(const TrainOptions& o, int ranks) {
     if (value < 1) fail(std::string(name) + " must be at least 1");
   };
   at_least_1("--epochs", o.epochs);
+  if (o.graph != "auto" && o.graph != "no") fail("--graph must be auto or no, not '" + o.graph + "'");
   at_least_1("--batch-size", o.batch_size);
   at_least_1("--crops", o.crops);
   at_least_1("--crop-size", o.crop_size);
@@ -768,6 +796,7 @@ TrainReport run_training(const TrainOptions& options, const TrainCallbacks& call
   report.device = gpu::backend_name(trainer.device().backend());
   report.device_name = trainer.device().name();
   report.parameters = trainer.model().parameter_count();
+  report.graph = trainer.graph();
   report.load_seconds = seconds_since(t_load);
   if (callbacks.on_start) callbacks.on_start(report);
 

@@ -76,6 +76,10 @@ struct TrainOptions {
   /// event): deep enough that a host which is the bottleneck never leaves the device idle while
   /// it catches up, and every one of them costs a device buffer of input (output_sizing).
   int in_flight = 4;
+  /// auto: on a CUDA device in a job of one rank, each full training step is one launch of a
+  /// CUDA graph captured from the first (its input copied to where the graph reads it); no:
+  /// every step's kernels launched one by one.
+  std::string graph = "auto";
 
   std::size_t limit = 0;  ///< use only the first N train and N test images; 0 = all
 };
@@ -113,6 +117,7 @@ struct TrainReport {
   std::string device_name;  ///< e.g. "NVIDIA H100 80GB HBM3 (cuda:0)"
   std::string mode;
   bool resident = false;  ///< the data set was uploaded once (--augment gpu)
+  bool graph = false;     ///< full training steps ran as one CUDA graph launch each
   std::uint64_t train_images = 0, test_images = 0;
   std::size_t parameters = 0;
   double load_seconds = 0;  ///< reading and decoding the data sets, preparing the test set

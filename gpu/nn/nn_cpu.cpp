@@ -179,12 +179,16 @@ void column_sum(Stream& stream, const float* a, int rows, int cols, float* out) 
       [=](void* native) { cuda::column_sum(native, a, rows, cols, out); });
 }
 
-void sgd_momentum(Stream& stream, float* param, const float* grad, float* velocity, std::size_t n, float lr,
+void sgd_momentum(Stream& stream, float* param, const float* grad, float* velocity, std::size_t n, const float* lr,
                   float momentum, float weight_decay) {
   if (n == 0) return;
   launch(
-      stream, "sgd_momentum", [=] { cpu_sgd_momentum(param, grad, velocity, n, lr, momentum, weight_decay); },
+      stream, "sgd_momentum", [=] { cpu_sgd_momentum(param, grad, velocity, n, *lr, momentum, weight_decay); },
       [=](void* native) { cuda::sgd_momentum(native, param, grad, velocity, n, lr, momentum, weight_decay); });
+}
+
+void fill(Stream& stream, float* dst, float value) {
+  launch(stream, "fill", [=] { *dst = value; }, [=](void* native) { cuda::fill(native, dst, value); });
 }
 
 void zero(Stream& stream, void* dst, std::size_t bytes) {

@@ -106,8 +106,9 @@ __global__ void column_sum_kernel(const float* a, int rows, int cols, float* out
   }
 }
 
-__global__ void sgd_momentum_kernel(float* param, const float* grad, float* velocity, std::size_t n, float lr,
-                                    float momentum, float weight_decay) {
+__global__ void sgd_momentum_kernel(float* param, const float* grad, float* velocity, std::size_t n,
+                                    const float* learning_rate, float momentum, float weight_decay) {
+  const float lr = *learning_rate;
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
        i += std::size_t{gridDim.x} * blockDim.x) {
     const float v = momentum * velocity[i] + grad[i] + weight_decay * param[i];
@@ -115,6 +116,8 @@ __global__ void sgd_momentum_kernel(float* param, const float* grad, float* velo
     param[i] -= lr * v;
   }
 }
+
+__global__ void fill_kernel(float* dst, float value) { *dst = value; }
 
 }  // namespace
 
@@ -150,7 +153,7 @@ void column_sum(void* stream, const float* a, int rows, int cols, float* out) {
   STOKER_CUDA_CHECK(cudaGetLastError());
 }
 
-void sgd_momentum(void* stream, float* param, const float* grad, float* velocity, std::size_t n, float lr,
+void sgd_momentum(void* stream, float* param, const float* grad, float* velocity, std::size_t n, const float* lr,
                   float momentum, float weight_decay) {
   sgd_momentum_kernel<<<blocks_for(n), kThreads, 0, as_stream(stream)>>>(param, grad, velocity, n, lr, momentum,
                                                                          weight_decay);
@@ -159,6 +162,11 @@ void sgd_momentum(void* stream, float* param, const float* grad, float* velocity
 
 void zero(void* stream, void* dst, std::size_t bytes) {
   STOKER_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, as_stream(stream)));
+}
+
+void fill(void* stream, float* dst, float value) {
+  fill_kernel<<<1, 1, 0, as_stream(stream)>>>(dst, value);
+  STOKER_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace stoker::gpu::detail::cuda_nn

@@ -18,8 +18,9 @@ void relu_backward(void* stream, float* grad, const float* activation, std::size
 void softmax_cross_entropy(void* stream, const float* logits, const std::int32_t* labels, int rows, int classes,
                            float* grad, float grad_scale, float* loss_sum, std::int32_t* correct);
 void column_sum(void* stream, const float* a, int rows, int cols, float* out);
-void sgd_momentum(void* stream, float* param, const float* grad, float* velocity, std::size_t n, float lr,
+void sgd_momentum(void* stream, float* param, const float* grad, float* velocity, std::size_t n, const float* lr,
                   float momentum, float weight_decay);
+void fill(void* stream, float* dst, float value);
 void zero(void* stream, void* dst, std::size_t bytes);
 
 }  // namespace stoker::gpu::detail::cuda_nn

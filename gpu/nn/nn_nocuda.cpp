@@ -19,7 +19,8 @@ void softmax_cross_entropy(void*, const float*, const std::int32_t*, int, int, f
   unavailable();
 }
 void column_sum(void*, const float*, int, int, float*) { unavailable(); }
-void sgd_momentum(void*, float*, const float*, float*, std::size_t, float, float, float) { unavailable(); }
+void sgd_momentum(void*, float*, const float*, float*, std::size_t, const float*, float, float) { unavailable(); }
+void fill(void*, float*, float) { unavailable(); }
 void zero(void*, void*, std::size_t) { unavailable(); }
 
 }  // namespace stoker::gpu::detail::cuda_nn

@@ -145,15 +145,21 @@ class StreamBase : public Stream {
   /// a span named `name` (static storage) on the device's timeline, when it listens. Work timed
   /// inside it, by the same thread on this stream, is part of its span, not a span of its own:
   /// a chunk of work costs one pair of marks however many launches it makes (timed_work()).
+  /// Issues `work` with no span of its own or inside it: what a CUDA graph captures. Inside
+  /// timed() on this thread (a graph captured within timed_work()), it is part of that span.
+  template <class Work>
+  void untimed(Work&& work) {
+    if (chunk_owner_.load(std::memory_order_relaxed) == std::this_thread::get_id()) return work();
+    std::lock_guard issuing(spans_->issuing);
+    const Owner owner(chunk_owner_);
+    work();
+  }
+
   template <class Work>
   void timed(const char* name, std::uint64_t bytes, Work&& work) {
     if (!device_.timing() || chunk_owner_.load(std::memory_order_relaxed) == std::this_thread::get_id()) return work();
     std::lock_guard issuing(spans_->issuing);
-    const struct Owner {
-      std::atomic<std::thread::id>& owner;
-      explicit Owner(std::atomic<std::thread::id>& o) : owner(o) { owner.store(std::this_thread::get_id()); }
-      ~Owner() { owner.store(std::thread::id{}); }
-    } owner(chunk_owner_);
+    const Owner owner(chunk_owner_);
     auto span = std::make_shared<DeviceBase::Span>();
     span->name = name;
     span->bytes = bytes;
@@ -189,9 +195,15 @@ class StreamBase : public Stream {
 
   DeviceBase& device_;
   const std::shared_ptr<StreamSpans> spans_;
-  // The thread inside timed() on this stream, which holds spans_->issuing: what it issues to
-  // this stream meanwhile is part of its span. Other threads wait for the lock.
+  // The thread inside timed() or untimed() on this stream, which holds spans_->issuing: what it
+  // issues to this stream meanwhile is part of its span (or of no span). Other threads wait for
+  // the lock.
   std::atomic<std::thread::id> chunk_owner_{};
+  struct Owner {
+    std::atomic<std::thread::id>& owner;
+    explicit Owner(std::atomic<std::thread::id>& o) : owner(o) { owner.store(std::this_thread::get_id()); }
+    ~Owner() { owner.store(std::thread::id{}); }
+  };
 };
 
 /// What a failure of device work says once it surfaces: `what`, and why it may surface far from
@@ -209,6 +221,12 @@ void log_teardown_failure(const char* where) noexcept;
 /// std::logic_error for a stream that is not a CUDA one.
 std::shared_ptr<void> stream_resource(Stream& stream, const void* key,
                                       const std::function<std::shared_ptr<void>()>& make);
+
+/// Captures what `issue` issues to the CUDA stream `stream` into an executable CUDA graph, with
+/// the stream's own timing off meanwhile; launch_graph() issues it. Without CUDA they throw
+/// std::logic_error: no stream has a native handle there.
+std::shared_ptr<void> capture_graph(Stream& stream, const std::function<void()>& issue);
+void launch_graph(Stream& stream, void* graph);
 
 /// A named NVTX range for as long as it lives, in a build with CUDA; nothing otherwise.
 class TraceRange {

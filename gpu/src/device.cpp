@@ -103,6 +103,22 @@ void timed_work(Stream& stream, const char* name, const std::function<void()>& w
     work();
 }
 
+Replay::Replay(Stream& stream, const std::function<void()>& issue) : stream_(stream) {
+  if (stream.native_handle())
+    graph_ = detail::capture_graph(stream, issue);
+  else
+    issue_ = issue;
+}
+
+Replay::~Replay() = default;
+
+void Replay::run() {
+  if (graph_)
+    detail::launch_graph(stream_, graph_.get());
+  else
+    issue_();
+}
+
 std::shared_ptr<TimelineSource> device_timeline(std::shared_ptr<Device> device) {
   return std::make_shared<DeviceTimeline>(std::move(device));
 }

@@ -424,6 +424,47 @@ std::shared_ptr<void> stream_resource(Stream& stream, const void* key,
   return cuda->resource(key, make);
 }
 
+std::shared_ptr<void> capture_graph(Stream& stream, const std::function<void()>& issue) {
+  auto* cuda = dynamic_cast<CudaStream*>(&stream);
+  if (!cuda) throw std::logic_error("capture_graph: not a CUDA stream");
+  const DeviceGuard guard(stream);
+  const auto native = static_cast<cudaStream_t>(cuda->native_handle());
+  cudaGraph_t graph = nullptr;
+  cuda->untimed([&] {
+    STOKER_CUDA_CHECK(cudaStreamBeginCapture(native, cudaStreamCaptureModeThreadLocal));
+    try {
+      issue();
+    } catch (...) {
+      if (cudaStreamEndCapture(native, &graph) == cudaSuccess && graph) (void)cudaGraphDestroy(graph);
+      (void)cudaGetLastError();
+      throw;
+    }
+    STOKER_CUDA_CHECK(cudaStreamEndCapture(native, &graph));
+  });
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  STOKER_CUDA_CHECK(status);
+  return std::shared_ptr<void>(exec, [ordinal = cuda->ordinal()](void* e) {
+    try {
+      const DeviceGuard guard(ordinal);
+      (void)cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(e));
+    } catch (...) {
+      log_teardown_failure("a captured graph's destructor");
+    }
+  });
+}
+
+void launch_graph(Stream& stream, void* graph) {
+  auto* cuda = dynamic_cast<CudaStream*>(&stream);
+  if (!cuda) throw std::logic_error("launch_graph: not a CUDA stream");
+  cuda->timed("graph", 0, [&] {
+    const DeviceGuard guard(stream);
+    STOKER_CUDA_CHECK(
+        cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph), static_cast<cudaStream_t>(cuda->native_handle())));
+  });
+}
+
 std::shared_ptr<Device> open_cuda_device(int ordinal) { return std::make_shared<CudaDevice>(ordinal); }
 
 }  // namespace detail

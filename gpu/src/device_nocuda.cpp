@@ -24,6 +24,10 @@ DeviceGuard::~DeviceGuard() = default;
 std::shared_ptr<void> stream_resource(Stream&, const void*, const std::function<std::shared_ptr<void>()>&) {
   throw std::logic_error("stream_resource: this build of stoker has no CUDA");
 }
+std::shared_ptr<void> capture_graph(Stream&, const std::function<void()>&) {
+  throw std::logic_error("capture_graph: this build of stoker has no CUDA");
+}
+void launch_graph(Stream&, void*) { throw std::logic_error("launch_graph: this build of stoker has no CUDA"); }
 }  // namespace detail
 
 }  // namespace stoker::gpu

@@ -201,7 +201,9 @@ void check_elementwise(Device& device) {
 
   const auto p0 = random_values(10, 7), g0 = random_values(10, 8), v0 = random_values(10, 9);
   DeviceArray<float> p(device, *stream, p0), g(device, *stream, g0), v(device, *stream, v0);
-  nn::sgd_momentum(*stream, p.get(), g.get(), v.get(), p0.size(), 0.1f, 0.9f, 0.01f);
+  DeviceArray<float> lr(device, *stream, std::vector<float>{0.5f});
+  nn::fill(*stream, lr.get(), 0.1f);  // the rate is read as the step runs: the last one set
+  nn::sgd_momentum(*stream, p.get(), g.get(), v.get(), p0.size(), lr.get(), 0.9f, 0.01f);
   const auto p1 = p.read(), v1 = v.read();
   for (std::size_t i = 0; i < p0.size(); ++i) {
     const float vel = 0.9f * v0[i] + g0[i] + 0.01f * p0[i];

@@ -204,4 +204,25 @@ std::shared_ptr<TimelineSource> device_timeline(std::shared_ptr<Device> device);
 /// listening timeline, or on a stream that is not a Device's, it just calls `work`.
 void timed_work(Stream& stream, const char* name, const std::function<void()>& work);
 
+/// The work one call of `issue` issues to `stream`, captured and issued again as a whole: on
+/// CUDA a CUDA graph (one launch for all its kernels and copies), on the CPU backend `issue`
+/// called again. Capturing issues nothing; run() issues the work to the stream it was captured
+/// on. The work reads what its pointers point to when it runs, so that a step captured once
+/// takes new inputs copied to the same place before each run. `issue` must issue to `stream`
+/// only, and neither wait on the host nor run host tasks. A CUDA capture that fails throws
+/// DeviceError and leaves the stream as it was.
+class Replay {
+ public:
+  Replay(Stream& stream, const std::function<void()>& issue);
+  ~Replay();
+  Replay(const Replay&) = delete;
+  Replay& operator=(const Replay&) = delete;
+  void run();
+
+ private:
+  Stream& stream_;
+  std::function<void()> issue_;  // the CPU backend's
+  std::shared_ptr<void> graph_;  // CUDA's executable graph
+};
+
 }  // namespace stoker::gpu

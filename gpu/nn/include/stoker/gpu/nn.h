@@ -48,9 +48,14 @@ void softmax_cross_entropy(Stream& stream, const float* logits, const std::int32
 void column_sum(Stream& stream, const float* a, int rows, int cols, float* out);
 
 /// One step of SGD with momentum and L2 weight decay over n parameters:
-///   velocity = momentum * velocity + grad + weight_decay * param;  param -= lr * velocity.
-void sgd_momentum(Stream& stream, float* param, const float* grad, float* velocity, std::size_t n, float lr,
+///   velocity = momentum * velocity + grad + weight_decay * param;  param -= *lr * velocity.
+/// The learning rate is read from device memory as the step runs, so that a captured step
+/// (Replay) takes the rate set before each replay (fill()).
+void sgd_momentum(Stream& stream, float* param, const float* grad, float* velocity, std::size_t n, const float* lr,
                   float momentum, float weight_decay);
+
+/// *dst = value, in stream order: a scalar in device memory that later work reads.
+void fill(Stream& stream, float* dst, float value);
 
 /// Sets `bytes` bytes at `dst` to zero (zero bits: 0.0f and int 0 alike).
 void zero(Stream& stream, void* dst, std::size_t bytes);
