@@ -96,8 +96,7 @@ std::unique_ptr<gpu::Replay> Mlp::capture_step(gpu::Stream& stream, const float*
   return std::make_unique<gpu::Replay>(stream, [=, this, &stream] { issue_step(stream, x, labels, rows, {}); });
 }
 
-void Mlp::issue_step(gpu::Stream& stream, const float* x, const std::int32_t* labels, int rows,
-                     const Reduce& reduce) {
+void Mlp::issue_step(gpu::Stream& stream, const float* x, const std::int32_t* labels, int rows, const Reduce& reduce) {
   if (rows < 1 || rows > options_.max_rows)
     throw std::invalid_argument("mlp: a training batch of " + std::to_string(rows) + " rows (1 to " +
                                 std::to_string(options_.max_rows) + " allowed)");
@@ -122,8 +121,8 @@ void Mlp::issue_step(gpu::Stream& stream, const float* x, const std::int32_t* la
     std::swap(grad_out, grad_in);
   }
   if (reduce) reduce(stream, at(grads_), parameter_count_);
-  nn::sgd_momentum(stream, at(params_), at(grads_), at(velocity_), parameter_count_, at(learning_rate_), options_.momentum,
-                   options_.weight_decay);
+  nn::sgd_momentum(stream, at(params_), at(grads_), at(velocity_), parameter_count_, at(learning_rate_),
+                   options_.momentum, options_.weight_decay);
 }
 
 void Mlp::evaluate(gpu::Stream& stream, const float* x, const std::int32_t* labels, std::size_t rows) {

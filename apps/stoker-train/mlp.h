@@ -49,8 +49,7 @@ class Mlp {
   /// The same step without a reduce, for inputs at `x` and `labels` (`rows` of them), captured
   /// once on `stream` to be run again and again (a CUDA graph on CUDA), each run with the rate
   /// of the last set_learning_rate() before it.
-  std::unique_ptr<gpu::Replay> capture_step(gpu::Stream& stream, const float* x, const std::int32_t* labels,
-                                            int rows);
+  std::unique_ptr<gpu::Replay> capture_step(gpu::Stream& stream, const float* x, const std::int32_t* labels, int rows);
   /// The learning rate of the steps issued after it, set in stream order.
   void set_learning_rate(gpu::Stream& stream, float learning_rate);
 
@@ -103,7 +102,7 @@ class Mlp {
   std::vector<gpu::Memory> activations_;  // each layer's output, max_rows x outputs
   gpu::Memory grad_a_, grad_b_;           // gradients w.r.t. a layer's output, ping-pong
   gpu::Memory counters_;
-  gpu::Memory learning_rate_;  // one float, read by the optimizer's kernel as it runs
+  gpu::Memory learning_rate_;       // one float, read by the optimizer's kernel as it runs
   DeviceCounters host_counters_{};  // where read_counters() copies to
 };
 

@@ -229,8 +229,8 @@ class Trainer {
     if (!captured_step_) {
       step_input_ = device_->allocate(x_bytes + batch.count * sizeof(std::int32_t));
       captured_step_ = model_.capture_step(*compute_, reinterpret_cast<const float*>(step_input_.data()),
-                                  reinterpret_cast<const std::int32_t*>(step_input_.data() + x_bytes),
-                                  static_cast<int>(batch.count));
+                                           reinterpret_cast<const std::int32_t*>(step_input_.data() + x_bytes),
+                                           static_cast<int>(batch.count));
     }
     compute_->copy_on_device(step_input_.data(), batch.data_as<float>(), x_bytes);
     compute_->copy_on_device(step_input_.data() + x_bytes, batch.labels(), batch.count * sizeof(std::int32_t));
@@ -263,7 +263,7 @@ class Trainer {
   std::vector<std::unique_ptr<gpu::Event>> step_done_;
   std::unique_ptr<gpu::Event> caught_up_;  // wait_for()'s
   const bool graph_;
-  gpu::Memory step_input_;             // where the captured step reads its batch
+  gpu::Memory step_input_;                      // where the captured step reads its batch
   std::unique_ptr<gpu::Replay> captured_step_;  // made at the first full batch
   std::uint64_t samples_per_epoch_, total_steps_;
   std::uint64_t step_ = 0;    // of the run: the learning rate's schedule

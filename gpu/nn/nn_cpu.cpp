@@ -188,7 +188,8 @@ void sgd_momentum(Stream& stream, float* param, const float* grad, float* veloci
 }
 
 void fill(Stream& stream, float* dst, float value) {
-  launch(stream, "fill", [=] { *dst = value; }, [=](void* native) { cuda::fill(native, dst, value); });
+  launch(
+      stream, "fill", [=] { *dst = value; }, [=](void* native) { cuda::fill(native, dst, value); });
 }
 
 void zero(Stream& stream, void* dst, std::size_t bytes) {
