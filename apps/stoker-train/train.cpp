@@ -221,7 +221,6 @@ class Trainer {
     return m;
   }
 
-  // Cosine decay from the initial rate to zero over the whole run.
   // A full step as one launch: the batch copied to where the step captured from the first one
   // reads it, the rate set, the graph launched. The host issues 4 calls a step, not two dozen.
   void graph_step(const gpu::DeviceBatch& batch) {
@@ -238,6 +237,7 @@ class Trainer {
     captured_step_->run();
   }
 
+  // Cosine decay from the initial rate to zero over the whole run.
   float learning_rate() const {
     const double progress = static_cast<double>(step_) / static_cast<double>(std::max<std::uint64_t>(total_steps_, 1));
     return static_cast<float>(o_.learning_rate * 0.5 * (1.0 + std::cos(std::numbers::pi * progress)));
