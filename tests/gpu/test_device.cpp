@@ -1041,18 +1041,20 @@ TEST_CASE("timed_work makes the work it issues to its stream one span, and other
     auto stream = device->make_stream(), other = device->make_stream();
     constexpr std::size_t kBytes = 4096;
     Pinned<std::byte> host(*device, kBytes);
+    // `stream` copies between a and b; `other` between c and d, so that the streams never
+    // touch the same memory.
     const stoker::gpu::Memory a = device->allocate(kBytes), b = device->allocate(kBytes);
+    const stoker::gpu::Memory c = device->allocate(kBytes), d = device->allocate(kBytes);
     std::vector<stoker::TimedSpan> spans;
     std::memset(host.data(), 7, kBytes);
-    stream->copy_to_device(a.data(), host.data(), kBytes);
-    stream->copy_to_device(b.data(), host.data(), kBytes);
+    for (const auto* m : {&a, &b, &c, &d}) stream->copy_to_device(m->data(), host.data(), kBytes);
     stoker::gpu::timed_work(*stream, "untimed", [&] { stream->copy_on_device(b.data(), a.data(), kBytes); });
     stream->synchronize();  // nothing listens yet: no span, and the work ran
     timeline->start();
     stoker::gpu::timed_work(*stream, "step", [&] {
       stream->copy_to_device(a.data(), host.data(), kBytes);
       for (int i = 0; i < 5; ++i) stream->copy_on_device(b.data(), a.data(), kBytes);
-      other->copy_on_device(a.data(), b.data(), kBytes);  // another stream: its own span
+      other->copy_on_device(c.data(), d.data(), kBytes);  // another stream: its own span
     });
     stream->copy_on_device(b.data(), a.data(), kBytes);  // after the chunk: a span again
     stream->synchronize();
