@@ -57,6 +57,7 @@ struct StreamSpans {
     Clock::time_point begin, end;  // the CPU backend's, set by the stream's worker
     bool ended = false;            // the CPU backend's: end is set
     bool dropped = false;          // its work or a mark could not be issued: not a span
+    bool issued = false;           // its marks and work are issued: no issuing thread touches it now
     bool released = false;         // taken or dropped by the device, which holds it no more
     void* events[2]{};             // the CUDA backend's: recorded before and after the work
   };
@@ -66,7 +67,7 @@ struct StreamSpans {
   std::mutex issuing;       // held while a span's begin, work and end are issued: they stay together
   std::mutex mutex;         // over the rest, and every Span's fields once it is listed
   std::deque<std::shared_ptr<Span>> spans;
-  Clock::time_point last_end;  // of the last span taken
+  Clock::time_point last_end;  // of the last span taken; take_timeline()'s alone
   bool closed = false;         // its stream is gone
 };
 
@@ -102,9 +103,10 @@ class DeviceBase : public Device {
  protected:
   enum class Resolved : std::uint8_t { pending, ready, lost };
   /// The backend's: `span`'s begin and end once its work has finished (ready), pending until
-  /// then, lost when its times can no longer be had (a failed device). Under the stream's mutex,
-  /// from take_timeline() only.
-  virtual Resolved resolve(Span& span) noexcept = 0;
+  /// then, lost when its times can no longer be had (a failed device). From take_timeline()
+  /// only, for an issued span of `stream`, without the stream's mutex: the backend takes it if
+  /// its stream's work writes the span.
+  virtual Resolved resolve(StreamSpans& stream, Span& span) noexcept = 0;
   /// The backend's: called as a timeline starts (may throw: the start fails), and before each
   /// take.
   virtual void timeline_starting() {}

@@ -173,22 +173,34 @@ void DeviceBase::take_timeline(std::vector<TimedSpan>& out) {
     streams = streams_;
   }
   for (const auto& stream : streams) {
-    std::lock_guard spans(stream->mutex);
-    while (!stream->spans.empty()) {
-      Span& span = *stream->spans.front();
-      if (!span.dropped) {
-        const Resolved r = resolve(span);
-        if (r == Resolved::pending) break;  // and so are the spans after it, issued later
-        if (r == Resolved::ready) {
-          // A stream runs one piece of work at a time: a span that would begin before the last
-          // one ended (the device's clock read through another reference) begins as it ends.
-          const auto begin = std::max(span.begin, stream->last_end);
-          const auto end = std::max(span.end, begin);
-          out.push_back({stream->track, span.name, span.bytes, begin, end});
-          stream->last_end = end;
-        }
+    // The issued spans at the front are copied out, and their times read without the stream's
+    // mutex: a thread issuing work to the stream takes it at every span, and must not wait for
+    // the device's clock readings (three CUDA calls a span).
+    std::vector<std::shared_ptr<Span>> issued;
+    {
+      std::lock_guard spans(stream->mutex);
+      for (const auto& span : stream->spans) {
+        if (!span->issued) break;
+        issued.push_back(span);
       }
-      give_back(span);
+    }
+    std::size_t done = 0;
+    for (const auto& span : issued) {
+      const Resolved r = span->dropped ? Resolved::lost : resolve(*stream, *span);
+      if (r == Resolved::pending) break;  // and so are the spans after it, issued later
+      if (r == Resolved::ready) {
+        // A stream runs one piece of work at a time: a span that would begin before the last
+        // one ended (the device's clock read through another reference) begins as it ends.
+        const auto begin = std::max(span->begin, stream->last_end);
+        const auto end = std::max(span->end, begin);
+        out.push_back({stream->track, span->name, span->bytes, begin, end});
+        stream->last_end = end;
+      }
+      ++done;
+    }
+    std::lock_guard spans(stream->mutex);
+    for (; done > 0; --done) {
+      give_back(*stream->spans.front());
       stream->spans.pop_front();
     }
   }
@@ -204,6 +216,7 @@ void DeviceBase::stop_timeline() noexcept {
 void DeviceBase::issued(StreamSpans& stream, Span& span, bool timed) noexcept {
   std::lock_guard lock(stream.mutex);
   if (!timed) span.dropped = true;
+  span.issued = true;
   if (span.released) release(span);  // a mark stored after the device let go of the span
 }
 

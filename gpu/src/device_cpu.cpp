@@ -189,7 +189,10 @@ class CpuDevice final : public DeviceBase {
   Backend backend() const noexcept override { return Backend::cpu; }
   std::string name() const override { return "cpu"; }
   int ordinal() const noexcept override { return 0; }
-  Resolved resolve(Span& span) noexcept override { return span.ended ? Resolved::ready : Resolved::pending; }
+  Resolved resolve(StreamSpans& stream, Span& span) noexcept override {
+    std::lock_guard lock(stream.mutex);  // the stream's worker sets the times
+    return span.ended ? Resolved::ready : Resolved::pending;
+  }
   std::unique_ptr<Stream> make_stream() override { return std::make_unique<CpuStream>(*this); }
   std::unique_ptr<Event> make_event(HostWait) override { return std::make_unique<CpuEvent>(); }
   Memory allocate(std::size_t bytes) override { return host(bytes); }

@@ -375,8 +375,8 @@ class CudaDevice final : public DeviceBase, private Timing {
     (void)cudaStreamDestroy(idle);
     STOKER_CUDA_CHECK(status);
   }
-  Resolved resolve(Span& span) noexcept override {
-    if (!span.events[1]) return Resolved::pending;  // its work is still being issued
+  Resolved resolve(StreamSpans&, Span& span) noexcept override {
+    if (!span.events[0] || !span.events[1]) return Resolved::lost;
     try {
       const DeviceGuard guard(ordinal_);
       const auto end = static_cast<cudaEvent_t>(span.events[1]);

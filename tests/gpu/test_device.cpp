@@ -999,14 +999,21 @@ TEST_CASE("a device timeline hands out each copy as a span once the stream has r
     timeline->take(spans);
     CHECK(spans.empty());  // each span once
 
-    // Two threads issuing to one stream at once: each copy's span stays whole, in stream order.
+    // Two threads issuing to one stream at once, and the spans taken meanwhile: each copy's
+    // span stays whole, in stream order, and none is taken before its work is issued.
     constexpr int kCopies = 300;
+    std::atomic<int> issuing{2};
+    std::thread taker([&] {
+      while (issuing.load() > 0) timeline->take(spans);
+    });
     std::vector<std::thread> threads;
     for (int t = 0; t < 2; ++t)
       threads.emplace_back([&] {
         for (int i = 0; i < kCopies; ++i) stream->copy_on_device(b.data(), a.data(), kBytes);
+        issuing.fetch_sub(1);
       });
     for (auto& t : threads) t.join();
+    taker.join();
     stream->synchronize();
     timeline->take(spans);
     REQUIRE(spans.size() == 2 * kCopies);
