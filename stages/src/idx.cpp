@@ -170,8 +170,14 @@ IdxDataset fashion_mnist(const std::filesystem::path& dir, std::string_view spli
   if (split != "train" && split != "t10k")
     throw std::invalid_argument("fashion_mnist: split must be \"train\" or \"t10k\", got \"" + std::string(split) +
                                 "\"");
+  // The files as published (gzip), or unpacked: the gzip name when neither is there, so that
+  // the error names the file the data set ships.
+  const auto file = [&](const std::string& name) {
+    const auto plain = dir / name, gzip = dir / (name + ".gz");
+    return !std::filesystem::exists(gzip) && std::filesystem::exists(plain) ? plain : gzip;
+  };
   const std::string s(split);
-  return load_idx(dir / (s + "-images-idx3-ubyte.gz"), dir / (s + "-labels-idx1-ubyte.gz"));
+  return load_idx(file(s + "-images-idx3-ubyte"), file(s + "-labels-idx1-ubyte"));
 }
 
 IdxReader::IdxReader(IdxDataset data, ReaderOptions options)

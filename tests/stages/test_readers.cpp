@@ -190,6 +190,19 @@ TEST_SUITE("IDX reader") {
     check_data_error([&] { load_idx(dir.path(), dir / "labels"); }, dir.path(), "not a regular file");
   }
 
+  TEST_CASE("fashion_mnist reads its files gzip-compressed, as published, or unpacked") {
+    TempDir dir;
+    write_file(dir / "t10k-images-idx3-ubyte", idx_images(3, 28, 28));  // unpacked
+    write_gzip(dir / "t10k-labels-idx1-ubyte.gz", idx_labels(3));
+    const IdxDataset data = fashion_mnist(dir.path(), "t10k");
+    CHECK(data.images.count == 3);
+    CHECK(data.labels.size() == 3);
+    // The labels unpacked too, but not IDX: the error names the file read.
+    write_file(dir / "t10k-labels-idx1-ubyte", Bytes(5));
+    std::filesystem::remove(dir / "t10k-labels-idx1-ubyte.gz");
+    check_data_error([&] { fashion_mnist(dir.path(), "t10k"); }, dir / "t10k-labels-idx1-ubyte", "bad IDX magic");
+  }
+
   TEST_CASE("bad input: truncated gzip") {
     TempDir dir;
     write_gzip(dir / "full.gz", idx_images(50, 8, 8));

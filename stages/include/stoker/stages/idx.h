@@ -59,7 +59,8 @@ std::vector<std::int32_t> parse_idx_labels(std::span<const std::byte> file, cons
 IdxDataset load_idx(const std::filesystem::path& images, const std::filesystem::path& labels);
 
 /// Fashion-MNIST's `split` ("train": 60,000 images, or "t10k": 10,000) from `dir`, which
-/// holds the files `<split>-images-idx3-ubyte.gz` and `<split>-labels-idx1-ubyte.gz`.
+/// holds the files `<split>-images-idx3-ubyte.gz` and `<split>-labels-idx1-ubyte.gz`, or the
+/// same unpacked, without `.gz`.
 IdxDataset fashion_mnist(const std::filesystem::path& dir = kFashionMnistDir, std::string_view split = "train");
 
 /// Yields an IdxDataset's images as 1 x H x W uint8 samples with their labels.
