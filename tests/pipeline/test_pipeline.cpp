@@ -391,6 +391,42 @@ TEST_SUITE("Pipeline") {
     CHECK_FALSE(pipe.next());
   }
 
+  TEST_CASE("endless epochs end at the first one that yields nothing, rather than spin" * doctest::timeout(30)) {
+    // Two epochs of 100 items, then a filter that lets nothing through: the run ends there.
+    const auto pass = std::make_shared<std::atomic<int>>(0);
+    auto pipe = PipelineBuilder{}
+                    .threads(2)
+                    .source("read", CountUpTo{100})
+                    .flat_map<int>("filter",
+                                   [pass](int x, Emitter<int>& emit) {
+                                     if (x == 0) pass->fetch_add(1);  // each epoch's first item
+                                     if (pass->load() <= 2) emit(x);
+                                   })
+                    .build();
+    std::vector<std::size_t> sizes;
+    for (auto epoch : pipe.epochs()) {
+      std::size_t n = 0;
+      for (auto& x : epoch) n += x >= 0;
+      sizes.push_back(n);
+    }
+    CHECK(sizes == std::vector<std::size_t>{100, 100, 0});
+    CHECK(pipe.finished());
+    CHECK(pipe.current_epoch() == 3);
+
+    // An empty source, endless epochs: one empty epoch.
+    auto empty = PipelineBuilder{}.source("read", CountUpTo{0}).map("id", [](int x) { return x; }).build();
+    CHECK(drain_epoch(empty).empty());
+    CHECK(empty.finished());
+  }
+
+  TEST_CASE("a moved-from pipeline says so rather than crash") {
+    auto pipe = PipelineBuilder{}.epochs(1).source("read", CountUpTo{10}).map("id", [](int x) { return x; }).build();
+    auto moved = std::move(pipe);
+    CHECK_THROWS_WITH_AS(pipe.next(), doctest::Contains("moved from"), std::logic_error);
+    CHECK_THROWS_WITH_AS(pipe.state(), doctest::Contains("moved from"), std::logic_error);
+    CHECK(sorted(drain_epoch(moved)) == iota(10));
+  }
+
   TEST_CASE("a short last batch of an epoch is kept, or dropped by option") {
     for (bool drop : {false, true}) {
       CAPTURE(drop);

@@ -70,7 +70,7 @@ struct PipelineOptions {
   int threads = 0;
   std::uint64_t seed = 0;      ///< given to every stage function through StageContext
   bool deterministic = false;  ///< same output, in the same order, whatever the threads
-  std::uint32_t epochs = 0;    ///< epochs to run; 0 = until stopped
+  std::uint32_t epochs = 0;    ///< epochs to run; 0 = until stopped, or until an epoch yields nothing
   std::string occupancy_log;   ///< JSON Lines file of queue samples; empty = none
   /// Fields added to every record of the occupancy log, e.g. {"rank", "1"} for one rank of a
   /// job whose logs stoker-inspect reads together.
@@ -356,7 +356,7 @@ class Pipeline {
   /// the epoch (the next call starts on the next one) and once the run is over (finished()).
   /// Rethrows, as a StageError, an exception thrown by any stage.
   std::optional<T> next() {
-    core_->rethrow_if_failed();
+    core().rethrow_if_failed();
     while (!finished_) {
       if (taken_ < chunk_.size()) {
         core_->count_consumed();
@@ -413,7 +413,7 @@ class Pipeline {
   }
 
   /// Counters of every stage and queue so far.
-  PipelineSummary summary() const { return core_->summary(); }
+  PipelineSummary summary() const { return core().summary(); }
 
   /// Where the run stands: after the items next() has returned so far. A pipeline built with
   /// the same stages, seed and data and `.resume_from(state)` goes on from there, with any thread
@@ -424,9 +424,14 @@ class Pipeline {
   /// StateError naming what prevents it otherwise. From the consumer's thread; costs a fraction
   /// of a microsecond in deterministic mode, and in free order about a nanosecond for each item
   /// in flight.
-  PipelineState state() const { return core_->state(epoch_, consumed_); }
+  PipelineState state() const { return core().state(epoch_, consumed_); }
 
  private:
+  detail::PipelineCore& core() const {
+    if (!core_) throw std::logic_error("stoker::Pipeline: used after it was moved from");
+    return *core_;
+  }
+
   friend class Builder<T>;
   Pipeline(std::unique_ptr<detail::PipelineCore> core, detail::Edge<T>& final_edge, detail::StageBase& last,
            std::uint32_t epochs, const std::optional<PipelineState>& resume)
@@ -452,12 +457,15 @@ class Pipeline {
   }
 
   // Epochs do not overlap: the next one starts once this one has fully left the graph,
-  // so a shuffle never mixes two epochs and every queue restarts empty.
+  // so a shuffle never mixes two epochs and every queue restarts empty. A run of endless
+  // epochs ends at one that yields nothing (an empty source, every item filtered out), as
+  // tf.data's repeat() does, rather than spin through empty epochs.
   void end_epoch() {
+    const bool empty = consumed_ == 0;
     ++epoch_;
     consumed_ = 0;
     core_->end_epoch();
-    if (epochs_ != 0 && epoch_ >= epochs_) {
+    if (epochs_ != 0 ? epoch_ >= epochs_ : empty) {
       finished_ = true;
       core_->stop();
       return;
