@@ -48,6 +48,12 @@ namespace stoker::detail {
 
 using Clock = std::chrono::steady_clock;
 
+namespace {
+// The pipeline whose task this thread runs: a stage function may call stop(), which then
+// cannot wait for every task to end, its own among them.
+thread_local const PipelineCore* task_of = nullptr;
+}  // namespace
+
 // ---------------------------------------------------------------------------------------
 // Engine: the pipeline's threads and the arena they run the stage bodies in.
 
@@ -165,8 +171,12 @@ void StageBase::run_task() noexcept {
   queued_.fetch_sub(1);
   struct Done {
     std::atomic<int>& tasks;
-    ~Done() { tasks.fetch_sub(1); }  // the task's last action: see PipelineCore::spawn()
-  } done{core_->tasks_};
+    const PipelineCore* outer;
+    ~Done() {
+      task_of = outer;
+      tasks.fetch_sub(1);  // the task's last action: see PipelineCore::spawn()
+    }
+  } done{core_->tasks_, std::exchange(task_of, core_)};
   run();
 }
 
@@ -354,6 +364,7 @@ class PipelineCore::Monitor {
 
   /// Writes `record` to the occupancy log, with the time ("t") added. Any thread.
   void note(nlohmann::json record) {
+    std::lock_guard lock(closing_);
     if (!logger_) return;
     record["t"] = seconds();
     write(std::move(record));
@@ -377,7 +388,10 @@ class PipelineCore::Monitor {
     } catch (const std::exception& e) {
       spdlog::error("{}", e.what());
     }
-    logger_.reset();
+    {
+      std::lock_guard lock(closing_);
+      logger_.reset();
+    }
     pool_.reset();  // joins the logging thread after it has written everything
   }
 
@@ -481,6 +495,7 @@ class PipelineCore::Monitor {
   std::vector<TimedSpan> timed_;                            // the sampling thread's
   std::shared_ptr<spdlog::details::thread_pool> pool_;
   std::shared_ptr<spdlog::async_logger> logger_;
+  std::mutex closing_;            // note(), from the consumer's thread, against finish() on a stopping one
   std::optional<Ticker> ticker_;  // started once the log is open
 };
 
@@ -847,6 +862,10 @@ void PipelineCore::rethrow_if_failed() const {
 }
 
 void PipelineCore::stop() noexcept {
+  if (task_of == this) {  // from a stage function: the stop() of the consumer or the destructor waits
+    request_stop();
+    return;
+  }
   if (stopped_.exchange(true)) return;
   if (tuner_) tuner_->finish();
   request_stop();
@@ -857,8 +876,8 @@ void PipelineCore::stop() noexcept {
 PipelineSummary PipelineCore::summary() const {
   PipelineSummary out;
   out.wall = started_ == Clock::time_point{} ? std::chrono::nanoseconds{0} : Clock::now() - started_;
-  out.consumer_wait = consumer_wait_;
-  out.consumed = consumed_;
+  out.consumer_wait = std::chrono::nanoseconds(consumer_wait_ns_.load(std::memory_order_relaxed));
+  out.consumed = consumed_.load(std::memory_order_relaxed);
   out.threads = threads_;
   for (const auto& s : stages_) out.stages.push_back(s->stats());
   if (options_.counters) out.counters = options_.counters();

@@ -188,7 +188,41 @@ TEST_SUITE("Pipeline") {
         CHECK(std::string(e.what()).find("'" + failing + "'") != std::string::npos);
       }
       CHECK(caught == failing);
+      CHECK(pipe.finished());                    // a loop over epochs() that catches the error ends
       CHECK_THROWS_AS(pipe.next(), StageError);  // and again, not a silent end
+    }
+  }
+
+  TEST_CASE("stop() from a stage function stops the run without waiting for itself" * doctest::timeout(30)) {
+    for (int threads : {1, 2}) {
+      for (bool from_source : {false, true}) {
+        CAPTURE(threads);
+        CAPTURE(from_source);
+        std::atomic<Pipeline<int>*> self{nullptr};
+        auto stop_at = [&](int x) {
+          if (x == 1000)
+            if (auto* p = self.load()) p->stop();
+        };
+        auto pipe = PipelineBuilder{}
+                        .threads(threads)
+                        .source("read",
+                                [&, n = 0]() mutable -> std::optional<int> {
+                                  if (from_source) stop_at(n);
+                                  return n++;
+                                })
+                        .map("check",
+                             [&](int x) {
+                               if (!from_source) stop_at(x);
+                               return x;
+                             },
+                             {.threads = threads})
+                        .build();
+        self = &pipe;
+        while (pipe.next()) {
+        }
+        CHECK(pipe.finished());
+        pipe.stop();  // the consumer's: waits for every body
+      }
     }
   }
 
@@ -506,6 +540,34 @@ TEST_SUITE("Pipeline") {
     CHECK(consumer_records == 1);
     CHECK(queues == std::set<std::string>{"read->decode", "shuffle", "batch->consumer"});
     CHECK(stages == std::set<std::string>{"read", "decode", "batch"});
+  }
+
+  TEST_CASE("stop() from another thread while the consumer crosses epochs leaves a whole log" * doctest::timeout(60)) {
+    // Epochs of 3 items: the consumer writes an epoch record to the log as the stopper closes it.
+    const TempDir dir("pipeline");
+    const auto log = (dir / "occupancy.jsonl").string();
+    for (int round = 0; round < 40; ++round) {
+      CAPTURE(round);
+      auto pipe = PipelineBuilder{}
+                      .threads(2)
+                      .occupancy_log(log, 1ms)
+                      .source("read", CountUpTo{3})
+                      .map("id", [](int x) { return x; })
+                      .build();
+      std::thread stopper([&] {
+        std::this_thread::sleep_for(std::chrono::microseconds(100 + round * 37 % 900));
+        pipe.stop();
+      });
+      std::uint64_t taken = 0;
+      while (!pipe.finished())
+        if (pipe.next()) ++taken;
+      stopper.join();
+      CHECK(pipe.summary().consumed == taken);
+      std::ifstream in(log);
+      int lines = 0;
+      for (std::string line; std::getline(in, line); ++lines) CHECK_NOTHROW((void)nlohmann::json::parse(line));
+      CHECK(lines > 0);
+    }
   }
 
   TEST_CASE("an occupancy log that cannot be written is a clear error naming the file") {

@@ -356,7 +356,7 @@ class Pipeline {
   /// the epoch (the next call starts on the next one) and once the run is over (finished()).
   /// Rethrows, as a StageError, an exception thrown by any stage.
   std::optional<T> next() {
-    core().rethrow_if_failed();
+    rethrow_if_failed();
     while (!finished_) {
       if (taken_ < chunk_.size()) {
         core_->count_consumed();
@@ -385,7 +385,7 @@ class Pipeline {
         end_epoch();
         return std::nullopt;
       } else {  // closed: stopped or failed
-        core_->rethrow_if_failed();
+        rethrow_if_failed();
         finished_ = true;
       }
     }
@@ -401,11 +401,14 @@ class Pipeline {
 
   /// The epoch that next() is in.
   std::uint32_t current_epoch() const { return epoch_; }
-  /// True once every epoch asked for has been delivered, or the pipeline was stopped.
+  /// True once every epoch asked for has been delivered, the pipeline was stopped, or a stage
+  /// failed (next() threw its StageError).
   bool finished() const { return finished_.load(); }
 
   /// Stops every stage and waits until all of their bodies have returned; next() then returns
-  /// nullopt. Idempotent, and safe from any thread; the destructor calls it.
+  /// nullopt. Idempotent, and safe from any thread; the destructor calls it. From a stage
+  /// function it cannot wait for its own body: it stops the stages and returns, and the
+  /// consumer's next stop() (or the destructor) waits.
   void stop() {
     if (!core_) return;
     finished_ = true;
@@ -430,6 +433,14 @@ class Pipeline {
   detail::PipelineCore& core() const {
     if (!core_) throw std::logic_error("stoker::Pipeline: used after it was moved from");
     return *core_;
+  }
+  void rethrow_if_failed() {
+    try {
+      core().rethrow_if_failed();
+    } catch (...) {
+      finished_ = true;  // a loop over epochs() that catches the error ends
+      throw;
+    }
   }
 
   friend class Builder<T>;

@@ -318,10 +318,11 @@ class PipelineCore {
 
   /// The consumer's thread waited for the last queue from `begin` to `end`.
   void consumer_waited(std::chrono::steady_clock::time_point begin, std::chrono::steady_clock::time_point end) {
-    consumer_wait_ += end - begin;
+    add(consumer_wait_ns_,
+        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(end - begin).count()));
     if (consumer_track_) consumer_track_->span(begin, end);
   }
-  void count_consumed(std::uint64_t n = 1) { consumed_ += n; }
+  void count_consumed(std::uint64_t n = 1) { add(consumed_, n); }
   PipelineSummary summary() const;
 
  private:
@@ -359,8 +360,12 @@ class PipelineCore {
   std::exception_ptr error_;
   std::string error_stage_;
   std::chrono::steady_clock::time_point started_;
-  std::chrono::nanoseconds consumer_wait_{0};
-  std::uint64_t consumed_ = 0;
+  // The consumer's counters: it alone writes them, and summary() may read them from any thread.
+  std::atomic<std::uint64_t> consumer_wait_ns_{0};
+  std::atomic<std::uint64_t> consumed_{0};
+  static void add(std::atomic<std::uint64_t>& counter, std::uint64_t n) {
+    counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+  }
 };
 
 inline bool StageBase::stopping() const noexcept { return core_->stopping(); }
