@@ -74,9 +74,12 @@ TEST_SUITE("Pipeline") {
     };
     constexpr std::size_t kQueue = 8;
     constexpr int kThreads = 2;
-    bool deterministic = false;
+    bool deterministic = false, autotune = false;
     int fan_out = 3, inputs = 2000;
     SUBCASE("free order") {}
+    // A budget of 16: each stage holds chunks for the threads it has, not for the budget (no
+    // decision falls within the run, so they stay at kThreads).
+    SUBCASE("autotune with a large budget") { autotune = true; }
     SUBCASE("deterministic mode") { deterministic = true; }
     // One call emits many chunks' worth: its emits wait for room, as a file read into records.
     SUBCASE("a flat_map with a fan-out of 1000") { fan_out = 1000, inputs = 20; }
@@ -86,9 +89,11 @@ TEST_SUITE("Pipeline") {
     live = 0;
     max_live = 0;
     {
+      PipelineBuilder builder;
+      if (autotune) builder.threads(16).autotune({.interval = 60s});
       auto pipe =
-          PipelineBuilder{}
-              .threads(4)
+          std::move(builder)
+              .threads(autotune ? 16 : 4)
               .epochs(1)
               .deterministic(deterministic)
               .source("read",
@@ -115,6 +120,7 @@ TEST_SUITE("Pipeline") {
                       kThreads * 3 * kChunk /* split */ + kChunk /* consumer */;
     CAPTURE(deterministic);
     CAPTURE(fan_out);
+    CAPTURE(autotune);
     CHECK(max_live.load() <= bound);
     CHECK(max_live.load() >= static_cast<int>(3 * kQueue) - 2);  // the queues did fill up
     CHECK(live.load() == 0);

@@ -13,7 +13,8 @@ namespace stoker {
 /// thread fewer), or from the budget's unused threads. A move is made only when the same move
 /// is called for at two decisions in a row, and the decision after a move is skipped (its
 /// measurement straddles the move). Each move is logged, with its evidence, and written to the
-/// occupancy log as an `autotune` record.
+/// occupancy log as an `autotune` record. A tuned stage's `threads` is where it starts: its
+/// function may be called by up to the budget's bodies at once (StageOptions::copy_per_body).
 struct AutotuneOptions {
   /// The budget: the pipeline's threads, and the most the tuned stages may have in all; 0 = the
   /// pipeline's threads as set (one per core by default).

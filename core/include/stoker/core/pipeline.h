@@ -37,11 +37,13 @@ struct StageOptions {
   std::size_t max_chunk = 0;
   OnError on_error = OnError::fail;  ///< what an exception from the function does
   /// Each body calls a copy of its own, made at build(). Otherwise all bodies call the one
-  /// function object, at the same time when threads > 1: it must then be safe to call
-  /// concurrently.
+  /// function object, at the same time when threads > 1 or the autotuner tunes the stage: it
+  /// must then be safe to call concurrently.
   bool copy_per_body = false;
-  /// Whether the autotuner (PipelineBuilder::autotune) may change this stage's threads. Off
-  /// for a stage whose speed is not its threads' (one that waits for a device, say).
+  /// Whether the autotuner (PipelineBuilder::autotune) may change this stage's threads (up to
+  /// its budget, whatever `threads` says). Off for a stage whose speed is not its threads' (one
+  /// that waits for a device, say), and for a function that is not safe to call concurrently
+  /// and has no copy per body.
   bool autotune = true;
   /// flat_map: the number of outputs of every input, or 0 when it varies. Given, a call that
   /// emits another number is the item's error; exact resume (Pipeline::state) needs it.

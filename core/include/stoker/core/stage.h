@@ -24,8 +24,9 @@ struct StageContext {
   /// epoch, and the same item has the same index on every run, in free order too. (Outputs of
   /// a flat_map without a fanout are numbered as they reach the next queue.)
   std::uint64_t index = 0;
-  /// Which of the stage's bodies makes the call, from 0 to threads - 1. No two calls running at
-  /// the same time have the same, so it can index per-body scratch space.
+  /// Which of the stage's bodies makes the call, from 0 to threads - 1 (under the autotuner, to
+  /// its budget - 1). No two calls running at the same time have the same, so it can index
+  /// per-body scratch space.
   int body = 0;
   /// Requested once the pipeline stops (stop(), an error in any stage, destruction). A function
   /// that waits for something outside the graph, such as a free buffer of a pool, must also

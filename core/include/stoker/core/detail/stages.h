@@ -78,8 +78,8 @@ void seek(F& f, const StageContext& ctx) {
 /// for all of the first; in deterministic mode the first must also be the next in input order,
 /// so items leave in the order their inputs came. A stage claims a place before it takes a
 /// chunk of inputs and gives it back when the last piece made from them has gone: at most
-/// `window` chunks (its threads) are taken and not gone, which bounds what a stage holds to one
-/// chunk per body.
+/// `window` chunks (its threads, as the autotuner sets them) are taken and not gone, which
+/// bounds what a stage holds to one chunk per body.
 template <class T>
 class Output {
  public:
@@ -94,10 +94,7 @@ class Output {
     edge_ = edge;
     downstream_ = downstream;
   }
-  void start(bool in_order, int window) {
-    in_order_ = in_order;
-    window_ = window;
-  }
+  void start(bool in_order) { in_order_ = in_order; }
   /// Called while no body runs.
   void begin_epoch() {
     next_ = 0;
@@ -110,14 +107,14 @@ class Output {
   /// Exact resume, after begin_epoch(): the epoch's chunks start at input `first`.
   void resume_at(std::uint64_t first) { next_ = first; }
 
-  bool try_claim() {
+  bool try_claim(int window) {
     int c = claimed_.load();
-    while (c < window_)
+    while (c < window)
       if (claimed_.compare_exchange_weak(c, c + 1)) return true;
     return false;
   }
   void unclaim() { claimed_.fetch_sub(1); }
-  bool claimable() const { return claimed_.load() < window_; }
+  bool claimable(int window) const { return claimed_.load() < window; }
 
   /// Adds the items made from the inputs [key.first, key.first + span): a piece with `span` 0
   /// when more made from the same inputs follow (the last piece carries the span, and its claim
@@ -211,7 +208,6 @@ class Output {
   Edge<T>* edge_ = nullptr;
   StageBase* downstream_ = nullptr;  // none for the last stage: the consumer pops
   bool in_order_ = false;
-  int window_ = 1;
   SpinLock mutex_;
   std::map<Key, Entry> waiting_;
   std::uint64_t next_ = 0;  // in order: the first input whose items have not all gone
@@ -228,7 +224,7 @@ class Producer : public StageBase {
 
   void start(PipelineCore& core, std::size_t position) override {
     StageBase::start(core, position);
-    out_.start(core.options().deterministic, slots());
+    out_.start(core.options().deterministic);
   }
   void begin_epoch(std::uint32_t epoch) override {
     StageBase::begin_epoch(epoch);
@@ -304,7 +300,9 @@ class SourceStage final : public Producer<T> {
     ended_.store(false);
     calls_ = 0;
   }
-  bool has_work() const override { return this->out_.can_move() || (!ended_.load() && this->out_.claimable()); }
+  bool has_work() const override {
+    return this->out_.can_move() || (!ended_.load() && this->out_.claimable(this->threads()));
+  }
 
   std::string describe() const override { return "source"; }
   std::string fingerprint() const override {
@@ -349,7 +347,7 @@ class SourceStage final : public Producer<T> {
   Step step(StageBase::Body& body) override {
     this->flush();
     if (ended_.load()) return Step::done;
-    if (!this->out_.try_claim()) return Step::blocked;
+    if (!this->out_.try_claim(this->threads())) return Step::blocked;
     const std::size_t n = this->chunk_size(std::min(max_chunk_, this->out_.cap()));
     Chunk<T> items;
     items.reserve(n);
@@ -478,7 +476,7 @@ class TransformStage final : public Consumer<In, Out> {
   }
   bool has_work() const override {
     if (this->out_.can_move()) return true;
-    if (!this->out_.claimable()) return false;
+    if (!this->out_.claimable(this->threads())) return false;
     if (this->in_->drained()) return !finished_.load() && processing_.load() == 0;
     return this->in_->ready() && !this->in_->drained();
   }
@@ -493,7 +491,7 @@ class TransformStage final : public Consumer<In, Out> {
 
   Step step(StageBase::Body& body) override {
     this->flush();
-    if (!this->out_.try_claim()) return Step::blocked;
+    if (!this->out_.try_claim(this->threads())) return Step::blocked;
     // Counted before the pop, so that whoever sees the input drained also sees this chunk in
     // process (maybe_finish()).
     processing_.fetch_add(1);
@@ -706,7 +704,7 @@ class BatchStage final : public Consumer<T, std::vector<T>> {
   }
   bool has_work() const override {
     if (this->out_.can_move()) return true;
-    if (!this->out_.claimable() || finished_.load()) return false;
+    if (!this->out_.claimable(this->threads()) || finished_.load()) return false;
     return this->in_->ready();
   }
 
@@ -747,7 +745,7 @@ class BatchStage final : public Consumer<T, std::vector<T>> {
 
  private:
   void send() {
-    this->out_.try_claim();  // serial, and flushed before: never refused
+    this->out_.try_claim(this->threads());  // serial, and flushed before: never refused
     Chunk<std::vector<T>> one;
     one.push(std::move(batch_.items), batches_);
     if (auto* taken = this->core().taken_items()) taken->batched(batches_, batch_.origin_list());
