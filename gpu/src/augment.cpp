@@ -261,6 +261,9 @@ struct GpuAugment::State {
   // Records the end of the work that fills minibatch m in `buffer`, and emits it.
   void finish(Minibatch& m, Buffer buffer, Emitter<DeviceBatch>& emit) {
     compute->record(outputs->event(buffer));
+    emit_minibatch(m, std::move(buffer), emit);
+  }
+  void emit_minibatch(Minibatch& m, Buffer buffer, Emitter<DeviceBatch>& emit) {
     emit(DeviceBatch(std::move(buffer), kernels->crop(), DType::f32, m.count, labels_offset(kernels->crop(), m.count),
                      std::move(m.labels)));
   }
@@ -310,9 +313,13 @@ struct GpuAugment::State {
       Minibatch& m = minibatches[i];
       kernels->gather(*compute, window_crops(), window_labels(), window_slots, dev_picks + m.first, m.count,
                       crops_of(out[i]), labels_of(out[i], m));
-      finish(m, std::move(out[i]), emit);
+      compute->record(outputs->event(out[i]));
     }
+    // Before the first emit, which throws once the pipeline stops: a slot destroyed on the way
+    // out would come back after its copy alone, and the next call's copy into it (on the copy
+    // stream) would overwrite what the kernels queued on compute have yet to read.
     device_staging->release_after(std::move(dev), *compute);
+    for (std::size_t i = 0; i < minibatches.size(); ++i) emit_minibatch(minibatches[i], std::move(out[i]), emit);
   }
 
   // What crosses PCIe without images (the resident mode's jobs, the drain's gather slots) is a

@@ -4,9 +4,11 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <limits>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
@@ -428,6 +430,103 @@ TEST_SUITE("GpuAugment on the CPU backend") {
     augment(make_batch(data.batch(0), *augment.staging()), emit, {});
     CHECK(augment.held() == 8 * 5 - out.size() * 32);
   }
+}
+
+namespace {
+
+// A CPU-backend device whose kernels (host tasks on the CPU backend) wait at a gate until it
+// opens, while its copies run: a stream whose kernels still read a buffer after another stream
+// has passed the copy into it.
+class HeldKernels final : public gpu::Device {
+ public:
+  HeldKernels() : gate_(*inner_) {}
+  ~HeldKernels() override { gate_.open(); }
+
+  void open() { gate_.open(); }
+  gpu::TransferCounts copies() const { return inner_->transfers(); }
+
+  gpu::Backend backend() const noexcept override { return inner_->backend(); }
+  std::string name() const override { return inner_->name(); }
+  int ordinal() const noexcept override { return inner_->ordinal(); }
+  std::unique_ptr<gpu::Stream> make_stream() override {
+    return std::make_unique<HeldStream>(inner_->make_stream(), gate_);
+  }
+  using gpu::Device::make_event;
+  std::unique_ptr<gpu::Event> make_event(gpu::HostWait wait) override { return inner_->make_event(wait); }
+  gpu::Memory allocate(std::size_t bytes) override { return inner_->allocate(bytes); }
+  gpu::Memory allocate_pinned(std::size_t bytes) override { return inner_->allocate_pinned(bytes); }
+  std::size_t free_memory() const override { return inner_->free_memory(); }
+
+ private:
+  class HeldStream final : public gpu::Stream {
+   public:
+    HeldStream(std::unique_ptr<gpu::Stream> inner, test::StreamGate& gate) : inner_(std::move(inner)), gate_(gate) {}
+    void copy_to_device(void* dst, const void* src, std::size_t bytes) override {
+      inner_->copy_to_device(dst, src, bytes);
+    }
+    void copy_to_host(void* dst, const void* src, std::size_t bytes) override { inner_->copy_to_host(dst, src, bytes); }
+    void copy_on_device(void* dst, const void* src, std::size_t bytes) override {
+      inner_->copy_on_device(dst, src, bytes);
+    }
+    void record(gpu::Event& event) override { inner_->record(event); }
+    void wait(gpu::Event& event) override { inner_->wait(event); }
+    void host_task(std::function<void()> fn) override {
+      gate_.hold(*inner_);
+      inner_->host_task(std::move(fn));
+    }
+    void synchronize() override { inner_->synchronize(); }
+    void check() override { inner_->check(); }
+    void* native_handle() noexcept override { return nullptr; }
+
+   private:
+    std::unique_ptr<gpu::Stream> inner_;
+    test::StreamGate& gate_;
+  };
+
+  std::shared_ptr<gpu::Device> inner_ = gpu::Device::open("cpu");
+  test::StreamGate gate_;
+};
+
+}  // namespace
+
+TEST_CASE("a call that stops while emitting gives its staging slot back only after the kernels that read it" *
+          doctest::timeout(60)) {
+  auto device = std::make_shared<HeldKernels>();
+  auto o = fashion_options(20);
+  o.batch_size = 16;
+  o.shuffle = {.capacity = 100, .min_after_dequeue = 20, .seed = 1};  // 20 images x 5 crops: 5 minibatches
+  o.staging_buffers = 1;  // every call copies into the same device staging slot
+  o.output_buffers = 32;
+  GpuAugment augment(device, o);
+  struct Opened {  // before the augment's destructor waits for its streams
+    HeldKernels& device;
+    ~Opened() { device.open(); }
+  } opened{*device};
+  const Images data{.images = 1000, .per_batch = 20};
+  {
+    auto pipe = PipelineBuilder{}
+                    .threads(2)
+                    .source("read", data.source())
+                    .batch("images", data.per_batch)
+                    .flat_map<DeviceBatch>("gpu_augment", augment, {.queue = 1})
+                    .build();
+    // The first call's crops wait at the gate; it emits into a queue of one and, once the
+    // pipeline stops, its emit throws.
+    REQUIRE(pipe.next());
+  }
+  const auto before = device->copies();
+  auto call = std::async(std::launch::async, [&] {
+    std::vector<DeviceBatch> out;
+    Emitter<DeviceBatch> emit(out);
+    augment(data.batch(1), emit, {0, 1});
+    return out.size();
+  });
+  // The stopped call's crop kernel and gathers have not read the slot yet: no copy may overwrite it.
+  for (int i = 0; i < 60 && device->copies().h2d_copies == before.h2d_copies; ++i) std::this_thread::sleep_for(5ms);
+  CHECK(device->copies().h2d_copies == before.h2d_copies);
+  device->open();
+  CHECK(call.get() == 5);
+  CHECK(device->copies().h2d_copies == before.h2d_copies + 1);
 }
 
 namespace {
