@@ -16,37 +16,30 @@ namespace stoker::gpu::detail {
 
 namespace {
 
-// Shared with the work that records it or waits for it, so that an event may be destroyed
-// with work still pending, as a CUDA event may. `failure` is that of the stream it was last
-// completed on, as of that point: what done() and synchronize() report.
-struct EventState {
+// The point one record() marks in a stream's work: done once the stream's worker reaches it,
+// with the stream's failure as of then. Each record() makes a new one, and a wait keeps the one
+// it saw when it was issued, so that recording the event again (on any stream) moves neither
+// when the wait ends nor which failure it carries, as with cudaStreamWaitEvent. Shared with the
+// work that completes it and the waits for it: an event may be destroyed with work pending, as
+// a CUDA event may.
+struct Point {
   std::mutex mutex;
   std::condition_variable changed;
-  std::uint64_t recorded = 0, completed = 0;
+  bool done = false;
   std::string failure;
 
-  std::uint64_t mark() {
-    std::lock_guard lock(mutex);
-    return ++recorded;
-  }
-  std::uint64_t last_mark() {
-    std::lock_guard lock(mutex);
-    return recorded;
-  }
-  void complete(std::uint64_t mark, const std::string& stream_failure) {
+  void complete(const std::string& stream_failure) {
     {
       std::lock_guard lock(mutex);
-      if (mark > completed) {
-        completed = mark;
-        failure = stream_failure;
-      }
+      done = true;
+      failure = stream_failure;
     }
     changed.notify_all();
   }
-  /// The failure the work before `mark` ended in; empty when it succeeded.
-  std::string wait_for(std::uint64_t mark) {
+  /// The failure the work before the point ended in; empty when it succeeded.
+  std::string wait() {
     std::unique_lock lock(mutex);
-    changed.wait(lock, [&] { return completed >= mark; });
+    changed.wait(lock, [&] { return done; });
     return failure;
   }
 };
@@ -56,16 +49,32 @@ struct EventState {
 class CpuEvent final : public Event {
  public:
   bool done() override {
-    std::lock_guard lock(state->mutex);
-    if (state->completed < state->recorded) return false;
-    if (!state->failure.empty()) throw_failure(state->failure);
+    const auto point = last();
+    if (!point) return true;
+    std::lock_guard lock(point->mutex);
+    if (!point->done) return false;
+    if (!point->failure.empty()) throw_failure(point->failure);
     return true;
   }
   void synchronize() override {
-    if (auto failure = state->wait_for(state->last_mark()); !failure.empty()) throw_failure(failure);
+    if (const auto point = last())
+      if (auto failure = point->wait(); !failure.empty()) throw_failure(failure);
   }
   void* native_handle() noexcept override { return nullptr; }
-  const std::shared_ptr<EventState> state = std::make_shared<EventState>();
+
+  /// The point of the last record(); null before the first.
+  std::shared_ptr<Point> last() {
+    std::lock_guard lock(mutex_);
+    return point_;
+  }
+  void moved_to(std::shared_ptr<Point> point) {
+    std::lock_guard lock(mutex_);
+    point_ = std::move(point);
+  }
+
+ private:
+  std::mutex mutex_;  // record() on one thread, done() on another (a pool's, a consumer's)
+  std::shared_ptr<Point> point_;
 };
 
 // The worker runs each piece of work with the stream's failure so far (empty while there is
@@ -93,13 +102,16 @@ class CpuStream final : public StreamBase {
   }
   void copy_on_device(void* dst, const void* src, std::size_t bytes) override { copy("d2d", dst, src, bytes); }
   void record(Event& event) override {
-    auto state = static_cast<CpuEvent&>(event).state;
-    issue([state, mark = state->mark()](std::string& failure) { state->complete(mark, failure); });
+    auto& cpu = static_cast<CpuEvent&>(event);
+    auto point = std::make_shared<Point>();
+    issue([point](std::string& failure) { point->complete(failure); });
+    cpu.moved_to(std::move(point));  // once issued: a point nothing completes would hang its waits
   }
   void wait(Event& event) override {
-    auto state = static_cast<CpuEvent&>(event).state;
-    issue([state, mark = state->last_mark()](std::string& failure) {
-      auto waited = state->wait_for(mark);
+    auto point = static_cast<CpuEvent&>(event).last();
+    if (!point) return;  // never recorded: nothing to wait for, as on CUDA
+    issue([point = std::move(point)](std::string& failure) {
+      auto waited = point->wait();
       if (failure.empty()) failure = std::move(waited);  // work after it would read what failed
     });
   }

@@ -19,6 +19,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gpu/stream_tools.h"
@@ -268,6 +269,44 @@ TEST_CASE("a stream waits for another stream's event without the host waiting" *
     producer->synchronize();
     CHECK(log.entries().size() == 3);
   }
+}
+
+TEST_CASE("a wait keeps the point it saw when another stream records the event again, and that point's failure" *
+          doctest::timeout(30) * doctest::test_suite("gate")) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto slow = device->make_stream(), waiting = device->make_stream(), idle = device->make_stream();
+    auto event = device->make_event();
+    StreamGate gate(*device);
+    Log log;
+    gate.hold(*slow);
+    slow->host_task([&] { log.add("slow"); });
+    slow->record(*event);
+    waiting->wait(*event);
+    waiting->host_task([&] { log.add("waiting"); });
+    idle->record(*event);  // passes at once; the wait above still has the slow stream's point
+    idle->synchronize();
+    CHECK(event->done());  // the event is at its last point
+    std::this_thread::sleep_for(20ms);
+    CHECK(log.entries().empty());
+    gate.open();
+    waiting->synchronize();
+    CHECK(log.entries() == std::vector<std::string>{"slow", "waiting"});
+  }
+  // A host task's failure reaches the events after it on the CPU backend only.
+  auto device = Device::open("cpu");
+  auto slow = device->make_stream(), waiting = device->make_stream(), idle = device->make_stream();
+  auto event = device->make_event();
+  StreamGate gate(*device);
+  gate.hold(*slow);
+  slow->host_task([] { throw std::runtime_error("failed before the point"); });
+  slow->record(*event);
+  waiting->wait(*event);
+  idle->record(*event);
+  idle->synchronize();
+  gate.open();
+  CHECK_THROWS_WITH_AS(waiting->synchronize(), doctest::Contains("failed before the point"), stoker::gpu::DeviceError);
+  CHECK_NOTHROW(event->synchronize());  // its last point, the idle stream's, did not fail
 }
 
 TEST_CASE("a slot pool hands out its fixed buffers, reuses them and reports exhaustion" * doctest::timeout(30)) {
