@@ -229,6 +229,12 @@ std::shared_ptr<void> stream_resource(Stream& stream, const void* key,
 /// std::logic_error: no stream has a native handle there.
 std::shared_ptr<void> capture_graph(Stream& stream, const std::function<void()>& issue);
 void launch_graph(Stream& stream, void* graph);
+/// The CPU backend's capture: the work `issue` issues from this thread to the CPU-backend stream
+/// `stream`, kept instead of run, each piece with the arguments it was issued with, as a graph
+/// keeps its kernels'; launch_cpu_work() issues it again. Throw std::logic_error for any
+/// other stream.
+std::shared_ptr<void> capture_cpu_work(Stream& stream, const std::function<void()>& issue);
+void launch_cpu_work(Stream& stream, void* work);
 
 /// A named NVTX range for as long as it lives, in a build with CUDA; nothing otherwise.
 class TraceRange {

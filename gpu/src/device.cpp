@@ -103,20 +103,18 @@ void timed_work(Stream& stream, const char* name, const std::function<void()>& w
     work();
 }
 
-Replay::Replay(Stream& stream, const std::function<void()>& issue) : stream_(stream) {
-  if (stream.native_handle())
-    graph_ = detail::capture_graph(stream, issue);
-  else
-    issue_ = issue;
-}
+Replay::Replay(Stream& stream, const std::function<void()>& issue)
+    : stream_(stream),
+      captured_(stream.native_handle() ? detail::capture_graph(stream, issue)
+                                       : detail::capture_cpu_work(stream, issue)) {}
 
 Replay::~Replay() = default;
 
 void Replay::run() {
-  if (graph_)
-    detail::launch_graph(stream_, graph_.get());
+  if (stream_.native_handle())
+    detail::launch_graph(stream_, captured_.get());
   else
-    issue_();
+    detail::launch_cpu_work(stream_, captured_.get());
 }
 
 std::shared_ptr<TimelineSource> device_timeline(std::shared_ptr<Device> device) {

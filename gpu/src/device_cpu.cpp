@@ -5,8 +5,10 @@
 #include <deque>
 #include <mutex>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <unistd.h>
 
@@ -102,12 +104,14 @@ class CpuStream final : public StreamBase {
   }
   void copy_on_device(void* dst, const void* src, std::size_t bytes) override { copy("d2d", dst, src, bytes); }
   void record(Event& event) override {
+    refuse_in_capture();
     auto& cpu = static_cast<CpuEvent&>(event);
     auto point = std::make_shared<Point>();
     issue([point](std::string& failure) { point->complete(failure); });
     cpu.moved_to(std::move(point));  // once issued: a point nothing completes would hang its waits
   }
   void wait(Event& event) override {
+    refuse_in_capture();
     auto point = static_cast<CpuEvent&>(event).last();
     if (!point) return;  // never recorded: nothing to wait for, as on CUDA
     issue([point = std::move(point)](std::string& failure) {
@@ -127,8 +131,46 @@ class CpuStream final : public StreamBase {
   }
   void* native_handle() noexcept override { return nullptr; }
 
- private:
   using Work = std::function<void(std::string& failure)>;
+  using Captured = std::vector<Work>;
+
+  // Within untimed(), as a CUDA capture: timed work inside `issue` adds no marks to the capture.
+  std::shared_ptr<Captured> capture(const std::function<void()>& issue) {
+    auto captured = std::make_shared<Captured>();
+    untimed([&] {
+      {
+        std::lock_guard lock(mutex_);
+        if (capturing_) throw std::logic_error("Replay: a capture on this stream is already under way");
+        capturing_ = captured.get();
+        capturer_ = std::this_thread::get_id();
+      }
+      struct End {
+        CpuStream& stream;
+        ~End() {
+          std::lock_guard lock(stream.mutex_);
+          stream.capturing_ = nullptr;
+        }
+      } end{*this};
+      issue();
+    });
+    return captured;
+  }
+  // Copies, so that the captured work can run again; each piece through issue(), so that a
+  // replay issued inside another capture is captured there, as a graph launch would be.
+  void replay(const Captured& captured) {
+    timed("graph", 0, [&] {
+      for (const Work& work : captured) issue(Work(work));
+    });
+  }
+
+ private:
+  // A point recorded in a capture would be completed by every run: a CUDA graph does not keep
+  // event records either.
+  void refuse_in_capture() {
+    std::lock_guard lock(mutex_);
+    if (capturing_ && capturer_ == std::this_thread::get_id())
+      throw std::logic_error("Replay: the work it captures on the CPU backend may not record or wait for events");
+  }
 
   void copy(const char* name, void* dst, const void* src, std::size_t bytes) {
     timed(name, bytes, [&] { issue_work([=] { std::memcpy(dst, src, bytes); }); });
@@ -165,6 +207,7 @@ class CpuStream final : public StreamBase {
   void issue(Work fn) {
     {
       std::lock_guard lock(mutex_);
+      if (capturing_ && capturer_ == std::this_thread::get_id()) return capturing_->push_back(std::move(fn));
       work_.push_back(std::move(fn));
     }
     ready_.notify_one();
@@ -191,6 +234,8 @@ class CpuStream final : public StreamBase {
   std::deque<Work> work_;
   std::string failure_;
   bool closing_ = false;
+  Captured* capturing_ = nullptr;  // by capturer_ alone: other threads' work runs as usual
+  std::thread::id capturer_;
   std::thread worker_;  // last: starts after the members it uses
 };
 
@@ -223,5 +268,15 @@ class CpuDevice final : public DeviceBase {
 }  // namespace
 
 std::shared_ptr<Device> open_cpu_device() { return std::make_shared<CpuDevice>(); }
+
+std::shared_ptr<void> capture_cpu_work(Stream& stream, const std::function<void()>& issue) {
+  auto* cpu = dynamic_cast<CpuStream*>(&stream);
+  if (!cpu) throw std::logic_error("Replay: not a stream of a Device");
+  return cpu->capture(issue);
+}
+
+void launch_cpu_work(Stream& stream, void* work) {
+  static_cast<CpuStream&>(stream).replay(*static_cast<const CpuStream::Captured*>(work));
+}
 
 }  // namespace stoker::gpu::detail

@@ -204,13 +204,17 @@ std::shared_ptr<TimelineSource> device_timeline(std::shared_ptr<Device> device);
 /// listening timeline, or on a stream that is not a Device's, it just calls `work`.
 void timed_work(Stream& stream, const char* name, const std::function<void()>& work);
 
-/// The work one call of `issue` issues to `stream`, captured and issued again as a whole: on
-/// CUDA a CUDA graph (one launch for all its kernels and copies), on the CPU backend `issue`
-/// called again. Capturing issues nothing; run() issues the work to the stream it was captured
-/// on. The work reads what its pointers point to when it runs, so that a step captured once
-/// takes new inputs copied to the same place before each run. `issue` must issue to `stream`
-/// only, and neither wait on the host nor run host tasks. A CUDA capture that fails throws
-/// DeviceError and leaves the stream as it was.
+/// The work one call of `issue` issues to `stream` (a Device's), captured and issued again as a
+/// whole: on CUDA a CUDA graph (one launch for all its kernels and copies), on the CPU backend
+/// the pieces of work the stream would have run, kept instead. Capturing issues nothing; run()
+/// issues the work to the stream it was captured on. The work reads what its pointers point to
+/// when it runs, so that a step captured once takes new inputs copied to the same place before
+/// each run; what `issue` itself read on the host (a kernel's scalar argument, a pointer) is
+/// fixed at capture on both backends: a value that changes from run to run goes through device
+/// memory. `issue` must issue to `stream` only, from the calling thread, and neither record nor
+/// wait for events, wait on the host, nor run host tasks (the CPU backend throws
+/// std::logic_error for an event). A capture that fails (DeviceError on CUDA) leaves the stream
+/// as it was. Throws std::logic_error for a stream that is not a Device's.
 class Replay {
  public:
   Replay(Stream& stream, const std::function<void()>& issue);
@@ -221,8 +225,7 @@ class Replay {
 
  private:
   Stream& stream_;
-  std::function<void()> issue_;  // the CPU backend's
-  std::shared_ptr<void> graph_;  // CUDA's executable graph
+  std::shared_ptr<void> captured_;  // CUDA's executable graph, or the CPU backend's work
 };
 
 }  // namespace stoker::gpu
