@@ -31,6 +31,10 @@ inline bool is_async_fault(cudaError_t code) noexcept {
 }
 
 [[noreturn]] inline void throw_cuda_error(cudaError_t code, const char* call, const char* file, int line) {
+  // The failed call also set the thread's last error, which the next launch's check reads: a
+  // failure its caller catches and goes on from (a best-effort timing mark) would fail that
+  // launch too. A sticky fault is not cleared by this: every later call still reports it.
+  (void)cudaGetLastError();
   std::string what = std::string(file) + ":" + std::to_string(line) + ": " + call +
                      " failed: " + cudaGetErrorName(code) + " (" + cudaGetErrorString(code) + ")";
   throw CudaError(static_cast<int>(code), is_async_fault(code) ? async_failure(what) : what);
@@ -38,8 +42,8 @@ inline bool is_async_fault(cudaError_t code) noexcept {
 
 }  // namespace stoker::gpu::detail
 
-/// Evaluates a CUDA runtime call and throws stoker::gpu::CudaError, with file and line,
-/// if it fails.
+/// Evaluates a CUDA runtime call and throws stoker::gpu::CudaError, with file and line (the
+/// thread's last error cleared), if it fails.
 #define STOKER_CUDA_CHECK(call)                                                                \
   do {                                                                                         \
     const cudaError_t stoker_cuda_status_ = (call);                                            \
