@@ -61,7 +61,7 @@ void cpu_bias_activation(float* y, const float* bias, int rows, int cols, bool r
     float* row = y + static_cast<std::size_t>(i) * static_cast<std::size_t>(cols);
     for (int j = 0; j < cols; ++j) {
       const float v = row[j] + bias[j];
-      row[j] = relu ? std::max(v, 0.0f) : v;
+      row[j] = relu ? std::max(v, 0.0f) : v;  // NaN stays NaN (v < 0 is false), as on CUDA
     }
   }
 }

@@ -53,7 +53,9 @@ __global__ void bias_activation_kernel(float* y, const float* bias, int rows, in
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
        i += std::size_t{gridDim.x} * blockDim.x) {
     const float v = y[i] + bias[i % cols];
-    y[i] = relu ? fmaxf(v, 0.0f) : v;
+    // Not fmaxf, which turns NaN into 0 and would hide a diverged step: v < 0 is false for NaN,
+    // so NaN stays NaN, as with std::max(v, 0.0f) on the CPU backend.
+    y[i] = relu && v < 0.0f ? 0.0f : v;
   }
 }
 

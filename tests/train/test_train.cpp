@@ -185,6 +185,14 @@ void check_elementwise(Device& device) {
     CHECK(relu[i] == doctest::Approx(std::max(v, 0.0f)));
   }
 
+  // A NaN (a diverged step) stays NaN through the ReLU on both backends, for the loss to show it.
+  DeviceArray<float> diverged(device, *stream, {std::numeric_limits<float>::quiet_NaN(), -1.0f});
+  DeviceArray<float> no_bias(device, *stream, {0.0f, 0.0f});
+  nn::bias_activation(*stream, diverged.get(), no_bias.get(), 1, 2, true);
+  const auto kept = diverged.read();
+  CHECK(std::isnan(kept[0]));
+  CHECK(kept[1] == 0.0f);
+
   DeviceArray<float> grad(device, *stream, std::vector<float>(x.size(), 2.0f));
   nn::relu_backward(*stream, grad.get(), y.get(), x.size());
   const auto gr = grad.read();
