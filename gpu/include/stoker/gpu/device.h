@@ -66,7 +66,9 @@ class Event {
   /// if the event was never recorded. Never waits.
   virtual bool done() = 0;
   /// Waits on the host until done(). The pipeline never calls it; tests and sync mode do.
-  /// Both throw DeviceError when the work before the point failed.
+  /// Both throw DeviceError when the work before the point failed: on CUDA, a CUDA error (a
+  /// kernel's fault); on the CPU backend, any failure of the stream the point was recorded on,
+  /// a host task that threw included. On CUDA a host task that throws reaches no event.
   virtual void synchronize() = 0;
   /// cudaEvent_t for the CUDA backend, null for the CPU backend: for a framework to make its
   /// own stream wait on it (cudaStreamWaitEvent) without the host waiting. Owned by the event.
@@ -89,8 +91,12 @@ class Stream {
   /// does not wait.
   virtual void wait(Event& event) = 0;
   /// Calls `fn` on a host thread once the work issued before it is done; later work waits for
-  /// it. `fn` must not issue work to a stream. If it throws, the stream is in error from then
-  /// on, as a CUDA stream is after a kernel fault (see check()).
+  /// it. `fn` must not issue work to a stream. If it throws, this stream's check() and
+  /// synchronize() report it from then on, on both backends. On the CPU backend the stream is
+  /// failed, as a CUDA stream is after a kernel fault: its later work is skipped, and the events
+  /// recorded on it after the task, and the streams that wait for them, report the failure. On
+  /// CUDA, which cannot fail a stream from the host, its later work runs, and its events and the
+  /// streams that wait for them see nothing.
   virtual void host_task(std::function<void()> fn) = 0;
   /// Waits on the host for everything issued so far, then check()s.
   virtual void synchronize() = 0;
@@ -99,9 +105,10 @@ class Stream {
   /// this reports it later than the call that issued it: a stage function that issues device
   /// work checks its streams at every call, so that the failure reaches the consumer as a
   /// StageError naming that stage. On CUDA a kernel fault is sticky: every later CUDA call in
-  /// the process fails with it, whichever stream it is made on. On the CPU backend a failure
-  /// stays with its stream: later work on it is skipped, and the events recorded on it after
-  /// the failure, and the streams that wait for them, report it too.
+  /// the process fails with it, whichever stream it is made on; a host task that threw is
+  /// reported by its own stream's check() and synchronize() alone. On the CPU backend a
+  /// failure stays with its stream: later work on it is skipped, and the events recorded on it
+  /// after the failure, and the streams that wait for them, report it too.
   virtual void check() = 0;
   /// cudaStream_t for the CUDA backend, null for the CPU backend.
   virtual void* native_handle() noexcept = 0;
