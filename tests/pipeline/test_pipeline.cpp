@@ -571,7 +571,7 @@ TEST_SUITE("Pipeline") {
       CHECK(pipe.summary().consumed == taken);
       std::ifstream in(log);
       int lines = 0;
-      for (std::string line; std::getline(in, line); ++lines) CHECK_NOTHROW((void)nlohmann::json::parse(line));
+      for (std::string line; std::getline(in, line); ++lines) CHECK(nlohmann::json::accept(line));
       CHECK(lines > 0);
     }
   }
