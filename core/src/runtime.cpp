@@ -749,7 +749,10 @@ void PipelineCore::describe_for_resume() {
     for (std::size_t j = 0; j <= traced && why.empty(); ++j)
       if (!stages_[j]->remakes())
         why = "stage '" + stages_[j]->name() + "' (" + stages_[j]->describe() + ") cannot make its items again";
-    if (why.empty()) taken_ = std::make_unique<TakenItems>(edges_[traced]->name(), batch != stages_.size());
+    if (!why.empty()) return;
+    taken_ = std::make_unique<TakenItems>(edges_[traced]->name(), batch != stages_.size());
+    for (std::size_t j = 0; j < traced; ++j)
+      if (!edges_[j]->describe().empty() && edges_[traced]->describe().empty()) edges_[traced]->put_back_shuffled();
     return;
   }
   // A shuffle is rebuilt by the stages before it making its items again: each must be able to,

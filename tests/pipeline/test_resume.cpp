@@ -541,6 +541,38 @@ TEST_SUITE("Resume") {
     check_free_resume(s, reference, 0, 300, 1, 2, first, taken);
   }
 
+  TEST_CASE("free order: what a resume gives back to a queue after the shuffle comes back shuffled" *
+            doctest::timeout(60)) {
+    // The FIFO after "touch" is the traced queue: everything the shuffle held goes back there.
+    const Shape s{.items = 3000,
+                  .capacity = 600,
+                  .min_after_dequeue = 300,
+                  .epochs = 1,
+                  .deterministic = false,
+                  .after_shuffle = true};
+    PipelineState state;
+    {
+      auto pipe = build(s, 2);
+      for (int i = 0; i < 40; ++i) REQUIRE(pipe.next());
+      state = pipe.state();
+    }
+    const std::size_t given_back = state.taken->except.size();
+    REQUIRE(given_back >= s.min_after_dequeue);
+    auto pipe = build(s, 2, state);
+    std::vector<Item> first;  // the items given back, which the batch stage takes first
+    while (first.size() < given_back) {
+      auto batch = pipe.next();
+      REQUIRE(batch);
+      first.insert(first.end(), batch->begin(), batch->end());
+    }
+    first.resize(given_back);
+    // In the order they were made, most neighbours would be parts of one input (6 to an input).
+    std::size_t same = 0;
+    for (std::size_t i = 1; i < first.size(); ++i) same += first[i].source == first[i - 1].source;
+    CAPTURE(given_back);
+    CHECK(same * 10 < given_back);
+  }
+
   TEST_CASE("free order: a map on several threads reorders a FIFO, and the resume still finds every item") {
     auto build_free = [](int threads, const std::optional<PipelineState>& resume) {
       auto b = PipelineBuilder{}

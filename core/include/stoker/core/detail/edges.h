@@ -7,6 +7,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <thread>
@@ -159,6 +160,11 @@ class EdgeBase : public QueueMeter {
       skip_before_ = next;
   }
 
+  /// Free order: a FIFO that a shuffle feeds (through stages) gives back, at a resume, the items
+  /// not taken in a random order rather than in their origins' (which would put the crops of an
+  /// image side by side, as they were made). Called by build().
+  void put_back_shuffled() { put_back_shuffled_ = true; }
+
   /// For good (the pipeline stops): pops report `closed`, pushes fail, the consumer wakes.
   void close() {
     {
@@ -199,6 +205,7 @@ class EdgeBase : public QueueMeter {
   std::uint64_t skip_before_ = 0;  // under mutex_: pushed items below this origin are dropped
   std::uint64_t skip_pushes_ = 0;  // under mutex_: so many pushed items are dropped
   bool deterministic_ = false;
+  bool put_back_shuffled_ = false;
   std::atomic<std::size_t> held_{0};
   std::atomic<bool> ended_{false}, closed_{false};
 
@@ -222,9 +229,10 @@ class Edge final : public EdgeBase {
   // depend on how far the producer ran ahead; free order from all held, as TensorFlow does.
   void start(bool deterministic, std::uint64_t seed) override {
     deterministic_ = deterministic;
+    seed_ = derive_seed(seed, hash_name(name()));
     if (!shuffle_options_) return;
     const auto& o = *shuffle_options_;
-    seed_ = o.seed.value_or(derive_seed(seed, hash_name(name())));
+    seed_ = o.seed.value_or(seed_);
     window_ = deterministic ? o.min_after_dequeue + 1 : o.capacity;
     shuffle_.emplace(window_, seed_);
   }
@@ -290,9 +298,14 @@ class Edge final : public EdgeBase {
       });
       counted.n = shuffle_->size();
     } else {
+      std::vector<std::size_t> order(items.size());
+      std::iota(order.begin(), order.end(), std::size_t{0});
+      if (put_back_shuffled_) {
+        Rng rng(derive_seed(epoch_seed_, taken));
+        for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.below(i)]);
+      }
       Chunk<T> back;
-      back.items = std::move(items);
-      for (const auto o : origins) back.number(o);
+      for (const auto i : order) back.push(std::move(items[i]), origins[i]);
       counted.n = put_locked(back);
     }
     return next;
