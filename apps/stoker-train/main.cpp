@@ -5,8 +5,12 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <csignal>
+#include <cstdint>
 #include <cstdio>
+#include <ctime>
 #include <exception>
 #include <iomanip>
 #include <iostream>
@@ -43,6 +47,35 @@ std::string copies_expected(const TrainOptions& o, const TrainReport& r) {
   if (o.augment == "cpu") return "two at setup (weights, test set), then one per batch";
   if (r.resident) return "three at setup (weights, test set, training images), then none";
   return "two at setup (weights, test set), then one per " + std::to_string(o.image_batch) + " images";
+}
+
+// SIGINT and SIGTERM: the first stops the run between two steps, so that the pipeline stops and
+// closes its occupancy log and trace whole; a second ends the process at once. A handler may run
+// on any thread, in the middle of anything (a malloc, a pipeline's lock), so it only does what is
+// async-signal-safe: clock_gettime, stores to lock-free atomics, _exit. The training loop reads
+// the flag. A repeat within half a second is the same request: `timeout -s INT` sends the signal
+// to the program and then to its process group, the program included.
+std::atomic<int> g_signal{0};
+std::atomic<std::int64_t> g_signal_ns{0};  // when the first came
+static_assert(std::atomic<int>::is_always_lock_free && std::atomic<std::int64_t>::is_always_lock_free);
+
+extern "C" void on_stop_signal(int signal) {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  const std::int64_t ns = static_cast<std::int64_t>(now.tv_sec) * 1'000'000'000 + now.tv_nsec;
+  std::int64_t unset = 0;
+  g_signal_ns.compare_exchange_strong(unset, ns);
+  int none = 0;
+  if (g_signal.compare_exchange_strong(none, signal)) return;
+  if (ns - g_signal_ns.load() >= 500'000'000) _exit(128 + signal);
+}
+
+void handle_stop_signals() {
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;  // the threads' blocking calls go on rather than fail with EINTR
+  for (const int signal : {SIGINT, SIGTERM}) sigaction(signal, &action, nullptr);
 }
 
 // A progress bar redrawn in place, at most ten times a second; only on a terminal.
@@ -327,6 +360,10 @@ int run(int argc, char** argv, dist::Communicator& ranks) {
   if (o.mode == "sync" && !o.trace.empty())
     std::cerr << "stoker-train: warning: --trace is ignored in sync mode, which has no pipeline\n";
 
+  // Under mpirun the launcher passes a signal on to every rank, which would each stop at another
+  // step and leave the others waiting in a collective: there the default (the end) is better.
+  if (ranks.size() == 1) handle_stop_signals();
+
   ProgressBar bar(o.epochs, lead);
   TrainCallbacks callbacks;
   callbacks.on_start = [&](const TrainReport& r) {
@@ -351,6 +388,7 @@ int run(int argc, char** argv, dist::Communicator& ranks) {
   callbacks.on_batch = [&](std::uint32_t epoch, std::uint64_t done, std::uint64_t total) {
     bar.update(epoch, done, total);
   };
+  callbacks.stop_requested = [] { return g_signal.load() != 0; };
   callbacks.on_epoch = [&](const EpochReport& e) {
     bar.clear();
     std::cout << "epoch " << std::setw(2) << e.epoch << "/" << o.epochs << "  loss " << fixed(e.loss, 4) << "  train "
@@ -362,6 +400,16 @@ int run(int argc, char** argv, dist::Communicator& ranks) {
   try {
     const TrainReport r = run_training(o, callbacks, &ranks);
     if (r.worker) return 0;  // rank 0 reports
+    if (r.interrupted) {
+      bar.clear();
+      const int signal = g_signal.load();
+      std::cout.flush();
+      std::cerr << "stoker-train: interrupted by " << (signal == SIGTERM ? "SIGTERM" : "SIGINT") << " in epoch "
+                << r.interrupted->epoch << "/" << o.epochs << " after " << r.interrupted->samples << " of "
+                << r.train_images * static_cast<std::uint64_t>(o.crops) << " samples"
+                << (o.checkpoint.empty() ? "" : "; checkpoint written to " + o.checkpoint) << "\n";
+      return 128 + signal;
+    }
     std::cout << "\n";
     if (r.pipeline) {
       print_summary(std::cout, *r.pipeline);

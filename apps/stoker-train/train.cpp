@@ -132,6 +132,14 @@ class Trainer {
     return hash_name({reinterpret_cast<const char*>(bytes.data()), n});
   }
   std::uint64_t steps() const { return step_; }
+  /// TrainCallbacks::stop_requested, which stays true once it has said so.
+  bool stop_requested() {
+    if (!stopped_ && callbacks_.stop_requested) stopped_ = callbacks_.stop_requested();
+    return stopped_;
+  }
+  bool stopped() const { return stopped_; }
+  /// The epoch under way, as far as it went.
+  const EpochReport& current() const { return current_; }
 
   gpu::Device& device() { return *device_; }
   const std::shared_ptr<gpu::Device>& device_ptr() { return device_; }
@@ -271,6 +279,7 @@ class Trainer {
   std::optional<PipelineState> resume_;
   EpochReport current_;
   Clock::time_point started_;
+  bool stopped_ = false;
 };
 
 // The crops are drawn by the crop stage and cut by the collate, normalized on the way,
@@ -328,7 +337,14 @@ void train_from(Pipeline<gpu::DeviceBatch>& pipe, const TrainOptions& o, Trainer
   const std::uint32_t first = pipe.current_epoch() + 1;
   for (std::uint32_t epoch = first; epoch <= o.epochs; ++epoch) {
     if (epoch != first || !trainer.resume_point()) trainer.begin_epoch(epoch);
+    bool stopped = false;
     for (;;) {
+      // Between two steps, where pipe.state() matches the model: a checkpoint made below then
+      // resumes exactly.
+      if (trainer.stop_requested()) {
+        stopped = true;
+        break;
+      }
       const auto t0 = Clock::now();
       std::optional<gpu::DeviceBatch> batch = pipe.next();
       trainer.add_input_wait(seconds_since(t0));
@@ -336,6 +352,7 @@ void train_from(Pipeline<gpu::DeviceBatch>& pipe, const TrainOptions& o, Trainer
       trainer.step(*batch);
       if (o.checkpoint_every != 0 && trainer.steps() % o.checkpoint_every == 0) trainer.checkpoint(pipe.state());
     }
+    if (stopped) break;
     report.epochs.push_back(trainer.end_epoch(test));
   }
   if (!o.checkpoint.empty()) trainer.checkpoint(pipe.state());
@@ -520,6 +537,7 @@ void train_sync(const TrainOptions& o, std::shared_ptr<const IdxDataset> data, T
       return true;
     };
     for (std::uint64_t id = 0; id < reader.dataset_size(); ++id) {
+      if (trainer.stop_requested()) return;
       auto t0 = Clock::now();
       drawn.clear();
       crops(reader.read(id), emit, ctx);
@@ -570,9 +588,11 @@ void train_sync_gpu_items(const TrainOptions& o, std::uint64_t n, Read read, gpu
       train_all();
       return true;
     };
-    for (std::uint64_t id = 0; id < n; ++id)
+    for (std::uint64_t id = 0; id < n; ++id) {
+      if (trainer.stop_requested()) return;
       for (Item item = read(id); !shuffle.try_push(std::move(item));)  // full: make room first
         if (!crop_some(false)) throw std::logic_error("sync mode: the shuffle buffer is full yet cannot be popped");
+    }
     shuffle.close();
     while (crop_some(true)) {
     }
@@ -808,6 +828,7 @@ TrainReport run_training(const TrainOptions& options, const TrainCallbacks& call
   else
     (gpu_augment ? train_pipelined_gpu : train_pipelined)(o, std::move(train_data), trainer, test, report);
   report.transfers = trainer.device().transfers();
+  if (trainer.stopped()) report.interrupted = trainer.current();
   if (trainers > 1) gather_ranks(*ranks, trainer, report);
   return report;
 }

@@ -138,6 +138,9 @@ struct TrainReport {
   std::uint32_t remote_workers = 0;  ///< at rank 0: the ranks that made its batches
   std::uint64_t remote_bytes = 0;    ///< at rank 0: what they sent
   std::size_t remote_peak = 0;       ///< at rank 0: the most batches sent and not yet taken at once
+  /// The epoch the run was stopped in (TrainCallbacks::stop_requested), as far as it went; not
+  /// in `epochs`, and not evaluated.
+  std::optional<EpochReport> interrupted;
 
   std::uint64_t samples() const;
   std::uint64_t batches() const;
@@ -153,6 +156,10 @@ struct TrainCallbacks {
   /// After each step is issued: the epoch (from 1), samples so far in it, samples in it.
   std::function<void(std::uint32_t, std::uint64_t, std::uint64_t)> on_batch;
   std::function<void(const EpochReport&)> on_epoch;
+  /// Asked before each step: true stops the run there, as if its last epoch ended, except that
+  /// the epoch is not evaluated; the pipeline stops and closes its occupancy log and trace, and
+  /// with --checkpoint the checkpoint is written where the run stood (TrainReport::interrupted).
+  std::function<bool()> stop_requested;
 };
 
 /// Loads the data, opens the device and trains. Throws std::invalid_argument for bad options

@@ -1,0 +1,128 @@
+// The programs through their command lines: what a user types, what the programs print and
+// with which exit status, and the files they leave behind.
+#include <doctest/doctest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <csignal>
+#include <fcntl.h>
+#include <filesystem>
+#include <fstream>
+#include <spawn.h>
+#include <sstream>
+#include <string>
+#include <sys/wait.h>
+#include <thread>
+#include <vector>
+
+#include "support.h"
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using stoker::test::TempDir;
+using namespace std::chrono_literals;
+
+const std::string kTrain = STOKER_TRAIN;
+const std::string kInspect = STOKER_INSPECT;
+
+bool have_fashion_mnist() { return fs::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz"); }
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// A program running with its stdout and stderr in files of `dir`.
+class Child {
+ public:
+  Child(const std::vector<std::string>& args, const TempDir& dir) {
+    static int children = 0;
+    const std::string tag = std::to_string(children++);
+    out_ = dir / ("out" + tag);
+    err_ = dir / ("err" + tag);
+    posix_spawn_file_actions_t files;
+    posix_spawn_file_actions_init(&files);
+    posix_spawn_file_actions_addopen(&files, 1, out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&files, 2, err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    const int failed = posix_spawn(&pid_, argv[0], &files, nullptr, argv.data(), environ);
+    posix_spawn_file_actions_destroy(&files);
+    REQUIRE(failed == 0);
+  }
+  ~Child() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      wait();
+    }
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+
+  void signal(int which) const { ::kill(pid_, which); }
+  /// The exit status, or minus the signal that ended it.
+  int wait() {
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+  }
+  std::string out() const { return read_file(out_); }
+  std::string err() const { return read_file(err_); }
+
+ private:
+  pid_t pid_ = -1;
+  fs::path out_, err_;
+};
+
+// Waits until `path` has some bytes in it, or 30 s.
+bool await_bytes(const fs::path& path) {
+  for (const auto t0 = stoker::test::Clock::now(); stoker::test::Clock::now() - t0 < 30s;) {
+    std::error_code ignored;
+    if (fs::file_size(path, ignored) > 0 && !ignored) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("stoker-train stopped by SIGINT or SIGTERM mid-epoch stops cleanly and exits 130 or 143" *
+          doctest::timeout(90)) {
+  if (!have_fashion_mnist()) {
+    MESSAGE("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped");
+    return;
+  }
+  const TempDir dir("cli");
+  for (const int signal : {SIGINT, SIGTERM}) {
+    const std::string name = signal == SIGINT ? "SIGINT" : "SIGTERM";
+    CAPTURE(name);
+    const fs::path log = dir / (name + ".jsonl"), trace = dir / (name + ".trace.json");
+    Child train({kTrain, "--device", "cpu", "--epochs", "2", "--limit", "20000", "--occupancy-log", log.string(),
+                 "--trace", trace.string()},
+                dir);
+    // The log fills once the pipeline runs: the run is in its first epoch, far from its end.
+    REQUIRE(await_bytes(log));
+    train.signal(signal);
+    train.signal(signal);  // as `timeout -s INT` does: to the program, then to its process group
+    const int status = train.wait();
+    const std::string err = train.err();
+    INFO("stderr: " << err);
+    CHECK(status == 128 + signal);
+    CHECK(err.find("stoker-train: interrupted by " + name + " in epoch 1/2 after ") == 0);
+    CHECK(std::count(err.begin(), err.end(), '\n') == 1);
+
+    Child inspect({kInspect, log.string()}, dir);
+    CHECK(inspect.wait() == 0);
+    CHECK(inspect.err().empty());  // no torn line skipped, nothing to warn of
+    nlohmann::json events;
+    CHECK_NOTHROW(events = nlohmann::json::parse(read_file(trace)));
+    CHECK(events["traceEvents"].size() > 1);
+  }
+}
