@@ -281,6 +281,7 @@ Json to_json(const TrainOptions& o, const TrainReport& r) {
                       {"train_accuracy", e.train_accuracy},
                       {"test_accuracy", e.test_accuracy},
                       {"samples", e.samples},
+                      {"resumed_samples", e.resumed_samples},
                       {"seconds", e.train_seconds},
                       {"samples_per_s", e.samples_per_s()},
                       {"starvation_pct", 100 * e.starvation()},
@@ -299,12 +300,17 @@ Json to_json(const TrainOptions& o, const TrainReport& r) {
   out["augment"] = o.augment;
   out["resident"] = r.resident;
   out["graph"] = r.graph;
-  std::uint64_t all_samples = r.samples();  // every rank's
+  std::uint64_t all_samples = r.samples(), all_trained = r.trained_samples();  // every rank's
   if (!r.ranks.empty()) {
-    all_samples = 0;
-    for (const auto& rank : r.ranks) all_samples += rank.samples;
+    all_samples = all_trained = 0;
+    for (const auto& rank : r.ranks) {
+      all_samples += rank.samples;
+      all_trained += rank.trained_samples;
+    }
   }
   out["samples"] = all_samples;
+  out["trained_samples"] = all_trained;
+  if (r.nothing_to_train) out["nothing_to_train"] = true;
   out["train_seconds"] = r.train_seconds();
   out["h2d_bytes"] = r.transfers.h2d_bytes;
   out["d2h_bytes"] = r.transfers.d2h_bytes;
@@ -394,7 +400,11 @@ int run(int argc, char** argv, dist::Communicator& ranks) {
     std::cout << "epoch " << std::setw(2) << e.epoch << "/" << o.epochs << "  loss " << fixed(e.loss, 4) << "  train "
               << fixed(e.train_accuracy, 4) << "  test " << fixed(e.test_accuracy, 4) << "  " << std::setw(7)
               << static_cast<long long>(e.samples_per_s()) << " samples/s  starvation " << std::setw(5)
-              << fixed(100 * e.starvation(), 1) << "%  " << fixed(e.train_seconds, 1) << " s" << std::endl;
+              << fixed(100 * e.starvation(), 1) << "%  " << fixed(e.train_seconds, 1) << " s"
+              << (e.resumed_samples != 0
+                      ? "  (resumed after " + std::to_string(e.resumed_samples) + " samples; samples/s counts the rest)"
+                      : "")
+              << std::endl;
   };
 
   try {
@@ -409,6 +419,13 @@ int run(int argc, char** argv, dist::Communicator& ranks) {
                 << r.train_images * static_cast<std::uint64_t>(o.crops) << " samples"
                 << (o.checkpoint.empty() ? "" : "; checkpoint written to " + o.checkpoint) << "\n";
       return 128 + signal;
+    }
+    if (r.nothing_to_train) {
+      std::cout << "result: nothing left to train: the run in " << o.resume << " had finished its " << o.epochs
+                << " epoch" << (o.epochs == 1 ? "" : "s") << "; its model's test accuracy "
+                << fixed(r.test_accuracy(), 4) << " (" << r.device << ")\n";
+      if (json) std::cout << to_json(o, r).dump() << std::endl;
+      return 0;
     }
     std::cout << "\n";
     if (r.pipeline) {

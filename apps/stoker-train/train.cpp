@@ -113,8 +113,8 @@ class Trainer {
     step_ = c.step;
     current_ = EpochReport{};
     current_.epoch = mine.epoch + 1;
-    current_.samples = c.samples;
-    current_.batches = c.batches;
+    current_.samples = current_.resumed_samples = c.samples;
+    current_.batches = current_.resumed_batches = c.batches;
     started_ = Clock::now();
     resume_ = mine;
   }
@@ -145,6 +145,17 @@ class Trainer {
   const std::shared_ptr<gpu::Device>& device_ptr() { return device_; }
   gpu::Stream& compute() { return *compute_; }
   Mlp& model() { return model_; }
+
+  /// The resumed epoch's time starts with its first step here, not with the setup before it.
+  void start_clock() { started_ = Clock::now(); }
+
+  /// The model's accuracy on the test set, as it stands.
+  double evaluate(const TestSet& test) {
+    model_.reset_counters(*compute_);
+    model_.evaluate(*compute_, test.images(), test.labels(), test.count);
+    const MlpCounters c = model_.read_counters(*compute_);
+    return static_cast<double>(c.test_correct) / static_cast<double>(std::max<std::size_t>(test.count, 1));
+  }
 
   void begin_epoch(std::uint32_t epoch) {
     current_ = EpochReport{};
@@ -335,8 +346,18 @@ ShuffleOptions shuffle_options(const TrainOptions& o) {
 void train_from(Pipeline<gpu::DeviceBatch>& pipe, const TrainOptions& o, Trainer& trainer, const TestSet& test,
                 TrainReport& report) {
   const std::uint32_t first = pipe.current_epoch() + 1;
+  // Checked after the pipeline took the checkpoint's state, which it refuses if it is of
+  // another seed or data set.
+  if (first > o.epochs) {
+    report.nothing_to_train = true;
+    report.checkpoint_test_accuracy = trainer.evaluate(test);
+    return;
+  }
   for (std::uint32_t epoch = first; epoch <= o.epochs; ++epoch) {
-    if (epoch != first || !trainer.resume_point()) trainer.begin_epoch(epoch);
+    if (epoch != first || !trainer.resume_point())
+      trainer.begin_epoch(epoch);
+    else
+      trainer.start_clock();
     bool stopped = false;
     for (;;) {
       // Between two steps, where pipe.state() matches the model: a checkpoint made below then
@@ -716,6 +737,11 @@ std::uint64_t TrainReport::samples() const {
   for (const EpochReport& e : epochs) n += e.samples;
   return n;
 }
+std::uint64_t TrainReport::trained_samples() const {
+  std::uint64_t n = 0;
+  for (const EpochReport& e : epochs) n += e.trained_samples();
+  return n;
+}
 std::uint64_t TrainReport::batches() const {
   std::uint64_t n = 0;
   for (const EpochReport& e : epochs) n += e.batches;
@@ -731,13 +757,13 @@ double TrainReport::samples_per_s() const {
     std::uint64_t n = 0;
     double slowest = 0;
     for (const Rank& r : ranks) {
-      n += r.samples;
+      n += r.trained_samples;
       slowest = std::max(slowest, r.train_seconds);
     }
     return slowest > 0 ? static_cast<double>(n) / slowest : 0;
   }
   const double s = train_seconds();
-  return s > 0 ? static_cast<double>(samples()) / s : 0;
+  return s > 0 ? static_cast<double>(trained_samples()) / s : 0;
 }
 double TrainReport::starvation() const {
   double wait = 0;
@@ -752,19 +778,19 @@ namespace {
 void gather_ranks(dist::Communicator& ranks, Trainer& trainer, TrainReport& report) {
   std::uint64_t wait = 0;
   for (const EpochReport& e : report.epochs) wait += static_cast<std::uint64_t>(e.input_wait_seconds * 1e9);
-  const std::string mine = std::to_string(report.samples()) + " " +
+  const std::string mine = std::to_string(report.samples()) + " " + std::to_string(report.trained_samples()) + " " +
                            std::to_string(static_cast<std::uint64_t>(report.train_seconds() * 1e9)) + " " +
                            std::to_string(wait) + " " + std::to_string(trainer.weights_hash());
   const auto records = ranks.gather(mine);
   std::uint64_t first_hash = 0;
   for (std::size_t r = 0; r < records.size(); ++r) {
     std::istringstream in(records[r]);
-    std::uint64_t samples = 0, seconds = 0, waited = 0, hash = 0;
-    in >> samples >> seconds >> waited >> hash;
+    std::uint64_t samples = 0, trained = 0, seconds = 0, waited = 0, hash = 0;
+    in >> samples >> trained >> seconds >> waited >> hash;
     if (r == 0) first_hash = hash;
     if (hash != first_hash)
       throw std::logic_error("the weights of rank " + std::to_string(r) + " differ from rank 0's after training");
-    report.ranks.push_back({samples, static_cast<double>(seconds) * 1e-9, static_cast<double>(waited) * 1e-9});
+    report.ranks.push_back({samples, trained, static_cast<double>(seconds) * 1e-9, static_cast<double>(waited) * 1e-9});
   }
 }
 

@@ -99,15 +99,24 @@ std::string device_for_rank(const std::string& device, std::optional<int> local_
 
 struct EpochReport {
   std::uint32_t epoch = 0;  ///< from 1
+  /// The epoch's, from its start: after --resume, those trained before the checkpoint too.
   std::uint64_t samples = 0, batches = 0;
+  /// After --resume, the part of `samples` and `batches` trained before the checkpoint, by the
+  /// run that wrote it; 0 otherwise.
+  std::uint64_t resumed_samples = 0, resumed_batches = 0;
   double loss = 0;  ///< mean training cross-entropy
   double train_accuracy = 0, test_accuracy = 0;
-  double train_seconds = 0;        ///< first batch asked for -> last step done on the device
+  double train_seconds = 0;        ///< this process's: first batch asked for -> last step done
   double input_wait_seconds = 0;   ///< trainer waiting for its next batch
   double device_wait_seconds = 0;  ///< trainer waiting for the device to catch up
   double eval_seconds = 0;
 
-  double samples_per_s() const { return train_seconds > 0 ? static_cast<double>(samples) / train_seconds : 0; }
+  /// The samples this process trained on.
+  std::uint64_t trained_samples() const { return samples - resumed_samples; }
+  /// This process's: the samples it trained on over the time it took.
+  double samples_per_s() const {
+    return train_seconds > 0 ? static_cast<double>(trained_samples()) / train_seconds : 0;
+  }
   /// Share of the training time spent waiting for input, in [0, 1].
   double starvation() const { return train_seconds > 0 ? input_wait_seconds / train_seconds : 0; }
 };
@@ -128,8 +137,11 @@ struct TrainReport {
   /// A data-parallel job's ranks (filled at rank 0; one entry per rank, in rank order).
   struct Rank {
     std::uint64_t samples = 0;
+    std::uint64_t trained_samples = 0;  ///< of `samples`, those this run trained (not before --resume)
     double train_seconds = 0, input_wait_seconds = 0;
-    double samples_per_s() const { return train_seconds > 0 ? static_cast<double>(samples) / train_seconds : 0; }
+    double samples_per_s() const {
+      return train_seconds > 0 ? static_cast<double>(trained_samples) / train_seconds : 0;
+    }
     double starvation() const { return train_seconds > 0 ? input_wait_seconds / train_seconds : 0; }
   };
   std::vector<Rank> ranks;
@@ -141,14 +153,20 @@ struct TrainReport {
   /// The epoch the run was stopped in (TrainCallbacks::stop_requested), as far as it went; not
   /// in `epochs`, and not evaluated.
   std::optional<EpochReport> interrupted;
+  /// --resume of a run that had finished: nothing was left to train, `epochs` is empty, and
+  /// test_accuracy() is that of the checkpoint's model, evaluated on the test set.
+  bool nothing_to_train = false;
+  double checkpoint_test_accuracy = 0;
 
-  std::uint64_t samples() const;
+  std::uint64_t samples() const;  ///< every epoch's (EpochReport::samples)
   std::uint64_t batches() const;
+  std::uint64_t trained_samples() const;  ///< by this process: samples() less those before --resume
   double train_seconds() const;
-  /// This process's; with several ranks, every rank's samples over the slowest rank's time.
+  /// This process's trained_samples() over its time; with several ranks, every rank's over the
+  /// slowest rank's time.
   double samples_per_s() const;
   double starvation() const;  ///< over all epochs, in [0, 1]
-  double test_accuracy() const { return epochs.empty() ? 0 : epochs.back().test_accuracy; }
+  double test_accuracy() const { return epochs.empty() ? checkpoint_test_accuracy : epochs.back().test_accuracy; }
 };
 
 struct TrainCallbacks {

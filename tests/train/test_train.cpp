@@ -16,6 +16,7 @@
 #include "stoker/gpu/device.h"
 #include "stoker/gpu/nn.h"
 #include "stoker/stages/idx.h"
+#include "support.h"
 #include "train.h"
 
 namespace nn = stoker::gpu::nn;
@@ -416,6 +417,43 @@ TEST_CASE("a checkpoint is refused by a run with other options, and when truncat
   resumed.resume = (dir / "absent").string();
   CHECK_THROWS_WITH_AS(stoker::train::run_training(resumed), doctest::Contains("cannot open"), stoker::StateError);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "after --resume an epoch counts all its samples, samples/s only those this process trained; a finished "
+    "run resumed trains nothing and reports its model's accuracy" *
+    doctest::timeout(120)) {
+  if (!have_fashion_mnist()) {
+    MESSAGE("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped");
+    return;
+  }
+  const stoker::test::TempDir dir("resume-figures");
+  auto o = small_run("pipelined", 500);  // 2500 samples: 10 batches
+  o.epochs = 1;
+  o.deterministic = true;
+  o.checkpoint = dir.path().string();
+  std::uint64_t steps = 0;
+  stoker::train::TrainCallbacks stop_after_4;
+  stop_after_4.on_batch = [&](std::uint32_t, std::uint64_t, std::uint64_t) { ++steps; };
+  stop_after_4.stop_requested = [&] { return steps == 4; };
+  const auto stopped = stoker::train::run_training(o, stop_after_4);
+  REQUIRE(stopped.interrupted.has_value());
+  REQUIRE(stopped.interrupted->samples == 4 * 255);
+
+  auto resumed = o;
+  resumed.resume = o.checkpoint;
+  const auto r = stoker::train::run_training(resumed);
+  REQUIRE(r.epochs.size() == 1);
+  const auto& e = r.epochs[0];
+  CHECK(e.samples == 2500);
+  CHECK(e.batches == 10);
+  const double here = 2500 - 4 * 255;
+  CHECK(e.samples_per_s() == doctest::Approx(here / e.train_seconds));
+  CHECK(r.samples_per_s() == doctest::Approx(here / r.train_seconds()));
+
+  const auto again = stoker::train::run_training(resumed);  // from the end of the run
+  CHECK(again.epochs.empty());
+  CHECK(again.test_accuracy() == r.test_accuracy());  // the same model on the same test set
 }
 
 TEST_CASE("a short pipelined run on the CPU learns, with one copy per batch and one read-back per epoch" *
