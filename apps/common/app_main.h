@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "checks.h"
 #include "format.h"
 
 namespace stoker::apps {

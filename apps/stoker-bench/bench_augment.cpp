@@ -672,26 +672,28 @@ SuiteRun setup_augment(CLI::App& command) {
   command.add_option("--data", opt->data, "Directory with train-images-idx3-ubyte.gz and train-labels-idx1-ubyte.gz")
       ->capture_default_str();
   command.add_option("--images", opt->images, "Use only the first N images (0: all)")
-      ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 32))
+      ->check(apps::in_range<std::size_t>(0, std::size_t{1} << 32))
       ->capture_default_str();
   command.add_option("--crop-threads", opt->crop_threads, "Threads of the pipeline's crop stage")
-      ->check(CLI::Range(1, 256))
+      ->check(apps::in_range(1, 256))
       ->capture_default_str();
   command.add_option("--collate-threads", opt->collate_threads, "Threads of the pipeline's collate stage")
-      ->check(CLI::Range(1, 256))
+      ->check(apps::in_range(1, 256))
       ->capture_default_str();
   command
       .add_option("--plain-threads", opt->plain_threads,
                   "Threads of the plain loop and of the windowed loop (0: every core)")
-      ->check(CLI::Range(0, 256))
+      ->check(apps::in_range(0, 256))
       ->capture_default_str();
-  command.add_option("--seed", opt->seed, "Seed of the crops, mirrors and shuffle")->capture_default_str();
+  command.add_option("--seed", opt->seed, "Seed of the crops, mirrors and shuffle")
+      ->check(apps::at_least<std::uint64_t>(0))
+      ->capture_default_str();
   command
       .add_option("--threads", opt->thread_counts,
                   "Also run, for each N of this list (e.g. 1,2,4,8), the pipeline on N threads (crops on "
                   "max(1, ceil(N/4)), collate on N) and the windowed loop on N threads, with their ratio")
       ->delimiter(',')
-      ->check(CLI::Range(1, 256));
+      ->check(apps::in_range(1, 256));
   return [opt](const CommonOptions& common) { return run_augment(*opt, common); };
 }
 

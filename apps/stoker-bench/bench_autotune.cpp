@@ -160,15 +160,15 @@ Json run_suite(Config c, const CommonOptions& common) {
 SuiteRun setup_autotune(CLI::App& command) {
   auto cfg = std::make_shared<Config>();
   command.add_option("--slow-us", cfg->slow_us, "Work per item of the slow stage, us")
-      ->check(CLI::PositiveNumber)
+      ->check(apps::above(0.0))
       ->capture_default_str();
   command.add_option("--cheap-us", cfg->cheap_us, "Work per item of the cheap stage, us")
-      ->check(CLI::PositiveNumber)
+      ->check(apps::above(0.0))
       ->capture_default_str();
   command.add_option("--budget", cfg->budget, "Threads to split (default: 2 x cores, at least 4)")
-      ->check(CLI::Range(2, 64));
+      ->check(apps::in_range(2, 64));
   command.add_option("--seconds", cfg->seconds, "Length of each run")
-      ->check(CLI::Range(2.5, 600.0))
+      ->check(apps::in_range(2.5, 600.0))
       ->capture_default_str();
   return [cfg](const CommonOptions& common) { return run_suite(*cfg, common); };
 }

@@ -199,12 +199,15 @@ SuiteRun setup_pipeline(CLI::App& command) {
   auto cfg = std::make_shared<Config>();
   command.add_option("--stages", cfg->stages,
                      "Stages as US:THREADS,... (default 20:1,40:2,10:1 on 5+ cores, else 20:1,4:2,2:1)");
-  command.add_option("--items", cfg->items, "Items per run (default: about 2 s of the slowest stage)");
+  command.add_option("--items", cfg->items, "Items per run (default: about 2 s of the slowest stage)")
+      ->check(apps::at_least<std::uint64_t>(0));
   command.add_option("--overhead-items", cfg->overhead_items, "Items through the empty-stage chain")
+      ->check(apps::at_least<std::uint64_t>(1))
       ->capture_default_str();
-  command.add_option("--threads", cfg->threads, "oneTBB threads (default: one per core)");
+  command.add_option("--threads", cfg->threads, "oneTBB threads (0, the default: one per core)")
+      ->check(apps::in_range(0, 1024));
   command.add_option("--queue", cfg->queue, "Capacity of every queue")
-      ->check(CLI::PositiveNumber)
+      ->check(apps::in_range<std::size_t>(1, std::size_t{1} << 20))
       ->capture_default_str();
   return [cfg](const CommonOptions& common) { return run_suite(*cfg, common); };
 }

@@ -513,14 +513,14 @@ Json run_queues(const QueuesOptions& opt, const CommonOptions& common) {
 SuiteRun setup_queues(CLI::App& command) {
   auto opt = std::make_shared<QueuesOptions>();
   command.add_option("--items", opt->items, "Items moved per trial, over all producers")
-      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1'000'000'000'000}))
+      ->check(apps::in_range<std::uint64_t>(1, 1'000'000'000'000))
       ->capture_default_str();
   command.add_option("--capacity", opt->capacity, "Capacity of every queue")
-      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 24))
+      ->check(apps::in_range<std::size_t>(1, std::size_t{1} << 24))
       ->capture_default_str();
   command.add_option("--threads", opt->threads, "Values of P for P producers x P consumers")
       ->delimiter(',')
-      ->check(CLI::Range(1, 256))
+      ->check(apps::in_range(1, 256))
       ->capture_default_str();
   return [opt](const CommonOptions& common) { return run_queues(*opt, common); };
 }

@@ -166,19 +166,19 @@ Json run_remote(const CommonOptions& common, const RemoteBenchOptions& o) {
 SuiteRun setup_remote(CLI::App& command) {
   auto o = std::make_shared<RemoteBenchOptions>();
   command.add_option("--capacity", o->capacity, "Items in flight through the edge, at most")
-      ->check(CLI::Range(1, 1 << 20))
+      ->check(apps::in_range<std::size_t>(1, 1 << 20))
       ->capture_default_str();
   command.add_option("--queue", o->queue, "Capacity of each pipeline's queue")
-      ->check(CLI::Range(1, 1 << 20))
+      ->check(apps::in_range<std::size_t>(1, 1 << 20))
       ->capture_default_str();
   command.add_option("--threads", o->threads, "Threads of each rank's pipeline (0: one per core)")
-      ->check(CLI::Range(0, 256))
+      ->check(apps::in_range(0, 256))
       ->capture_default_str();
   command.add_option("--small-items", o->small_items, "Small items per worker and repeat")
-      ->check(CLI::Range(1, 100'000'000))
+      ->check(apps::in_range<std::size_t>(1, 100'000'000))
       ->capture_default_str();
   command.add_option("--large-items", o->large_items, "Batch-sized items per worker and repeat")
-      ->check(CLI::Range(1, 1'000'000))
+      ->check(apps::in_range<std::size_t>(1, 1'000'000))
       ->capture_default_str();
   return [o](const CommonOptions& common) { return run_remote(common, *o); };
 }

@@ -260,9 +260,11 @@ Json run(const ResumeOptions& o, const CommonOptions& common) {
 SuiteRun setup_resume(CLI::App& command) {
   auto o = std::make_shared<ResumeOptions>();
   command.add_option("--data", o->data, "Directory with Fashion-MNIST's IDX files")->capture_default_str();
-  command.add_option("--seed", o->seed, "Seed of the crops and the shuffle")->capture_default_str();
+  command.add_option("--seed", o->seed, "Seed of the crops and the shuffle")
+      ->check(apps::at_least<std::uint64_t>(0))
+      ->capture_default_str();
   command.add_option("--every", o->every, "Batches between state() calls in the cost figure")
-      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20))
+      ->check(apps::in_range<std::size_t>(1, std::size_t{1} << 20))
       ->capture_default_str();
   return [o](const CommonOptions& common) { return run(*o, common); };
 }

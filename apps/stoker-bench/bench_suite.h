@@ -11,6 +11,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "checks.h"
+
 namespace stoker::bench {
 
 using Json = nlohmann::ordered_json;

@@ -533,13 +533,13 @@ SuiteRun setup_transfer(CLI::App& command) {
       ->check(CLI::IsMember({"auto", "cpu", "cuda"}))
       ->capture_default_str();
   command.add_option("--batches", opt->batches, "Image batches per epoch in the overlap figure")
-      ->check(CLI::Range(std::size_t{1}, std::size_t{4096}))
+      ->check(apps::in_range<std::size_t>(1, 4096))
       ->capture_default_str();
   command.add_option("--batch-images", opt->batch_images, "Images per batch in the overlap figure")
-      ->check(CLI::Range(std::size_t{1}, std::size_t{16384}))
+      ->check(apps::in_range<std::size_t>(1, 16384))
       ->capture_default_str();
   command.add_option("--collate-threads", opt->collate_threads, "Threads of the collate stage in the overlap figure")
-      ->check(CLI::Range(1, 64))
+      ->check(apps::in_range(1, 64))
       ->capture_default_str();
   return [opt](const CommonOptions& common) { return run_transfer(*opt, common); };
 }

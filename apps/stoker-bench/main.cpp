@@ -36,8 +36,7 @@ constexpr Suite kSuites[] = {
     {"resume",
      "exact resume of the reference job mid-epoch: time to the first batch vs fresh and fast-forward; state()'s cost",
      &setup_resume},
-    {"remote",
-     "under mpirun: items/s through a remote edge vs one process; bytes/s vs a plain MPI_Send/MPI_Recv loop",
+    {"remote", "under mpirun: items/s through a remote edge vs one process; bytes/s vs a plain MPI_Send/MPI_Recv loop",
      &setup_remote},
     {"transfer", "host-to-device GB/s pinned vs pageable; copy + crop overlap; crop kernel vs device-to-device copy",
      &setup_transfer},
@@ -122,7 +121,7 @@ class BackgroundLoad {
 void add_common_options(CLI::App& command, CommonOptions& common) {
   command.add_flag("--json", common.json, "Print the result as one JSON object on the last line of stdout");
   command.add_option("--repeats", common.repeats, "Repeats; every figure is their median")
-      ->check(CLI::Range(1, 1000))
+      ->check(apps::in_range(1, 1000))
       ->capture_default_str();
 }
 

@@ -31,19 +31,21 @@ void add_options(CLI::App& app, ExampleOptions& o, bool& json) {
   app.add_option("--workers", o.workers,
                  "stoker: the pipeline's threads (and bodies of its crop and collate stages), at least 1; torch: "
                  "the DataLoader's worker threads (0: load on the training thread)")
-      ->check(CLI::Range(0, 256))
+      ->check(apps::in_range(0, 256))
       ->capture_default_str();
   app.add_option("--epochs", o.epochs, "Passes over the training images")
-      ->check(CLI::Range(1u, 100000u))
+      ->check(apps::in_range<std::uint32_t>(1, 100000))
       ->capture_default_str();
   app.add_option("--batch-size", o.batch_size, "Crops per batch (at most 8000, what the shuffle buffer hands out)")
-      ->check(CLI::Range(std::size_t{1}, std::size_t{8000}))
+      ->check(apps::in_range<std::size_t>(1, 8000))
       ->capture_default_str();
   app.add_option("--images", o.images, "Use only the first N training images (0: all 60000); for short runs")
-      ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 32))
+      ->check(apps::in_range<std::size_t>(0, std::size_t{1} << 32))
       ->capture_default_str();
-  app.add_option("--lr", o.learning_rate, "Adam's learning rate")->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--seed", o.seed, "Seed of the crops, mirrors, shuffles and initial weights")->capture_default_str();
+  app.add_option("--lr", o.learning_rate, "Adam's learning rate")->check(apps::above(0.0))->capture_default_str();
+  app.add_option("--seed", o.seed, "Seed of the crops, mirrors, shuffles and initial weights")
+      ->check(apps::at_least<std::uint64_t>(0))
+      ->capture_default_str();
   app.add_option("--steps", o.steps,
                  "train: a training step per batch; none: only touch each batch (its first element), to measure "
                  "the loader alone")
@@ -51,7 +53,7 @@ void add_options(CLI::App& app, ExampleOptions& o, bool& json) {
       ->capture_default_str();
   app.add_option("--intra-op-threads", o.intra_op_threads,
                  "libtorch's intra-op threads for the model (0: libtorch's own default; 1 on the 2-core dev machine)")
-      ->check(CLI::Range(0, 1024))
+      ->check(apps::in_range(0, 1024))
       ->capture_default_str();
   app.add_option("--data", o.data,
                  "Directory with Fashion-MNIST's train-* and t10k-* IDX files (Debian package dataset-fashion-mnist)")

@@ -112,30 +112,30 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
       ->capture_default_str()
       ->group("Data");
   app.add_option("--epochs", o.epochs, "Passes over the training images")
-      ->check(CLI::Range(1u, 100000u))
+      ->check(apps::in_range<std::uint32_t>(1, 100000))
       ->capture_default_str()
       ->group("Data");
   app.add_option("--batch-size", o.batch_size, "Crops per training step")
-      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20))
+      ->check(apps::in_range<std::size_t>(1, std::size_t{1} << 20))
       ->capture_default_str()
       ->group("Model");
   app.add_option("--crops", o.crops,
                  "Random crops taken of each training image per epoch (an epoch has images x crops samples)")
-      ->check(CLI::Range(1, 1000))
+      ->check(apps::in_range(1, 1000))
       ->capture_default_str()
       ->group("Data");
   app.add_option("--crop-size", o.crop_size,
                  "Side of the square crops, at most 28; the test images are center-cropped to it")
-      ->check(CLI::Range(1u, 28u))
+      ->check(apps::in_range<std::uint32_t>(1, 28))
       ->capture_default_str()
       ->group("Data");
   app.add_option("--mirror-p", o.mirror_p, "Probability that a training crop is mirrored left-right")
-      ->check(CLI::Range(0.0, 1.0))
+      ->check(apps::in_range(0.0, 1.0))
       ->capture_default_str()
       ->group("Data");
 
   app.add_option("--threads", o.threads, "Threads of the pipeline, shared by all its stages (0: one per core)")
-      ->check(CLI::Range(0, 1024))
+      ->check(apps::in_range(0, 1024))
       ->capture_default_str()
       ->group("Pipeline");
   app.add_flag("--autotune", o.autotune,
@@ -144,38 +144,39 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
                "--collate-threads, 1 each unless given")
       ->group("Pipeline");
   app.add_option("--crop-threads", o.crop_threads, "Threads of the crop stage (draws each crop's window and mirror)")
-      ->check(CLI::Range(1, 1024))
+      ->check(apps::in_range(1, 1024))
       ->capture_default_str()
       ->group("Pipeline");
   app.add_option("--collate-threads", o.collate_threads,
                  "Threads of the collate stage (cuts, mirrors and normalizes the crops into a pinned batch)")
-      ->check(CLI::Range(1, 1024))
+      ->check(apps::in_range(1, 1024))
       ->capture_default_str()
       ->group("Pipeline");
   app.add_option("--read-queue", o.read_queue, "Capacity of the queue of images between the reader and the crop stage")
-      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 24))
+      ->check(apps::in_range<std::size_t>(1, std::size_t{1} << 24))
       ->capture_default_str()
       ->group("Pipeline");
   app.add_option("--batch-queue", o.batch_queue,
                  "Capacity of each queue of batches: batcher -> collate -> host-to-device copy -> trainer")
-      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 16))
+      ->check(apps::in_range<std::size_t>(1, std::size_t{1} << 16))
       ->capture_default_str()
       ->group("Pipeline");
   app.add_option("--staging-buffers", o.staging_buffers,
                  "Pinned host buffers batches are collated into; each waits for its copy to finish")
-      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 16))
+      ->check(apps::in_range<std::size_t>(1, std::size_t{1} << 16))
       ->capture_default_str()
       ->group("Pipeline");
   app.add_option("--shuffle-capacity", o.shuffle_capacity, "Crops the shuffle buffer holds at most")
-      ->check(CLI::Range(std::size_t{2}, std::size_t{1} << 28))
+      ->check(apps::in_range<std::size_t>(2, std::size_t{1} << 28))
       ->capture_default_str()
       ->group("Pipeline");
   app.add_option("--min-after-dequeue", o.min_after_dequeue,
                  "Crops the shuffle buffer keeps after each dequeue: more mixes crops of one image better")
-      ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 28))
+      ->check(apps::in_range<std::size_t>(0, std::size_t{1} << 28))
       ->capture_default_str()
       ->group("Pipeline");
   app.add_option("--seed", o.seed, "Seed of the crops, mirrors, shuffle and initial weights")
+      ->check(apps::at_least<std::uint64_t>(0))
       ->capture_default_str()
       ->group("Data");
   app.add_option("--occupancy-log", o.occupancy_log,
@@ -200,7 +201,7 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
       ->capture_default_str()
       ->group("Pipeline");
   app.add_option("--image-batch", o.image_batch, "--augment gpu: whole images sent to the device in one copy")
-      ->check(CLI::Range(std::size_t{1}, std::size_t{1} << 20))
+      ->check(apps::in_range<std::size_t>(1, std::size_t{1} << 20))
       ->capture_default_str()
       ->group("Pipeline");
   app.add_option("--resident", o.resident,
@@ -218,23 +219,23 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
 
   app.add_option("--hidden", o.hidden, "Widths of the hidden layers, comma-separated")
       ->delimiter(',')
-      ->check(CLI::Range(1, 1 << 16))
+      ->check(apps::in_range(1, 1 << 16))
       ->capture_default_str()
       ->group("Model");
   app.add_option("--lr", o.learning_rate, "SGD's learning rate at the start; it decays to 0 along a cosine")
-      ->check(CLI::PositiveNumber)
+      ->check(apps::above(0.0f))
       ->capture_default_str()
       ->group("Model");
   app.add_option("--momentum", o.momentum, "SGD's momentum")
-      ->check(CLI::Range(0.0, 0.999))
+      ->check(apps::in_range(0.0f, 0.999f))
       ->capture_default_str()
       ->group("Model");
   app.add_option("--weight-decay", o.weight_decay, "L2 weight decay")
-      ->check(CLI::NonNegativeNumber)
+      ->check(apps::at_least(0.0f))
       ->capture_default_str()
       ->group("Model");
   app.add_option("--in-flight", o.in_flight, "Training steps queued on the device before the trainer waits for it")
-      ->check(CLI::Range(1, 64))
+      ->check(apps::in_range(1, 64))
       ->capture_default_str()
       ->group("Pipeline");
   app.add_option("--graph", o.graph,
@@ -244,7 +245,7 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
       ->capture_default_str()
       ->group("Model");
   app.add_option("--limit", o.limit, "Use only the first N training and N test images (0: all); for quick runs")
-      ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 32))
+      ->check(apps::in_range<std::size_t>(0, std::size_t{1} << 32))
       ->capture_default_str()
       ->group("Data");
   app.add_flag("--remote-workers", o.remote_workers,
@@ -262,6 +263,7 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
       ->type_name("DIR")
       ->group("Output");
   app.add_option("--checkpoint-every", o.checkpoint_every, "Training steps between checkpoints (0: only at the end)")
+      ->check(apps::at_least<std::uint64_t>(0))
       ->capture_default_str()
       ->group("Output");
   app.add_option("--resume", o.resume,

@@ -126,3 +126,38 @@ TEST_CASE("stoker-train stopped by SIGINT or SIGTERM mid-epoch stops cleanly and
     CHECK(events["traceEvents"].size() > 1);
   }
 }
+
+TEST_CASE("a bad number on the command line is refused with exit status 2 and one short line naming the option" *
+          doctest::timeout(60)) {
+  const TempDir dir("cli");
+  const std::string bench = STOKER_BENCH;
+  // Arguments that would run (a missing data set, short benchmarks) end quickly should the
+  // bad number go through.
+  const std::vector<std::string> train{kTrain, "--data", (dir / "absent").string()};
+  const std::vector<std::string> pipeline{bench, "pipeline", "--repeats", "1", "--items", "1000"};
+  const struct {
+    std::vector<std::string> base;
+    std::vector<std::string> args;
+    std::string says;
+  } cases[] = {
+      {train, {"--lr", "0"}, "stoker-train: --lr: must be > 0, got 0"},
+      {train, {"--epochs", "abc"}, "stoker-train: --epochs: must be a whole number, got abc"},
+      {train, {"--epochs", "0"}, "stoker-train: --epochs: must be 1 to 100000, got 0"},
+      {train, {"--seed", "-5"}, "stoker-train: --seed: must be 0 or more, got -5"},
+      {train, {"--hidden", "64,-1"}, "stoker-train: --hidden: must be 1 to 65536, got -1"},
+      {train, {"--momentum", "1"}, "stoker-train: --momentum: must be 0 to 0.999, got 1"},
+      {pipeline, {"--queue", "0"}, "stoker-bench: --queue: must be 1 to 1048576, got 0"},
+      {pipeline, {"--threads", "-3"}, "stoker-bench: --threads: must be 0 to 1024, got -3"},
+      {pipeline, {"--overhead-items", "0"}, "stoker-bench: --overhead-items: must be at least 1, got 0"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> args = c.base;
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    Child program(args, dir);
+    CAPTURE(c.says);
+    CHECK(program.wait() == 2);
+    const std::string err = program.err();
+    CHECK(err.find(c.says + " (see ") == 0);
+    CHECK(std::count(err.begin(), err.end(), '\n') == 1);
+  }
+}
