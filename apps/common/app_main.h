@@ -3,15 +3,44 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
+#include <cstring>
 #include <exception>
+#include <filesystem>
 #include <iostream>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <system_error>
+#include <unistd.h>
 
 #include "checks.h"
 #include "format.h"
 
 namespace stoker::apps {
+
+/// A bad argument found after parsing: guarded_main reports it on one line with exit status 2,
+/// as parse_command_line does a bad option.
+struct UsageError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+/// Makes `path`, given to `option`, ready to be written before any work is done: creates its
+/// missing parent directories; throws UsageError naming the option when `path` is a directory
+/// or cannot be written. Creates no file.
+inline void prepare_output_file(const std::string& option, const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path file(path);
+  const std::string what = option + " " + path + ": ";
+  std::error_code error;
+  if (fs::is_directory(file, error)) throw UsageError(what + "is a directory");
+  const fs::path parent = file.parent_path().empty() ? fs::path(".") : file.parent_path();
+  fs::create_directories(parent, error);
+  if (error) throw UsageError(what + "cannot create its directory: " + error.message());
+  const bool exists = fs::exists(file, error);
+  if (::access((exists ? file : parent).c_str(), W_OK) != 0)
+    throw UsageError(what + "cannot be written: " + std::strerror(errno));
+}
 
 /// Parses the command line. Returns the exit status when the program is done already: 0 after
 /// --help, 2 after a bad argument, reported on one line of stderr.
@@ -30,11 +59,15 @@ inline std::optional<int> parse_command_line(CLI::App& app, int argc, char** arg
 }
 
 /// Runs a program's `run(argc, argv)`. An exception that escapes it becomes one line on
-/// stderr, after whatever stdout already holds, and exit status 1.
+/// stderr, after whatever stdout already holds, and exit status 1 (2 for a UsageError).
 template <class Run>
 int guarded_main(const char* program, Run run, int argc, char** argv) {
   try {
     return run(argc, argv);
+  } catch (const UsageError& e) {
+    std::cout.flush();
+    std::cerr << program << ": " << one_line(e.what()) << '\n';
+    return 2;
   } catch (const std::exception& e) {
     std::cout.flush();
     std::cerr << program << ": error: " << one_line(e.what()) << '\n';

@@ -39,10 +39,10 @@ std::vector<StageSpec> parse_stages(const std::string& text) {
     char colon = 0;
     std::stringstream p(part);
     if (!(p >> s.us >> colon >> s.threads) || colon != ':' || s.us < 0 || s.threads < 1)
-      throw std::invalid_argument("--stages: '" + part + "' is not US:THREADS (e.g. 20:1)");
+      throw std::invalid_argument("'" + part + "' is not US:THREADS (e.g. 20:1)");
     out.push_back(s);
   }
-  if (out.empty()) throw std::invalid_argument("--stages: no stage given");
+  if (out.empty()) throw std::invalid_argument("no stage given");
   return out;
 }
 
@@ -197,8 +197,19 @@ Json run_suite(const Config& cfg, const CommonOptions& common) {
 
 SuiteRun setup_pipeline(CLI::App& command) {
   auto cfg = std::make_shared<Config>();
-  command.add_option("--stages", cfg->stages,
-                     "Stages as US:THREADS,... (default 20:1,40:2,10:1 on 5+ cores, else 20:1,4:2,2:1)");
+  command
+      .add_option("--stages", cfg->stages,
+                  "Stages as US:THREADS,... (default 20:1,40:2,10:1 on 5+ cores, else 20:1,4:2,2:1)")
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            try {  // while parsing, so that a bad list is a bad argument (exit status 2)
+              parse_stages(text);
+              return std::string();
+            } catch (const std::invalid_argument& e) {
+              return std::string(e.what());
+            }
+          },
+          ""));
   command.add_option("--items", cfg->items, "Items per run (default: about 2 s of the slowest stage)")
       ->check(apps::at_least<std::uint64_t>(0));
   command.add_option("--overhead-items", cfg->overhead_items, "Items through the empty-stage chain")

@@ -410,6 +410,11 @@ int run(int argc, char** argv, dist::Communicator& ranks) {
   };
 
   try {
+    // Before the data is read: a path that cannot be written is a bad argument, not a failed run.
+    if (o.mode == "pipelined") {
+      if (!o.occupancy_log.empty()) apps::prepare_output_file("--occupancy-log", o.occupancy_log);
+      if (!o.trace.empty()) apps::prepare_output_file("--trace", o.trace);
+    }
     const TrainReport r = run_training(o, callbacks, &ranks);
     if (r.worker) return 0;  // rank 0 reports
     if (r.interrupted) {

@@ -161,3 +161,31 @@ TEST_CASE("a bad number on the command line is refused with exit status 2 and on
     CHECK(std::count(err.begin(), err.end(), '\n') == 1);
   }
 }
+
+TEST_CASE("an output path that is a directory, and a bad --stages list, are bad arguments: exit status 2, one line" *
+          doctest::timeout(60)) {
+  const TempDir dir("cli");
+  const std::string bench = STOKER_BENCH;
+  const std::string taken = dir.path().string();  // a directory
+  // A short run on the data set, should the path go through to the pipeline.
+  const std::vector<std::string> train{kTrain, "--device", "cpu", "--limit", "100", "--epochs", "1"};
+  const struct {
+    std::vector<std::string> base;
+    std::vector<std::string> args;
+    std::string says;
+  } cases[] = {
+      {train, {"--occupancy-log", taken}, "stoker-train: --occupancy-log " + taken + ": is a directory\n"},
+      {train, {"--trace", taken}, "stoker-train: --trace " + taken + ": is a directory\n"},
+      {{bench, "pipeline", "--repeats", "1", "--items", "1000", "--overhead-items", "1000"},
+       {"--stages", "garbage"},
+       "stoker-bench: --stages: 'garbage' is not US:THREADS (e.g. 20:1) (see stoker-bench --help)\n"},
+  };
+  for (const auto& c : cases) {
+    std::vector<std::string> args = c.base;
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    Child program(args, dir);
+    CAPTURE(c.says);
+    CHECK(program.wait() == 2);
+    CHECK(program.err() == c.says);
+  }
+}
