@@ -17,15 +17,11 @@ namespace stoker::inspect {
 namespace {
 
 using apps::one_line;
+using apps::UsageError;
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
-
-// Bad arguments and bad input: the caller says which, on one line, and exits 2.
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 bool is_html(const std::string& path) { return ends_with(path, ".html") || ends_with(path, ".htm"); }
 
@@ -70,6 +66,7 @@ int run(int argc, char** argv) {
     if (!plot_path.empty() && !ends_with(plot_path, ".svg") && !ends_with(plot_path, ".html") &&
         !ends_with(plot_path, ".htm"))
       throw UsageError("--plot " + plot_path + ": the file name must end in .svg or .html");
+    if (!plot_path.empty()) apps::prepare_output_file("--plot", plot_path);  // as stoker-train's files
 
     std::vector<OccupancyLog> logs;
     for (const auto& path : log_paths) {
@@ -97,9 +94,6 @@ int run(int argc, char** argv) {
     if (json) std::cout << to_json(report).dump() << std::endl;
     return 0;
   } catch (const LogError& e) {
-    std::cerr << "stoker-inspect: " << one_line(e.what()) << '\n';
-    return 2;
-  } catch (const UsageError& e) {
     std::cerr << "stoker-inspect: " << one_line(e.what()) << '\n';
     return 2;
   }

@@ -189,3 +189,20 @@ TEST_CASE("an output path that is a directory, and a bad --stages list, are bad 
     CHECK(program.err() == c.says);
   }
 }
+
+TEST_CASE("stoker-inspect --plot creates the plot's missing parent directories" * doctest::timeout(30)) {
+  const TempDir dir("cli");
+  const fs::path log = dir / "run.jsonl";
+  std::ofstream(log) << R"({"type":"sample","t":0.0,"queue":"read->consumer","producer":"read",)"
+                        R"("consumer":"consumer","size":1,"capacity":4})"
+                     << "\n"
+                     << R"({"type":"sample","t":0.05,"queue":"read->consumer","producer":"read",)"
+                        R"("consumer":"consumer","size":3,"capacity":4})"
+                     << "\n";
+  const fs::path plot = dir / "plots" / "today" / "run.svg";
+  Child inspect({kInspect, log.string(), "--plot", plot.string()}, dir);
+  const int status = inspect.wait();
+  INFO("stderr: " << inspect.err());
+  CHECK(status == 0);
+  CHECK(fs::file_size(plot) > 0);
+}
