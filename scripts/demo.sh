@@ -12,10 +12,26 @@ build_dir="${STOKER_BUILD_DIR:-build}"
 case "$build_dir" in /*) ;; *) build_dir="$root/$build_dir" ;; esac
 export STOKER_BUILD_DIR="$build_dir"
 
-bash "$root/scripts/build.sh"
-
 train="$build_dir/apps/stoker-train/stoker-train"
 inspect="$build_dir/apps/stoker-inspect/stoker-inspect"
+
+# Help answers at once: a first build takes minutes.
+for arg in "$@"; do
+  if [[ $arg == -h || $arg == --help ]]; then
+    echo "usage: scripts/demo.sh [stoker-train options]"
+    echo "Builds stoker into \$STOKER_BUILD_DIR (default build/), runs stoker-train with these options and an"
+    echo "occupancy log, then stoker-inspect on the log, which it draws to $build_dir/demo.occupancy.svg."
+    if [[ -x "$train" ]]; then
+      echo
+      "$train" --help
+    else
+      echo "stoker-train's options: docs/train.md (stoker-train is not built in $build_dir yet)."
+    fi
+    exit 0
+  fi
+done
+
+bash "$root/scripts/build.sh"
 for app in "$train" "$inspect"; do
   if [[ ! -x "$app" ]]; then
     echo "demo: $app was not built (is STOKER_BUILD_APPS off in $build_dir?)" >&2
