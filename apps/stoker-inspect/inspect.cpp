@@ -752,7 +752,7 @@ class Plot {
                        report.source + ": " + std::to_string(log.queues.size()) +
                            (log.queues.size() == 1 ? " queue" : " queues") + " over " + fixed(report.duration_s, 2) +
                            " s, " + std::to_string(samples_) + " samples per queue" +
-                           (log.epochs.empty() ? "" : ", " + std::to_string(log.epochs.size()) + " epochs"),
+                           (log.epochs.empty() ? "" : ", " + apps::plural(log.epochs.size(), "epoch")),
                        14, "font-weight=\"bold\""});
     header_.push_back({"bottleneck: ", report.bottleneck + " (fit " + fixed(report.confidence, 2) + ")", 16,
                        std::string("fill=\"") + kBottleneck + "\""});

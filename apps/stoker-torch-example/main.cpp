@@ -125,7 +125,7 @@ int run(int argc, char** argv) {
               << " on the CPU, " << r.intra_op_threads << " intra-op threads\n"
               << "steps:  "
               << (o.steps == "train" ? "train" : "none (input only: each batch is touched, not trained on)") << ", "
-              << o.epochs << " epochs\n";
+              << apps::plural(o.epochs, "epoch") << "\n";
   };
   callbacks.on_zero_copy = [&](const ExampleReport& r) {
     std::cout << "input:  " << r.input << "\n"

@@ -49,6 +49,12 @@ std::string copies_expected(const TrainOptions& o, const TrainReport& r) {
   return "two at setup (weights, test set), then one per " + std::to_string(o.image_batch) + " images";
 }
 
+// --augment gpu crops with the device's kernels, which without a GPU run on the CPU backend.
+std::string crops_made_on(const TrainOptions& o, const TrainReport& r) {
+  if (o.augment == "cpu") return "on the cpu";
+  return r.device == "cuda" ? "on the gpu" : "on the cpu (the CPU backend runs --augment gpu's kernels)";
+}
+
 // SIGINT and SIGTERM: the first stops the run between two steps, so that the pipeline stops and
 // closes its occupancy log and trace whole; a second ends the process at once. A handler may run
 // on any thread, in the middle of anything (a malloc, a pipeline's lock), so it only does what is
@@ -381,9 +387,10 @@ int run(int argc, char** argv, dist::Communicator& ranks) {
               << "model:  MLP " << layers(o) << " (" << r.parameters << " parameters), SGD momentum " << o.momentum
               << ", lr " << o.learning_rate << " cosine to 0, weight decay " << o.weight_decay << "\n"
               << "input:  " << o.mode << ", " << o.crops << " random " << o.crop_size << "x" << o.crop_size
-              << " crops per image (mirror p " << o.mirror_p << ") on the " << o.augment << ", shuffle "
-              << o.shuffle_capacity << "/" << o.min_after_dequeue << ", batches of " << o.batch_size << ", " << o.epochs
-              << " epochs of " << r.train_images * static_cast<std::uint64_t>(o.crops) << " samples\n";
+              << " crops per image (mirror p " << o.mirror_p << ") " << crops_made_on(o, r) << ", shuffle "
+              << o.shuffle_capacity << "/" << o.min_after_dequeue << ", batches of " << o.batch_size << ", "
+              << apps::plural(o.epochs, "epoch") << " of " << r.train_images * static_cast<std::uint64_t>(o.crops)
+              << " samples\n";
     if (o.remote_workers)
       std::cout << "ranks:  " << ranks.size() << " (" << ranks.engine() << "): rank 0 trains; "
                 << (ranks.size() == 2 ? "rank 1 reads" : "ranks 1 to " + std::to_string(ranks.size() - 1) + " read")
@@ -428,9 +435,9 @@ int run(int argc, char** argv, dist::Communicator& ranks) {
       return 128 + signal;
     }
     if (r.nothing_to_train) {
-      std::cout << "result: nothing left to train: the run in " << o.resume << " had finished its " << o.epochs
-                << " epoch" << (o.epochs == 1 ? "" : "s") << "; its model's test accuracy "
-                << fixed(r.test_accuracy(), 4) << " (" << r.device << ")\n";
+      std::cout << "result: nothing left to train: the run in " << o.resume << " had finished its "
+                << apps::plural(o.epochs, "epoch") << "; its model's test accuracy " << fixed(r.test_accuracy(), 4)
+                << " (" << r.device << ")\n";
       if (json) std::cout << to_json(o, r).dump() << std::endl;
       return 0;
     }
@@ -442,9 +449,10 @@ int run(int argc, char** argv, dist::Communicator& ranks) {
     std::cout << "copies: " << r.transfers.h2d_copies << " host-to-device (" << megabytes(r.transfers.h2d_bytes)
               << "), " << r.transfers.d2h_copies << " device-to-host (" << r.transfers.d2h_bytes
               << " bytes): " << copies_expected(o, r) << "; one read-back per epoch\n"
-              << "result: test accuracy " << fixed(r.test_accuracy(), 4) << " after " << r.epochs.size() << " epochs, "
-              << static_cast<long long>(r.samples_per_s()) << " samples/s, starvation "
-              << fixed(100 * r.starvation(), 1) << "% (" << r.mode << ", " << r.device << ")\n";
+              << "result: test accuracy " << fixed(r.test_accuracy(), 4) << " after "
+              << apps::plural(r.epochs.size(), "epoch") << ", " << static_cast<long long>(r.samples_per_s())
+              << " samples/s, starvation " << fixed(100 * r.starvation(), 1) << "% (" << r.mode << ", " << r.device
+              << ")\n";
     if (r.remote_workers != 0)
       std::cout << "remote: " << r.remote_workers << " workers sent " << megabytes(r.remote_bytes)
                 << " of batches; at most " << r.remote_peak << " were on their way at once\n";

@@ -206,3 +206,21 @@ TEST_CASE("stoker-inspect --plot creates the plot's missing parent directories" 
   CHECK(status == 0);
   CHECK(fs::file_size(plot) > 0);
 }
+
+TEST_CASE("stoker-train says where the crops were made, and counts one epoch in the singular" * doctest::timeout(60)) {
+  if (!have_fashion_mnist()) {
+    MESSAGE("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped");
+    return;
+  }
+  const TempDir dir("cli");
+  Child train({kTrain, "--device", "cpu", "--augment", "gpu", "--limit", "100", "--epochs", "1"}, dir);
+  const int status = train.wait();
+  const std::string out = train.out();
+  INFO("stdout: " << out << "\nstderr: " << train.err());
+  REQUIRE(status == 0);
+  CHECK(out.find("crops per image (mirror p 0.5) on the cpu (the CPU backend runs --augment gpu's kernels)") !=
+        std::string::npos);
+  CHECK(out.find(", 1 epoch of 500 samples\n") != std::string::npos);
+  CHECK(out.find(" after 1 epoch, ") != std::string::npos);
+  CHECK(out.find("1 epochs") == std::string::npos);
+}
