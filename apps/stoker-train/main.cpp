@@ -36,8 +36,8 @@ std::string megabytes(std::uint64_t bytes) { return fixed(static_cast<double>(by
 
 std::string layers(const TrainOptions& o) {
   std::string s = std::to_string(o.crop_size * o.crop_size);
-  for (int w : o.hidden) s += "-" + std::to_string(w);
-  return s + "-10";
+  for (int w : o.hidden) (s += '-') += std::to_string(w);
+  return s += "-10";
 }
 
 // What the copy counters should show, to read them against.
