@@ -678,6 +678,9 @@ std::string describe_counter(const std::string& name, std::uint64_t value) {
 
 std::string percent_of(double pct) { return fixed(pct, 0) + "%"; }
 
+// The share of the run the consumer waited for input, by its own record.
+double waited_share(const ConsumerCounters& c) { return c.t > 0 ? std::clamp(c.waited_s / c.t, 0.0, 1.0) : 0.0; }
+
 // Attributes that outline a text in `colour`, its background, so that lines crossing it stop
 // short of the letters.
 std::string halo(const std::string& colour) {
@@ -854,9 +857,12 @@ void Plot::write_stage_row(std::ostream& svg, std::size_t k) const {
   svg << "</text>\n";
 
   if (!s) {
-    const std::string why = trainer               ? "no counters: the training loop keeps none"
-                            : log_.stages.empty() ? "no counters: the log has no stage records"
-                                                  : "no counters in the log for this stage";
+    std::string why = trainer               ? "no counters: the training loop keeps none"
+                      : log_.stages.empty() ? "no counters: the log has no stage records"
+                                            : "no counters in the log for this stage";
+    if (trainer && log_.consumer && log_.consumer->t > 0)  // the pipeline's record of its consumer
+      why = "took " + std::to_string(log_.consumer->items) + " items, waiting for them " +
+            fixed(100 * waited_share(*log_.consumer), 1) + "% of the run";
     svg << "<text x=\"" << num(kSide) << "\" y=\"" << num(top + 19) << "\" font-size=\"11\" fill=\"" << kQuiet << "\">"
         << why << "</text>\n</g>\n";
     return;
@@ -1110,7 +1116,7 @@ namespace {
 // The share of its run a rank's training loop waited for input: from its consumer record, or,
 // in a log without one, the share of samples with the last queue empty.
 double input_wait(const OccupancyLog& log, const Report& report) {
-  if (log.consumer && log.consumer->t > 0) return std::clamp(log.consumer->waited_s / log.consumer->t, 0.0, 1.0);
+  if (log.consumer && log.consumer->t > 0) return waited_share(*log.consumer);
   return report.queues.empty() ? 0 : report.queues.back().empty_pct / 100;
 }
 

@@ -659,6 +659,14 @@ TEST_SUITE("stoker-inspect") {
     const nlohmann::json data = page_data(html);
     for (const nlohmann::json& group : data.at("marks")) CHECK(group.at("marks").empty());
 
+    CHECK(count(svg, "the training loop keeps none") == 1);
+    // The pipeline's record of its consumer: the training loop's row says what it took and waited.
+    const OccupancyLog with_consumer =
+        parse_text(two_queue_log(10, 9, 0) + R"({"type":"consumer","t":2.0,"items":300,"waited_s":0.5})" + "\n");
+    const std::string consumer_svg = plot_svg(with_consumer, analyze(with_consumer));
+    CHECK(count(consumer_svg, "the training loop keeps none") == 0);
+    CHECK(count(consumer_svg, "took 300 items, waiting for them 25.0% of the run") == 1);
+
     // A single sample: one instant, still an axis and a lane.
     const OccupancyLog one = parse_text(sample(0, "a->consumer", 1, 2, "a", "consumer") + "\n");
     CHECK(Markup(plot_svg(one, analyze(one))).errors.empty());
