@@ -92,6 +92,11 @@ class LogParser {
       log_.consumer = ConsumerCounters{count_field(j, "items"), seconds_field(j, "waited_s"), seconds_field(j, "t")};
       return;
     }
+    if (*type == "pipeline") {
+      log_.pipeline_threads = static_cast<int>(count_field(j, "threads"));
+      log_.cores = static_cast<int>(count_field(j, "cores"));
+      return;
+    }
     if (*type == "sample") return sample(j);
     if (*type == "stage") return stage(j);
     if (*type == "counters") return counters(j);
@@ -310,6 +315,13 @@ class Verdict {
     }
   }
 
+  /// The threads of every stage with counters, the training loop's none.
+  int threads_given() const {
+    int n = 0;
+    for (const StageSummary* s : counters_) n += s ? s->counters.threads : 0;
+    return n;
+  }
+
   std::size_t bottleneck() const {
     std::size_t best = 0;
     for (std::size_t k = 1; k < candidates_.size(); ++k)
@@ -391,7 +403,8 @@ std::string evidence(const Verdict& v, std::size_t k, const std::vector<QueueSum
 constexpr double kSwingPct = 10.0;
 constexpr std::size_t kSwings = 4;
 
-std::string suggestion(const Verdict& v, std::size_t k, const std::vector<QueueSummary>& queues) {
+std::string suggestion(const Verdict& v, std::size_t k, const std::vector<QueueSummary>& queues,
+                       const OccupancyLog& log) {
   std::string out;
   const StageSummary* s = v.counters(k);
   if (v.is_trainer(k)) {
@@ -407,6 +420,17 @@ std::string suggestion(const Verdict& v, std::size_t k, const std::vector<QueueS
     const int threads = s->counters.threads;
     out = "give '" + v.name(k) + "' more threads (it has " + std::to_string(threads) +
           "; try {.threads = " + std::to_string(threads * 2) + "}), or make its function cheaper";
+    // The stages' bodies run on the pipeline's threads: more for one stage than the pipeline
+    // has to spare would only queue its bodies behind the others'.
+    const int given = v.threads_given();
+    if (log.pipeline_threads > 0 && given + threads > log.pipeline_threads) {
+      out += "; the pipeline's " + std::to_string(log.pipeline_threads) + " threads are all given to its stages (" +
+             std::to_string(given) + " in all), so give it as many more (PipelineBuilder::threads(" +
+             std::to_string(given + threads) + "))";
+      if (log.cores > 0 && given + threads > log.cores)
+        out += ": beyond the machine's " + std::to_string(log.cores) +
+               " cores that helps a stage that waits (for a disk, a network, a device), not one that computes";
+    }
   } else {
     out = "give '" + v.name(k) + "' more threads, or make its function cheaper";
   }
@@ -446,7 +470,7 @@ Report analyze(const OccupancyLog& log) {
   r.evidence = evidence(verdict, k, r.queues);
   if (r.confidence < kConfidentFit)
     r.evidence = "weak evidence (the run fits other stages almost as well; see the plot): " + r.evidence;
-  r.suggestion = suggestion(verdict, k, r.queues);
+  r.suggestion = suggestion(verdict, k, r.queues, log);
   r.moves = log.moves;
   return r;
 }

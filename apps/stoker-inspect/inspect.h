@@ -65,6 +65,8 @@ struct OccupancyLog {
   std::string source;  ///< the file, for messages
   std::string rank;    ///< its records' "rank" label (one rank of a job), empty when none
   std::optional<ConsumerCounters> consumer;
+  int pipeline_threads = 0;  ///< the threads all stages share (its "pipeline" record); 0 when unknown
+  int cores = 0;             ///< of the machine it ran on; 0 when unknown
   std::vector<QueueSeries> queues;
   std::vector<StageCounters> stages;
   std::vector<EpochMark> epochs;                                ///< in the order of the log; empty when it has none

@@ -455,6 +455,11 @@ class PipelineCore::Monitor {
 
   void write_totals() {
     const auto summary = core_.summary();
+    // What the stages' threads share: the pipeline's threads, and the machine's cores.
+    write({{"type", "pipeline"},
+           {"t", seconds()},
+           {"threads", summary.threads},
+           {"cores", std::thread::hardware_concurrency()}});
     for (const auto& s : summary.stages) {
       write({{"type", "stage"},
              {"t", seconds()},

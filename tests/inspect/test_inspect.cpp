@@ -326,6 +326,20 @@ TEST_SUITE("stoker-inspect") {
     CHECK(r.stages[1].busy_pct == doctest::Approx(97.5));
     CHECK(r.stages[0].blocked_pct == doctest::Approx(90));
     CHECK(r.suggestion.find("it has 4") != std::string::npos);
+    CHECK(r.suggestion.find("the pipeline's") == std::string::npos);  // no pipeline record: not known
+
+    // The pipeline has threads for 'b' to double: nothing about them.
+    const Report roomy = analyze(parse_text(log + R"({"type":"pipeline","t":1.0,"threads":16,"cores":16})"
+                                                  "\n"));
+    CHECK(roomy.suggestion.find("the pipeline's") == std::string::npos);
+    // Its 5 threads are all given (1 + 4): doubling 'b' needs 4 more, and beyond 2 cores they
+    // only help a stage that waits.
+    const Report full = analyze(parse_text(log + R"({"type":"pipeline","t":1.0,"threads":5,"cores":2})"
+                                                 "\n"));
+    CHECK(full.suggestion.find("try {.threads = 8}") != std::string::npos);
+    CHECK(full.suggestion.find("the pipeline's 5 threads are all given to its stages (5 in all)") != std::string::npos);
+    CHECK(full.suggestion.find("PipelineBuilder::threads(9)") != std::string::npos);
+    CHECK(full.suggestion.find("beyond the machine's 2 cores") != std::string::npos);
   }
 
   TEST_CASE("a queue swinging between empty and full gets a larger capacity suggested") {

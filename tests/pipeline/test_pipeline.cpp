@@ -488,6 +488,7 @@ TEST_SUITE("Pipeline") {
     const auto path = dir / "occupancy.jsonl";
     {
       auto pipe = PipelineBuilder{}
+                      .threads(3)
                       .epochs(2)
                       .occupancy_log(path.string(), 5ms)
                       .log_label("rank", "3")
@@ -513,7 +514,7 @@ TEST_SUITE("Pipeline") {
     std::set<std::string> queues, stages;
     std::vector<int> epochs;
     std::string line;
-    int samples = 0, counter_records = 0, consumer_records = 0;
+    int samples = 0, counter_records = 0, consumer_records = 0, pipeline_records = 0;
     while (std::getline(in, line)) {
       const auto j = nlohmann::json::parse(line);  // throws, failing the test, if malformed
       CHECK(j.at("rank") == "3");                  // the pipeline's label, on every record
@@ -530,6 +531,10 @@ TEST_SUITE("Pipeline") {
       } else if (j.at("type") == "epoch") {
         CHECK(stages.empty());  // the stage records come at the end
         epochs.push_back(j.at("epoch").get<int>());
+      } else if (j.at("type") == "pipeline") {
+        ++pipeline_records;
+        CHECK(j.at("threads") == 3);
+        CHECK(j.at("cores").get<unsigned>() == std::thread::hardware_concurrency());
       } else if (j.at("type") == "consumer") {
         ++consumer_records;
         CHECK(j.at("items") == 2 * 3000 / 10);  // the batches the loop took
@@ -544,6 +549,7 @@ TEST_SUITE("Pipeline") {
     CHECK(samples >= 4);
     CHECK(counter_records == 1);
     CHECK(consumer_records == 1);
+    CHECK(pipeline_records == 1);
     CHECK(queues == std::set<std::string>{"read->decode", "shuffle", "batch->consumer"});
     CHECK(stages == std::set<std::string>{"read", "decode", "batch"});
   }
