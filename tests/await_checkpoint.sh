@@ -1,5 +1,5 @@
 # Sourced by the tests that kill a training run mid-epoch (tests/train/kill_resume.sh,
-# tests/dist/train_ranks.sh).
+# tests/cluster/train_ranks.sh).
 #   await_checkpoint FILE   waits up to 10 s for FILE to appear, then lets the run train on
 #                           past it for 0.2 s; fails when it never appears
 await_checkpoint() {

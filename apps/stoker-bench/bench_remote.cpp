@@ -4,7 +4,7 @@
 //     the trainer's pipeline receives them; against the same pipeline in one process (rank 0
 //     makes every item itself while the others wait);
 //   - bytes/s through the edge against a plain MPI_Send/MPI_Recv loop moving as many messages of
-//     the same size from the same ranks (stoker::dist::plain_send_recv).
+//     the same size from the same ranks (stoker::cluster::plain_send_recv).
 // Items are made without being filled (only a counter is written), so that the figures are
 // those of the transport, not of a memset.
 #include <cstdint>
@@ -18,15 +18,15 @@
 
 #include "bench_suite.h"
 #include "stoker/core/pipeline.h"
-#include "stoker/dist/communicator.h"
-#include "stoker/dist/plain_transfer.h"
-#include "stoker/dist/remote.h"
+#include "stoker/cluster/communicator.h"
+#include "stoker/cluster/plain_transfer.h"
+#include "stoker/cluster/remote.h"
 
 namespace stoker::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using dist::Bytes;
+using cluster::Bytes;
 
 struct RemoteBenchOptions {
   std::size_t small_bytes = 1024, large_bytes = 600 * 1024;
@@ -67,23 +67,23 @@ struct Figures {
 };
 
 // One repeat of one size; the figures land at rank 0.
-void measure(dist::Communicator& comm, const RemoteBenchOptions& o, std::size_t bytes, std::size_t per_worker,
+void measure(cluster::Communicator& comm, const RemoteBenchOptions& o, std::size_t bytes, std::size_t per_worker,
              Figures& f) {
   const std::size_t workers = static_cast<std::size_t>(comm.size() - 1), total = workers * per_worker;
 
   // The buffers a pipeline holds: its queue's, the edge's credits, one being made.
   const std::size_t held = o.queue + o.capacity + 1;  // (as in run_remote)
-  const double plain = dist::plain_send_recv(comm, 0, bytes, per_worker);
-  const double plain_ring = dist::plain_send_recv(comm, 0, bytes, per_worker, held);
+  const double plain = cluster::plain_send_recv(comm, 0, bytes, per_worker);
+  const double plain_ring = cluster::plain_send_recv(comm, 0, bytes, per_worker, held);
   if (comm.rank() == 0) {
     f.plain_s.push_back(plain);
     f.plain_ring_s.push_back(plain_ring);
   }
 
   {
-    dist::RemoteEdge<Bytes> edge(comm, {.name = "bench", .trainer = 0, .capacity = o.capacity});
+    cluster::RemoteEdge<Bytes> edge(comm, {.name = "bench", .trainer = 0, .capacity = o.capacity});
     comm.barrier();
-    if (edge.role() == dist::RemoteRole::worker) {
+    if (edge.role() == cluster::RemoteRole::worker) {
       auto pipe = PipelineBuilder{}
                       .threads(o.threads)
                       .epochs(1)
@@ -112,7 +112,7 @@ void measure(dist::Communicator& comm, const RemoteBenchOptions& o, std::size_t 
 Json run_remote(const CommonOptions& common, const RemoteBenchOptions& o) {
   Json out;
   int rank = 0;
-  const int status = dist::run_world(0, nullptr, [&](dist::Communicator& comm) {
+  const int status = cluster::run_world(0, nullptr, [&](cluster::Communicator& comm) {
     rank = comm.rank();
     if (comm.size() < 2)
       throw std::invalid_argument(

@@ -20,7 +20,7 @@
 #include "app_main.h"
 #include "stoker/core/stage_error.h"
 #include "stoker/core/state.h"
-#include "stoker/dist/communicator.h"
+#include "stoker/cluster/communicator.h"
 #include "stoker/stages/reader.h"
 #include "train.h"
 
@@ -349,7 +349,7 @@ Json to_json(const TrainOptions& o, const TrainReport& r) {
 }
 
 // Every rank of a job (mpirun -np N stoker-train) runs this; rank 0 alone prints.
-int run(int argc, char** argv, dist::Communicator& ranks) {
+int run(int argc, char** argv, cluster::Communicator& ranks) {
   const bool lead = ranks.rank() == 0;
   if (!lead) std::cout.setstate(std::ios::failbit);
   CLI::App app{
@@ -476,8 +476,8 @@ int main(int argc, char** argv) {
   return stoker::apps::guarded_main(
       "stoker-train",
       [](int argc, char** argv) {
-        return stoker::dist::run_world(
-            argc, argv, [&](stoker::dist::Communicator& ranks) { return stoker::train::run(argc, argv, ranks); });
+        return stoker::cluster::run_world(
+            argc, argv, [&](stoker::cluster::Communicator& ranks) { return stoker::train::run(argc, argv, ranks); });
       },
       argc, argv);
 }

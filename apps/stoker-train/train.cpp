@@ -20,8 +20,8 @@
 #include "stoker/core/pipeline.h"
 #include "stoker/core/random.h"
 #include "stoker/core/random_shuffle_queue.h"
-#include "stoker/dist/communicator.h"
-#include "stoker/dist/remote.h"
+#include "stoker/cluster/communicator.h"
+#include "stoker/cluster/remote.h"
 #include "stoker/gpu/augment.h"
 #include "stoker/gpu/staging.h"
 #include "stoker/stages/batch.h"
@@ -79,7 +79,7 @@ class Trainer {
  public:
   // `ranks`: the ranks whose gradients are averaged every step; null for one process.
   Trainer(const TrainOptions& o, const TrainCallbacks& callbacks, std::shared_ptr<gpu::Device> device,
-          std::uint64_t samples_per_epoch, dist::Communicator* ranks)
+          std::uint64_t samples_per_epoch, cluster::Communicator* ranks)
       : o_(o),
         callbacks_(callbacks),
         ranks_(ranks && ranks->size() > 1 ? ranks : nullptr),
@@ -273,7 +273,7 @@ class Trainer {
 
   const TrainOptions& o_;
   const TrainCallbacks& callbacks_;
-  dist::Communicator* ranks_;
+  cluster::Communicator* ranks_;
   std::vector<float> host_gradients_;
   const Mlp::Reduce average_gradients_ = [this](gpu::Stream& s, float* g, std::size_t n) { average(s, g, n); };
   std::shared_ptr<gpu::Device> device_;
@@ -404,9 +404,9 @@ void train_pipelined(const TrainOptions& o, std::shared_ptr<const IdxDataset> da
 
 // --remote-workers: a batch on the wire is its storage (samples, labels, ids) after its count.
 struct PackBatch {
-  dist::Bytes operator()(const Batch& b) const {
+  cluster::Bytes operator()(const Batch& b) const {
     const std::size_t n = Batch::storage_bytes(b.shape, b.dtype, b.count);
-    dist::Bytes bytes(sizeof(std::uint64_t) + n);
+    cluster::Bytes bytes(sizeof(std::uint64_t) + n);
     const std::uint64_t count = b.count;
     std::memcpy(bytes.data(), &count, sizeof count);
     std::memcpy(bytes.data() + sizeof count, b.data(), n);
@@ -417,7 +417,7 @@ struct PackBatch {
 struct UnpackBatch {
   std::shared_ptr<BufferPool> pool;
   Shape shape;
-  Batch operator()(dist::Bytes bytes, const StageContext& ctx) const {
+  Batch operator()(cluster::Bytes bytes, const StageContext& ctx) const {
     std::uint64_t count = 0;
     if (bytes.size() >= sizeof count) std::memcpy(&count, bytes.data(), sizeof count);
     const std::size_t n = Batch::storage_bytes(shape, DType::f32, count);
@@ -432,7 +432,7 @@ struct UnpackBatch {
 };
 
 // A worker: reader (shards from rank 0) -> crops -> shuffle -> batch -> collate -> pack ==> rank 0.
-void make_remote_batches(const TrainOptions& o, dist::RemoteEdge<dist::Bytes>& edge) {
+void make_remote_batches(const TrainOptions& o, cluster::RemoteEdge<cluster::Bytes>& edge) {
   std::shared_ptr<IdxReader> reader;
   try {
     reader = std::make_shared<IdxReader>(std::make_shared<const IdxDataset>(load(o, "train")),
@@ -457,7 +457,7 @@ void make_remote_batches(const TrainOptions& o, dist::RemoteEdge<dist::Bytes>& e
 }
 
 // Rank 0 with remote workers: ==> batches -> unpack into pinned staging -> copy -> trainer.
-void train_remote(const TrainOptions& o, dist::RemoteEdge<dist::Bytes>& edge, Trainer& trainer, const TestSet& test,
+void train_remote(const TrainOptions& o, cluster::RemoteEdge<cluster::Bytes>& edge, Trainer& trainer, const TestSet& test,
                   TrainReport& report) {
   const gpu::ToDevice to_device(trainer.device_ptr(), to_device_options(o));
   auto pipe = pipeline_builder(o, trainer)
@@ -775,7 +775,7 @@ double TrainReport::starvation() const {
 namespace {
 
 // Every rank's samples and times at rank 0, and a check that their weights are the same.
-void gather_ranks(dist::Communicator& ranks, Trainer& trainer, TrainReport& report) {
+void gather_ranks(cluster::Communicator& ranks, Trainer& trainer, TrainReport& report) {
   std::uint64_t wait = 0;
   for (const EpochReport& e : report.epochs) wait += static_cast<std::uint64_t>(e.input_wait_seconds * 1e9);
   const std::string mine = std::to_string(report.samples()) + " " + std::to_string(report.trained_samples()) + " " +
@@ -796,18 +796,18 @@ void gather_ranks(dist::Communicator& ranks, Trainer& trainer, TrainReport& repo
 
 }  // namespace
 
-TrainReport run_training(const TrainOptions& options, const TrainCallbacks& callbacks, dist::Communicator* ranks) {
+TrainReport run_training(const TrainOptions& options, const TrainCallbacks& callbacks, cluster::Communicator* ranks) {
   const int world = ranks ? ranks->size() : 1;
   validate(options, world);
   TrainReport report;
   // Remote workers: rank 0 alone trains, on whole steps; the others make its batches.
-  std::optional<dist::RemoteEdge<dist::Bytes>> edge;
+  std::optional<cluster::RemoteEdge<cluster::Bytes>> edge;
   if (options.remote_workers) {
     // Room for a queue of batches per worker on their way to rank 0.
-    edge.emplace(*ranks, dist::RemoteOptions{.name = "batches",
+    edge.emplace(*ranks, cluster::RemoteOptions{.name = "batches",
                                              .trainer = 0,
                                              .capacity = options.batch_queue * static_cast<std::size_t>(world - 1)});
-    if (edge->role() == dist::RemoteRole::worker) {
+    if (edge->role() == cluster::RemoteRole::worker) {
       make_remote_batches(options, *edge);
       report.worker = true;
       return report;

@@ -15,7 +15,7 @@
 #include "stoker/gpu/staging.h"
 #include "stoker/stages/idx.h"
 
-namespace stoker::dist {
+namespace stoker::cluster {
 class Communicator;
 }
 
@@ -189,6 +189,6 @@ struct TrainCallbacks {
 /// averaged over the ranks every step, so that a step is one of `batch_size` crops, as in one
 /// process. Every rank must call it with the same options.
 TrainReport run_training(const TrainOptions& options, const TrainCallbacks& callbacks = {},
-                         dist::Communicator* ranks = nullptr);
+                         cluster::Communicator* ranks = nullptr);
 
 }  // namespace stoker::train

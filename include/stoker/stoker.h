@@ -1,6 +1,6 @@
 // All of stoker in one include: the pipeline and its queues (core), samples, readers,
 // transforms, batching and DLPack export (stages), the device path (gpu) and the ranks of a job
-// (dist). Link stoker::stoker.
+// (cluster). Link stoker::stoker.
 #pragma once
 
 #include "stoker/core/bounded_queue.h"
@@ -12,8 +12,8 @@
 #include "stoker/core/stage_stats.h"
 #include "stoker/core/state.h"
 #include "stoker/core/timeline.h"
-#include "stoker/dist/communicator.h"
-#include "stoker/dist/remote.h"
+#include "stoker/cluster/communicator.h"
+#include "stoker/cluster/remote.h"
 #include "stoker/gpu/augment.h"
 #include "stoker/gpu/device.h"
 #include "stoker/gpu/dlpack.h"

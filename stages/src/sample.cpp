@@ -15,9 +15,10 @@ const char* dtype_name(DType t) noexcept {
 }
 
 std::string Shape::str() const {
-  std::string s = std::to_string(channels) + "x";
+  std::string s = channels_last ? "" : std::to_string(channels) + "x";
   if (volume) s += std::to_string(depth) + "x";
-  return s + std::to_string(height) + "x" + std::to_string(width);
+  s += std::to_string(height) + "x" + std::to_string(width);
+  return channels_last ? s + "x" + std::to_string(channels) : s;
 }
 
 }  // namespace stoker

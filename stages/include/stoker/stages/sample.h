@@ -43,13 +43,16 @@ void check_dtype(DType held, const char* holder) {
 }
 
 /// Channels, depth, height, width. A 2D image has depth 1 and `volume == false`.
+/// The elements lie channel by channel ((C, D, H, W), planar) unless `channels_last`, when each
+/// pixel's channels lie together ((D, H, W, C), interleaved, as image decoders write them).
 struct Shape {
   std::uint32_t channels = 1, depth = 1, height = 1, width = 1;
-  bool volume = false;  ///< 3D: depth is a spatial axis
+  bool volume = false;         ///< 3D: depth is a spatial axis
+  bool channels_last = false;  ///< interleaved (D, H, W, C) rather than planar (C, D, H, W)
 
   std::size_t elements() const noexcept { return std::size_t{channels} * depth * height * width; }
   bool operator==(const Shape&) const = default;
-  std::string str() const;  ///< "1x28x28" or "1x16x64x64"
+  std::string str() const;  ///< "1x28x28", "1x16x64x64", or "224x224x3" when channels_last
 };
 
 /// An array of up to four dimensions with a label and an id. Its storage comes from a

@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "stoker/dist/communicator.h"
-#include "stoker/dist/remote.h"
+#include "stoker/cluster/communicator.h"
+#include "stoker/cluster/remote.h"
 
-using namespace stoker::dist;
+using namespace stoker::cluster;
 
 TEST_CASE("a world of one: collectives leave the data as it is") {
   const auto comm = single_process();
@@ -22,13 +22,13 @@ TEST_CASE("a world of one: collectives leave the data as it is") {
   comm->allreduce_mean(v);
   CHECK(v == std::vector<float>{1.5f, -2.0f});
   CHECK(comm->gather("record") == std::vector<std::string>{"record"});
-  CHECK_THROWS_WITH_AS(comm->gather("record", 1), doctest::Contains("root 1 is not a rank of a world of 1"), DistError);
+  CHECK_THROWS_WITH_AS(comm->gather("record", 1), doctest::Contains("root 1 is not a rank of a world of 1"), ClusterError);
 }
 
 TEST_CASE("run_world: a world of one passes an exception on to its caller") {
   if (built_with_mpi()) return;  // there, run_world initializes MPI: the mpirun tests cover it
   int argc = 1;
-  char name[] = "test_dist";
+  char name[] = "test_cluster";
   char* argv[] = {name, nullptr};
   CHECK(run_world(argc, argv, [](Communicator& c) { return c.size() == 1 ? 7 : 0; }) == 7);
   CHECK_THROWS_AS(run_world(argc, argv, [](Communicator&) -> int { throw std::runtime_error("x"); }),
@@ -79,7 +79,7 @@ TEST_CASE("a remote edge names the option that cannot work") {
     Unreachable comm(2);
     CHECK_THROWS_WITH_AS(Edge(comm, {.name = "batches"}),
                          "remote edge 'batches' needs MPI, and this stoker was built without it (STOKER_MPI)",
-                         DistError);
+                         ClusterError);
   }
 }
 
@@ -96,9 +96,9 @@ TEST_CASE("remote edge codecs: what is encoded decodes to the same, and a wrong 
   CHECK((p.a == 7 && p.b == 0.5));
   Bytes three(3);
   CHECK_THROWS_WITH_AS(Codec<std::vector<float>>::decode(std::move(three)),
-                       "an item of 3 bytes is not a whole number of elements of 4 bytes", DistError);
+                       "an item of 3 bytes is not a whole number of elements of 4 bytes", ClusterError);
   CHECK_THROWS_WITH_AS(Codec<Pair>::decode(Bytes(3)), "an item of 3 bytes arrived where one of 16 was expected",
-                       DistError);
+                       ClusterError);
   Bytes b(600 * 1024);
   const std::byte* at = b.data();
   CHECK(Codec<Bytes>::decode(Codec<Bytes>::encode(std::move(b))).data() == at);  // moved, not copied

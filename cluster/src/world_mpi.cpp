@@ -1,5 +1,5 @@
 // The world over MPI. Every call's error comes back (MPI_ERRORS_RETURN) and is thrown as a
-// DistError naming the rank and the call.
+// ClusterError naming the rank and the call.
 #include <mpi.h>
 
 #include <cstdio>
@@ -7,7 +7,7 @@
 
 #include "communicator_impl.h"
 
-namespace stoker::dist {
+namespace stoker::cluster {
 
 namespace {
 
@@ -71,18 +71,18 @@ class Mpi final : public Communicator {
     char text[MPI_MAX_ERROR_STRING];
     int length = 0;
     MPI_Error_string(code, text, &length);
-    throw DistError("rank " + std::to_string(rank_) + ": " + call +
+    throw ClusterError("rank " + std::to_string(rank_) + ": " + call +
                     " failed: " + std::string(text, static_cast<std::size_t>(length)));
   }
   void check_root(int root, const char* call) const {
     if (root < 0 || root >= size_)
-      throw DistError("rank " + std::to_string(rank_) + ": " + call + ": root " + std::to_string(root) +
+      throw ClusterError("rank " + std::to_string(rank_) + ": " + call + ": root " + std::to_string(root) +
                       " is not a rank of a world of " + std::to_string(size_));
   }
   // MPI counts are ints.
   int count(std::size_t n, const char* call) const {
     if (n > static_cast<std::size_t>(INT_MAX))
-      throw DistError("rank " + std::to_string(rank_) + ": " + call + ": " + std::to_string(n) +
+      throw ClusterError("rank " + std::to_string(rank_) + ": " + call + ": " + std::to_string(n) +
                       " elements, more than MPI's int count holds");
     return static_cast<int>(n);
   }
@@ -100,7 +100,7 @@ int run_world(int argc, char** argv, const std::function<int(Communicator&)>& ma
   // at the same time (remote_mpi.cpp): that needs MPI_THREAD_MULTIPLE. A remote edge refuses to
   // open on an MPI that gives less; everything else works with what the MPI gives.
   if (MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
-    throw DistError("MPI_Init_thread failed");
+    throw ClusterError("MPI_Init_thread failed");
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   int status = 0;
   {
@@ -111,4 +111,4 @@ int run_world(int argc, char** argv, const std::function<int(Communicator&)>& ma
   return status;
 }
 
-}  // namespace stoker::dist
+}  // namespace stoker::cluster

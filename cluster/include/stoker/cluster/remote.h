@@ -18,11 +18,11 @@
 #include "stoker/core/pipeline.h"
 #include "stoker/core/stage.h"
 #include "stoker/core/stage_error.h"
-#include "stoker/dist/communicator.h"
+#include "stoker/cluster/communicator.h"
 #include "stoker/stages/reader.h"
 #include "stoker/stages/shard.h"
 
-namespace stoker::dist {
+namespace stoker::cluster {
 
 struct RemoteOptions {
   std::string name = "remote";  ///< the edge's name, in its errors
@@ -53,10 +53,10 @@ struct RemoteStats {
 
 /// A worker's failure, as the trainer receives it: the worker's rank, and its failed stage
 /// (empty when the error came from outside the worker's pipeline).
-class RemoteError : public DistError {
+class RemoteError : public ClusterError {
  public:
   RemoteError(int rank, std::string stage, const std::string& message)
-      : DistError(message), rank_(rank), stage_(std::move(stage)) {}
+      : ClusterError(message), rank_(rank), stage_(std::move(stage)) {}
   int rank() const noexcept { return rank_; }
   const std::string& stage() const noexcept { return stage_; }
 
@@ -123,7 +123,7 @@ struct Codec<T> {
   }
   static T decode(Bytes&& b) {
     if (b.size() != sizeof(T))
-      throw DistError("an item of " + std::to_string(b.size()) + " bytes arrived where one of " +
+      throw ClusterError("an item of " + std::to_string(b.size()) + " bytes arrived where one of " +
                       std::to_string(sizeof(T)) + " was expected");
     T v;
     std::memcpy(&v, b.data(), sizeof(T));
@@ -141,7 +141,7 @@ struct Codec<std::vector<U>> {
   }
   static std::vector<U> decode(Bytes&& b) {
     if (b.size() % sizeof(U) != 0)
-      throw DistError("an item of " + std::to_string(b.size()) + " bytes is not a whole number of elements of " +
+      throw ClusterError("an item of " + std::to_string(b.size()) + " bytes is not a whole number of elements of " +
                       std::to_string(sizeof(U)) + " bytes");
     std::vector<U> v(b.size() / sizeof(U));
     if (!v.empty()) std::memcpy(v.data(), b.data(), b.size());
@@ -245,8 +245,8 @@ class RemoteReceiver {
 /// `receiver()`, and each worker one whose source is `shards(reader)` and whose items it hands
 /// to `serve()`:
 ///
-///   stoker::dist::RemoteEdge<Batch> edge(comm, {.name = "batches", .trainer = 0, .capacity = 8});
-///   if (edge.role() == stoker::dist::RemoteRole::worker) {
+///   stoker::cluster::RemoteEdge<Batch> edge(comm, {.name = "batches", .trainer = 0, .capacity = 8});
+///   if (edge.role() == stoker::cluster::RemoteRole::worker) {
 ///     auto pipe = stoker::PipelineBuilder{}.seed(7).epochs(2)
 ///                     .source("read", edge.shards(reader))
 ///                     .flat_map<Crop>("crops", crops, {.threads = 4})
@@ -255,7 +255,7 @@ class RemoteReceiver {
 ///                     .map("collate", collate)
 ///                     .build();
 ///     edge.serve(pipe);
-///   } else if (edge.role() == stoker::dist::RemoteRole::trainer) {
+///   } else if (edge.role() == stoker::cluster::RemoteRole::trainer) {
 ///     auto pipe = stoker::PipelineBuilder{}.epochs(2).source("batches", edge.receiver())
 ///                     .map("h2d", to_device).build();
 ///     for (auto& batch : pipe.epoch()) train(batch);
@@ -331,7 +331,7 @@ class RemoteEdge {
   }
 
   RemoteStats stats() const { return link_->stats(); }
-  /// What the destructor does; throws DistError if MPI failed on the way.
+  /// What the destructor does; throws ClusterError if MPI failed on the way.
   void close() { link_->close(); }
 
  private:
@@ -343,4 +343,4 @@ class RemoteEdge {
   std::shared_ptr<detail::Link> link_;
 };
 
-}  // namespace stoker::dist
+}  // namespace stoker::cluster

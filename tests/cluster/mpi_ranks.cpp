@@ -1,4 +1,4 @@
-// Run by `mpirun -np N mpi_ranks MODE` (tests/dist/mpi_test.sh); exits 0 when every check of
+// Run by `mpirun -np N mpi_ranks MODE` (tests/cluster/mpi_test.sh); exits 0 when every check of
 // MODE passes on every rank, and names the failed check otherwise.
 //   collectives   barrier, broadcast, allreduce and gather give what they promise
 //   shards        every rank's ShuffledShard pipeline over two epochs, gathered at rank 0:
@@ -23,14 +23,14 @@
 #include <vector>
 
 #include "stoker/core/pipeline.h"
-#include "stoker/dist/communicator.h"
-#include "stoker/dist/remote.h"
+#include "stoker/cluster/communicator.h"
+#include "stoker/cluster/remote.h"
 #include "stoker/stages/shard.h"
 #include "stoker/stages/synthetic.h"
 
 namespace {
 
-using stoker::dist::Communicator;
+using stoker::cluster::Communicator;
 
 struct Failed : std::runtime_error {
   using std::runtime_error::runtime_error;
@@ -157,7 +157,7 @@ constexpr std::uint64_t kRemoteSamples = 1003;
 // A worker's pipeline: shards of 1,003 samples, a stage that takes `work` per sample (and
 // calls `check` on each id), batches of 7.
 template <class Check>
-stoker::Pipeline<Ids> worker_pipeline(stoker::dist::RemoteEdge<Ids>& edge, std::uint32_t epochs,
+stoker::Pipeline<Ids> worker_pipeline(stoker::cluster::RemoteEdge<Ids>& edge, std::uint32_t epochs,
                                       std::chrono::microseconds work, Check check,
                                       std::uint64_t samples = kRemoteSamples) {
   const auto reader = std::make_shared<stoker::SyntheticSource>(
@@ -181,8 +181,8 @@ stoker::Pipeline<Ids> worker_pipeline(stoker::dist::RemoteEdge<Ids>& edge, std::
 void remote(Communicator& comm) {
   if (comm.size() < 3) throw Failed("mode remote needs at least 3 ranks");
   const std::size_t workers = static_cast<std::size_t>(comm.size() - 1), capacity = 2 * workers;
-  stoker::dist::RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = capacity, .shard = 16});
-  if (edge.role() == stoker::dist::RemoteRole::worker) {
+  stoker::cluster::RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = capacity, .shard = 16});
+  if (edge.role() == stoker::cluster::RemoteRole::worker) {
     // The last worker is 100 times slower than the others.
     const auto work = std::chrono::microseconds(comm.rank() == comm.size() - 1 ? 2000 : 20);
     auto pipe = worker_pipeline(edge, 2, work, [](std::uint64_t) {});
@@ -230,8 +230,8 @@ void remote(Communicator& comm) {
 void remote_throw(Communicator& comm) {
   if (comm.size() < 3) throw Failed("mode remote_throw needs at least 3 ranks");
   const int failing = comm.size() - 1;
-  stoker::dist::RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 4, .shard = 16});
-  if (edge.role() == stoker::dist::RemoteRole::worker) {
+  stoker::cluster::RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 4, .shard = 16});
+  if (edge.role() == stoker::cluster::RemoteRole::worker) {
     std::size_t calls = 0;
     auto pipe = worker_pipeline(edge, 0, std::chrono::microseconds(0), [&, r = comm.rank()](std::uint64_t) {
       if (r == failing && ++calls == 40) throw std::runtime_error("a deliberate failure");
@@ -260,7 +260,7 @@ void remote_throw(Communicator& comm) {
             "the trainer's error names the worker's rank, its stage and its error");
     try {
       std::rethrow_exception(e.original());
-    } catch (const stoker::dist::RemoteError& remote) {
+    } catch (const stoker::cluster::RemoteError& remote) {
       require(remote.rank() == failing && remote.stage() == "work", "RemoteError: the worker's rank and stage");
     }
   }
@@ -268,8 +268,8 @@ void remote_throw(Communicator& comm) {
 
 void remote_stop(Communicator& comm) {
   if (comm.size() < 3) throw Failed("mode remote_stop needs at least 3 ranks");
-  stoker::dist::RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 6, .shard = 16});
-  if (edge.role() == stoker::dist::RemoteRole::worker) {
+  stoker::cluster::RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 6, .shard = 16});
+  if (edge.role() == stoker::cluster::RemoteRole::worker) {
     auto pipe = worker_pipeline(edge, 0, std::chrono::microseconds(50), [](std::uint64_t) {});  // until stopped
     edge.serve(pipe);
     require(pipe.finished(), "the trainer's stop stopped the worker's pipeline");
@@ -286,8 +286,8 @@ void remote_stop(Communicator& comm) {
 
 void remote_epochs(Communicator& comm) {
   if (comm.size() < 3) throw Failed("mode remote_epochs needs at least 3 ranks");
-  stoker::dist::RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 4, .shard = 64});
-  if (edge.role() == stoker::dist::RemoteRole::worker) {
+  stoker::cluster::RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 4, .shard = 64});
+  if (edge.role() == stoker::cluster::RemoteRole::worker) {
     auto pipe = worker_pipeline(edge, 1, std::chrono::microseconds(0), [](std::uint64_t) {});
     edge.serve(pipe);
     return;  // the edge's destructor tells the trainer this worker is done
@@ -311,8 +311,8 @@ void remote_epochs(Communicator& comm) {
 
 void remote_sizes(Communicator& comm) {
   if (comm.size() < 3) throw Failed("mode remote_sizes needs at least 3 ranks");
-  stoker::dist::RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 4, .shard = 16});
-  if (edge.role() == stoker::dist::RemoteRole::worker) {
+  stoker::cluster::RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 4, .shard = 16});
+  if (edge.role() == stoker::cluster::RemoteRole::worker) {
     const bool odd = comm.rank() == comm.size() - 1;
     auto pipe = worker_pipeline(
         edge, 0, std::chrono::microseconds(odd ? 0 : 200), [](std::uint64_t) {},
@@ -340,7 +340,7 @@ void remote_sizes(Communicator& comm) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
-  return stoker::dist::run_world(argc, argv, [&](Communicator& comm) {
+  return stoker::cluster::run_world(argc, argv, [&](Communicator& comm) {
     if (mode == "collectives") {
       collectives(comm);
     } else if (mode == "shards") {

@@ -4,7 +4,7 @@
 
 #include "communicator_impl.h"
 
-namespace stoker::dist {
+namespace stoker::cluster {
 
 void Communicator::allreduce_mean(std::span<float> data) {
   allreduce_sum(data);
@@ -33,7 +33,7 @@ class SingleProcess final : public Communicator {
 
  private:
   static void check_root(int root) {
-    if (root != 0) throw DistError("rank 0: root " + std::to_string(root) + " is not a rank of a world of 1");
+    if (root != 0) throw ClusterError("rank 0: root " + std::to_string(root) + " is not a rank of a world of 1");
   }
 };
 
@@ -54,4 +54,4 @@ int run_guarded(Communicator& comm, const std::function<int(Communicator&)>& mai
   return 1;  // not reached: abort() ends the process (GCC does not see that through a virtual call)
 }
 
-}  // namespace stoker::dist
+}  // namespace stoker::cluster

@@ -1,7 +1,7 @@
 // The world without MPI: one process.
 #include "communicator_impl.h"
 
-namespace stoker::dist {
+namespace stoker::cluster {
 
 bool built_with_mpi() noexcept { return false; }
 
@@ -10,4 +10,4 @@ int run_world(int, char**, const std::function<int(Communicator&)>& main) {
   return run_guarded(*comm, main);
 }
 
-}  // namespace stoker::dist
+}  // namespace stoker::cluster

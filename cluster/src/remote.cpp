@@ -6,7 +6,7 @@
 
 #include "communicator_impl.h"
 
-namespace stoker::dist {
+namespace stoker::cluster {
 
 namespace detail {
 
@@ -59,9 +59,9 @@ std::optional<Sample> RemoteShards::operator()(const StageContext& ctx) {
   return reader_->read(order_.id_at(ctx.seed, ctx.epoch, next_++));
 }
 
-}  // namespace stoker::dist
+}  // namespace stoker::cluster
 
-namespace stoker::dist {
+namespace stoker::cluster {
 
 namespace {
 
@@ -137,4 +137,4 @@ Bytes::~Bytes() {
   if (data_) block_cache().give(data_, capacity_);
 }
 
-}  // namespace stoker::dist
+}  // namespace stoker::cluster

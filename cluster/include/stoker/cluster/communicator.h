@@ -1,6 +1,6 @@
 // Processes working together: the ranks of a data-parallel job. Over MPI when stoker is built
 // with it (STOKER_MPI), as one process otherwise, behind one interface, so that code written
-// against it runs everywhere. Nothing outside dist/ includes mpi.h.
+// against it runs everywhere. Nothing outside cluster/ includes mpi.h.
 #pragma once
 
 #include <cstddef>
@@ -12,10 +12,10 @@
 #include <string_view>
 #include <vector>
 
-namespace stoker::dist {
+namespace stoker::cluster {
 
 /// A collective that failed; the message names the rank and the operation.
-class DistError : public std::runtime_error {
+class ClusterError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
@@ -60,4 +60,4 @@ bool built_with_mpi() noexcept;
 /// collective for one that is gone.
 int run_world(int argc, char** argv, const std::function<int(Communicator&)>& main);
 
-}  // namespace stoker::dist
+}  // namespace stoker::cluster

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs tests/dist/mpi_ranks on N ranks of this machine.
+# Runs tests/cluster/mpi_ranks on N ranks of this machine.
 #   mpi_test.sh MPIEXEC MPI_RANKS N MODE [STOKER_INSPECT]
 # mpirun's settings for a test machine live here, not in the user's environment: CI runs as
 # root (Open MPI refuses that unless told), and on 2 cores 4 ranks oversubscribe it.

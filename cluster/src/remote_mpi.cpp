@@ -37,9 +37,9 @@
 #include <thread>
 
 #include "communicator_impl.h"
-#include "stoker/dist/plain_transfer.h"
+#include "stoker/cluster/plain_transfer.h"
 
-namespace stoker::dist::detail {
+namespace stoker::cluster::detail {
 
 namespace {
 
@@ -170,10 +170,10 @@ class MpiLink final : public Link {
     };
     if (!changed_.wait(lock, stop, ready)) throw PipelineStopped();
     rethrow_locked();
-    if (closing_) throw DistError("remote edge '" + options_.name + "' is closed");
+    if (closing_) throw ClusterError("remote edge '" + options_.name + "' is closed");
     auto& epoch = epochs_[taking_];
     if (const auto p = gone(); epoch.items.empty() && p != peers_.end())
-      throw DistError("remote edge '" + options_.name + "': worker rank " +
+      throw ClusterError("remote edge '" + options_.name + "': worker rank " +
                       std::to_string(options_.workers[static_cast<std::size_t>(p - peers_.begin())]) +
                       " closed its end after " + std::to_string(p->epoch) + " epochs, and the trainer's pipeline " +
                       "wants epoch " + std::to_string(taking_) +
@@ -265,7 +265,7 @@ class MpiLink final : public Link {
       while (!complete_sends() && !sending_.empty()) std::this_thread::yield();
     } catch (const std::exception& e) {
       std::lock_guard lock(mutex_);
-      if (!failure_) failure_ = std::make_exception_ptr(DistError(e.what()));
+      if (!failure_) failure_ = std::make_exception_ptr(ClusterError(e.what()));
       pump_failed_ = true;
       changed_.notify_all();
     }
@@ -305,7 +305,7 @@ class MpiLink final : public Link {
       const int from = status.MPI_SOURCE;
       Bytes b = receive(message, status);
       const int w = index_[static_cast<std::size_t>(from)];
-      if (w < 0) throw DistError("rank " + std::to_string(from) + " is not a worker of this edge, but sent to it");
+      if (w < 0) throw ClusterError("rank " + std::to_string(from) + " is not a worker of this edge, but sent to it");
       on_trainer_message(static_cast<std::size_t>(w), from, status.MPI_TAG, std::move(b));
     }
     return moved;
@@ -320,7 +320,7 @@ class MpiLink final : public Link {
         samples_ = samples;
         samples_from_ = from;
       } else if (*samples_ != samples) {
-        set_failure(DistError("remote edge '" + options_.name + "': worker rank " + std::to_string(from) + " reads " +
+        set_failure(ClusterError("remote edge '" + options_.name + "': worker rank " + std::to_string(from) + " reads " +
                               std::to_string(samples) + " samples, worker rank " + std::to_string(samples_from_) + " " +
                               std::to_string(*samples_) + ": every worker must read the same data set"));
         return;
@@ -350,7 +350,7 @@ class MpiLink final : public Link {
     } else if (tag == kEnd) {
       const auto sent = unpack<std::uint64_t>(b);
       if (sent != peer.items)
-        set_failure(DistError("remote edge '" + options_.name + "': worker rank " + std::to_string(from) +
+        set_failure(ClusterError("remote edge '" + options_.name + "': worker rank " + std::to_string(from) +
                               " ended epoch " + std::to_string(peer.epoch) + " having sent " + std::to_string(sent) +
                               " items, but " + std::to_string(peer.items) + " arrived"));
       std::lock_guard lock(mutex_);
@@ -372,7 +372,7 @@ class MpiLink final : public Link {
       std::lock_guard lock(mutex_);
       peer.bye = true;
     } else {
-      throw DistError("remote edge '" + options_.name + "': an unknown message (tag " + std::to_string(tag) +
+      throw ClusterError("remote edge '" + options_.name + "': an unknown message (tag " + std::to_string(tag) +
                       ") from rank " + std::to_string(from));
     }
   }
@@ -413,7 +413,7 @@ class MpiLink final : public Link {
         stopped_ = true;
         outbox_.clear();  // never sent: the trainer takes nothing more
       } else {
-        throw DistError("remote edge '" + options_.name + "': an unknown message (tag " +
+        throw ClusterError("remote edge '" + options_.name + "': an unknown message (tag " +
                         std::to_string(status.MPI_TAG) + ") from the trainer");
       }
       changed_.notify_all();
@@ -431,7 +431,7 @@ class MpiLink final : public Link {
 
   void isend(int to, int tag, Bytes&& bytes) {
     if (bytes.size() > static_cast<std::size_t>(INT_MAX))
-      throw DistError("remote edge '" + options_.name + "': an item of " + std::to_string(bytes.size()) +
+      throw ClusterError("remote edge '" + options_.name + "': an item of " + std::to_string(bytes.size()) +
                       " bytes, more than MPI's int count holds");
     Sending& s = sending_.emplace_back(Sending{MPI_REQUEST_NULL, std::move(bytes)});
     check(MPI_Isend(s.bytes.data(), static_cast<int>(s.bytes.size()), MPI_BYTE, to, tag, comm_, &s.request),
@@ -459,12 +459,12 @@ class MpiLink final : public Link {
     char text[MPI_MAX_ERROR_STRING];
     int length = 0;
     MPI_Error_string(code, text, &length);
-    throw DistError("rank " + std::to_string(rank_) + ": remote edge '" + options_.name + "': " + call +
+    throw ClusterError("rank " + std::to_string(rank_) + ": remote edge '" + options_.name + "': " + call +
                     " failed: " + std::string(text, static_cast<std::size_t>(length)));
   }
   [[noreturn]] void fail_open(const std::string& why) {
     MPI_Comm_free(&comm_);
-    throw DistError("remote edge '" + options_.name + "': " + why);
+    throw ClusterError("remote edge '" + options_.name + "': " + why);
   }
 
   template <class E>
@@ -524,12 +524,12 @@ std::shared_ptr<Link> open_link(Communicator& comm, RemoteOptions options) {
   return std::make_shared<MpiLink>(comm, checked(comm, std::move(options)));
 }
 
-}  // namespace stoker::dist::detail
+}  // namespace stoker::cluster::detail
 
-namespace stoker::dist {
+namespace stoker::cluster {
 
 double plain_send_recv(Communicator& comm, int receiver, std::size_t bytes, std::size_t count, std::size_t buffers) {
-  if (bytes > static_cast<std::size_t>(INT_MAX)) throw DistError("plain_send_recv: messages of at most 2 GiB");
+  if (bytes > static_cast<std::size_t>(INT_MAX)) throw ClusterError("plain_send_recv: messages of at most 2 GiB");
   MPI_Comm c = MPI_COMM_NULL;
   MPI_Comm_dup(MPI_COMM_WORLD, &c);  // its own: nothing else's messages match its receives
   std::vector<std::vector<std::byte>> ring(std::max<std::size_t>(buffers, 1),
@@ -548,8 +548,8 @@ double plain_send_recv(Communicator& comm, int receiver, std::size_t bytes, std:
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   MPI_Comm_free(&c);
-  if (code != MPI_SUCCESS) throw DistError("rank " + std::to_string(comm.rank()) + ": plain_send_recv failed");
+  if (code != MPI_SUCCESS) throw ClusterError("rank " + std::to_string(comm.rank()) + ": plain_send_recv failed");
   return comm.rank() == receiver ? seconds : 0.0;
 }
 
-}  // namespace stoker::dist
+}  // namespace stoker::cluster

@@ -3,10 +3,10 @@
 
 #include <functional>
 
-#include "stoker/dist/communicator.h"
-#include "stoker/dist/remote.h"
+#include "stoker/cluster/communicator.h"
+#include "stoker/cluster/remote.h"
 
-namespace stoker::dist {
+namespace stoker::cluster {
 
 /// Runs `main`; an exception out of it, with more than one rank, aborts them all, naming this one.
 int run_guarded(Communicator& comm, const std::function<int(Communicator&)>& main);
@@ -17,4 +17,4 @@ namespace detail {
 RemoteOptions checked(const Communicator& comm, RemoteOptions options);
 }  // namespace detail
 
-}  // namespace stoker::dist
+}  // namespace stoker::cluster
