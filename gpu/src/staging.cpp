@@ -79,7 +79,8 @@ std::size_t SlotPool::slot_of(const std::byte* data) const {
 void SlotPool::release(std::byte* data, std::size_t) noexcept {
   {
     std::lock_guard lock(wake_->mutex);
-    pending_.push_back({slot_of(data), 1});
+    const std::size_t slot = slot_of(data);
+    pending_.push_back({slot, slots_[slot].armed});
     ++returns_;
     ++wake_->generation;
   }
@@ -103,6 +104,7 @@ std::optional<Buffer> SlotPool::take_free(std::unique_lock<std::mutex>&, std::si
   if (free_.empty()) return std::nullopt;
   const std::size_t i = free_.back();
   free_.pop_back();
+  slots_[i].armed = 1;
   return wrap(slots_[i].memory.data(), bytes);
 }
 
@@ -131,6 +133,10 @@ Buffer SlotPool::acquire(std::size_t bytes, const StageContext& ctx) {
   auto since = Clock::now();  // the last time a buffer came back, or the start of the wait
   std::uint64_t returns = returns_;
   for (;;) {
+    // Read before anything below lets go of the lock: a buffer given back while it is let go
+    // (around help_downstream()) changes the generation from this, so the wait at the end
+    // returns at once instead of sleeping through the notification it missed.
+    const std::uint64_t seen = wake_->generation;
     if (auto b = take_free(lock, bytes)) return std::move(*b);
     if (ctx.stop.stop_requested()) throw PipelineStopped();
     // The stage that gives buffers back may need this very thread: run it here meanwhile.
@@ -156,7 +162,6 @@ Buffer SlotPool::acquire(std::size_t bytes, const StageContext& ctx) {
     Clock::duration wait = limit.count() > 0 ? Clock::duration(since + limit - now) : Clock::duration(1h);
     if (unannounced) wait = std::min<Clock::duration>(wait, 20us);
     if (ctx.helper.run) wait = std::min<Clock::duration>(wait, 2ms);
-    const std::uint64_t seen = wake_->generation;
     wake_->changed.wait_for(lock, ctx.stop, wait, [&] { return wake_->generation != seen; });
   }
 }
@@ -193,10 +198,7 @@ void SlotPool::release_after(Buffer buffer, std::span<Stream* const> streams) {
   if (streams.empty()) return;                 // `buffer` comes back through release(), after the slot's event
   const auto keep_alive = shared_from_this();  // `buffer` may hold the last reference
   const std::size_t i = slot_of(buffer.data());
-  // The slot is the holder's alone until it is pending: its events need no lock.
-  auto& events = slots_[i].events;
-  while (events.size() < streams.size()) events.push_back(device_->make_event());
-  for (std::size_t k = 0; k < streams.size(); ++k) streams[k]->record(*events[k]);
+  keep_until(buffer, streams);
   disown(buffer);  // the slot comes back through its events, in take_free()
   bool announce = false;
   {
@@ -205,7 +207,7 @@ void SlotPool::release_after(Buffer buffer, std::span<Stream* const> streams) {
     // tells it once it has passed its event. Without a waiter, a host task per release would
     // cost the streams a trip to the host for nothing.
     announce = waiters_ > 0;
-    pending_.push_back({i, streams.size(), announce});
+    pending_.push_back({i, slots_[i].armed, announce});
     ++wake_->generation;
   }
   wake_->changed.notify_all();
@@ -214,6 +216,16 @@ void SlotPool::release_after(Buffer buffer, std::span<Stream* const> streams) {
 }
 
 Event& SlotPool::event(const Buffer& buffer) { return *slots_[slot_of(buffer.data())].events.front(); }
+
+void SlotPool::keep_until(const Buffer& buffer, std::span<Stream* const> streams) {
+  if (buffer.pool() != this) throw std::invalid_argument("slot pool: keep_until got a buffer of another pool");
+  if (streams.empty()) return;
+  // The slot is the holder's alone until it is pending: its events need no lock.
+  Slot& slot = slots_[slot_of(buffer.data())];
+  while (slot.events.size() < streams.size()) slot.events.push_back(device_->make_event());
+  for (std::size_t k = 0; k < streams.size(); ++k) streams[k]->record(*slot.events[k]);
+  slot.armed = streams.size();
+}
 
 MemoryKind SlotPool::memory_kind() const noexcept {
   if (device_->backend() != Backend::cuda) return MemoryKind::host;
@@ -368,6 +380,10 @@ namespace stoker {
 // device from the buffer's pool.
 DLPackBatch to_dlpack(gpu::DeviceBatch&& batch) {
   if (batch.empty()) throw std::invalid_argument("to_dlpack: the device batch is empty");
+  // The tensors' owner gives the buffer back without naming streams: it must still wait for the
+  // work issued so far to every stream the batch was used on.
+  gpu::slot_pool_of(batch.storage_).keep_until(batch.storage_, batch.used_on_);
+  batch.used_on_.clear();
   Batch carrier{.storage = std::move(batch.storage_), .shape = batch.shape, .dtype = batch.dtype, .count = batch.count};
   try {
     if (carrier.labels_offset() != batch.labels_offset_)

@@ -15,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -823,6 +824,27 @@ TEST_CASE("a device batch dropped without release_after comes back only after th
   }
 }
 
+TEST_CASE("a device batch exported to DLPack comes back only after the streams it was used on" *
+          doctest::timeout(30) * doctest::test_suite("gate")) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    auto pool = SlotPool::create(device, SlotPool::Kind::device, 1, 512);
+    auto producer = device->make_stream(), consumer = device->make_stream();
+    StreamGate gate(*device);
+    // 64 floats, then the label: the layout of a stoker::Batch, which the export checks.
+    stoker::gpu::DeviceBatch b(pool->acquire(512), {.channels = 1, .height = 1, .width = 64}, stoker::DType::f32, 1,
+                               256, {0});
+    producer->record(b.ready());
+    b.use_on(*consumer);
+    gate.hold(*consumer);  // the consumer's stream still reads the batch
+    auto t = stoker::to_dlpack(std::move(b));
+    t.samples->deleter(t.samples);
+    t.labels->deleter(t.labels);  // the tensors' owner is done with them on the host
+    producer->synchronize();      // ready() has passed: only the consumer's stream holds the buffer
+    check_out_until(*pool, gate, *consumer);
+  }
+}
+
 TEST_CASE(
     "hazard: a slow consumer that checksums each batch on its stream never reads a buffer the next copy "
     "overwrote, whether it releases its batches or drops them" *
@@ -901,6 +923,50 @@ TEST_CASE("a wait in acquire() is woken when the stream passes a buffer released
     gate.open();  // the stream passes the release's event, and says so
     REQUIRE(waiter.wait_for(20s) == std::future_status::ready);
     CHECK(waiter.get() == 256);
+  }
+}
+
+// acquire() lets go of its lock while it helps the stages after it. A buffer that comes back in
+// that moment, with the stream's announcement, must still end the wait: nothing else will wake
+// it. The context's helper gives the buffer back there, as a later stage run by the waiting
+// thread would, then leaves the context as one outside a pipeline, which does not poll.
+TEST_CASE("a buffer given back while acquire() helps the stages after it ends the wait at once" *
+          doctest::timeout(60)) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    constexpr auto kLimit = 20s;
+    auto pool =
+        SlotPool::create(device, SlotPool::Kind::device, 1, 256, {.name = "test", .sizing = {}, .wait_limit = kLimit});
+    auto stream = device->make_stream();
+    struct Window {
+      SlotPool* pool = nullptr;
+      stoker::gpu::Stream* stream = nullptr;
+      stoker::StageContext ctx{};
+      std::optional<stoker::Buffer> held{};
+      int calls = 0;
+    } w;
+    w.pool = pool.get();
+    w.stream = stream.get();
+    w.held = pool->acquire(256);
+    w.ctx.helper = {.run =
+                        [](const void* stage) {
+                          auto& w = *static_cast<Window*>(const_cast<void*>(stage));
+                          ++w.calls;
+                          if (w.held) {
+                            w.pool->release_after(std::move(*w.held), *w.stream);  // announced to the waiter
+                            w.held.reset();
+                            w.stream->synchronize();  // the stream has passed it, and said so
+                          }
+                          w.ctx.helper.run = nullptr;  // no more help, and so no polling
+                          return false;
+                        },
+                    .stage = &w};
+    const auto t0 = std::chrono::steady_clock::now();
+    CHECK(pool->acquire(256, w.ctx).size() == 256);
+    const auto waited = std::chrono::steady_clock::now() - t0;
+    CHECK(w.calls == 1);
+    // Without the notification it missed, the wait would last until its limit.
+    CHECK(waited < kLimit / 4);
   }
 }
 

@@ -118,6 +118,11 @@ class SlotPool final : public BufferPool {
   /// destroyed without release_after() comes back once the point last recorded on it has
   /// passed: the work that filled it, when its filler recorded that, is never overwritten.
   Event& event(const Buffer& buffer);
+  /// Records the present end of the work issued to each of `streams` on `buffer`'s slot, so
+  /// that once the buffer is destroyed its slot comes back only after all of that work: for a
+  /// holder that hands the buffer on (a DLPack export) after streams have used it. Replaces
+  /// what event() marked; with no stream, does nothing.
+  void keep_until(const Buffer& buffer, std::span<Stream* const> streams);
 
   Kind kind() const noexcept { return kind_; }
   const SlotPoolOptions& options() const noexcept { return options_; }
@@ -140,6 +145,9 @@ class SlotPool final : public BufferPool {
     /// [0] the slot's own event (a batch's ready(), then its release); more for a release
     /// after several streams, made as needed.
     std::vector<std::unique_ptr<Event>> events;
+    /// How many of `events` a buffer destroyed without release_after() waits for: 1 (event())
+    /// unless keep_until() recorded more. Set back to 1 each time the slot is handed out.
+    std::size_t armed = 1;
   };
   struct Pending {
     std::size_t slot;
