@@ -199,20 +199,31 @@ void SlotPool::release_after(Buffer buffer, std::span<Stream* const> streams) {
   const auto keep_alive = shared_from_this();  // `buffer` may hold the last reference
   const std::size_t i = slot_of(buffer.data());
   keep_until(buffer, streams);
-  disown(buffer);  // the slot comes back through its events, in take_free()
+  // A stage waiting in acquire() now would otherwise only find out by polling: the pool's own
+  // stream waits for the slot's events and then tells it. Not the streams that used the buffer:
+  // those are the caller's (a training step's), and a host task there would put a trip to the
+  // host between their kernels. Without a waiter, the trip would be for nothing.
   bool announce = false;
   {
     std::lock_guard lock(wake_->mutex);
-    // A stage waiting in acquire() now would otherwise only find out by polling: each stream
-    // tells it once it has passed its event. Without a waiter, a host task per release would
-    // cost the streams a trip to the host for nothing.
     announce = waiters_ > 0;
+  }
+  if (announce) announce_after(slots_[i]);  // while the slot is still the holder's: its events need no lock
+  disown(buffer);                           // the slot comes back through its events, in take_free()
+  {
+    std::lock_guard lock(wake_->mutex);
+    // A waiter that came since finds the slot unannounced, and polls for it.
     pending_.push_back({i, slots_[i].armed, announce});
     ++wake_->generation;
   }
   wake_->changed.notify_all();
-  if (announce)
-    for (Stream* stream : streams) stream->host_task([wake = wake_] { wake->notify(); });
+}
+
+void SlotPool::announce_after(Slot& slot) {
+  std::lock_guard lock(announcer_mutex_);  // one slot's waits and task at a time
+  if (!announcer_) announcer_ = device_->make_stream();
+  for (std::size_t e = 0; e < slot.armed; ++e) announcer_->wait(*slot.events[e]);
+  announcer_->host_task([wake = wake_] { wake->notify(); });
 }
 
 Event& SlotPool::event(const Buffer& buffer) { return *slots_[slot_of(buffer.data())].events.front(); }

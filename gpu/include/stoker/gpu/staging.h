@@ -97,7 +97,7 @@ class SlotPool final : public BufferPool {
   /// up by throwing PipelineStopped once `ctx.stop` is requested (its pipeline stops), and
   /// PoolTimeout once no buffer has come back for options().wait_limit. Wakes as soon as a
   /// buffer is destroyed, or the device passes the events of one given back with release_after
-  /// while it waits (a host task on each stream announces it).
+  /// while it waits (the pool's own stream waits for them and announces it).
   /// Throws std::invalid_argument when `bytes` exceeds slot_bytes().
   Buffer acquire(std::size_t bytes, const StageContext& ctx) override;
   bool waits() const noexcept override { return true; }
@@ -152,7 +152,7 @@ class SlotPool final : public BufferPool {
   struct Pending {
     std::size_t slot;
     std::size_t events;      // the slot's first `events` events must all be done
-    bool announced = false;  // a host task on each stream wakes the waiters once they are
+    bool announced = false;  // the pool's stream wakes the waiters once they are
   };
   // What waiters wait on, shared with the host tasks that announce a slot's return: those
   // must not hold the pool itself, whose destructor would then run on a stream's thread.
@@ -162,6 +162,7 @@ class SlotPool final : public BufferPool {
     std::uint64_t generation = 0;  // bumped, under `mutex`, with every notification
     void notify();
   };
+  void announce_after(Slot& slot);
   std::shared_ptr<Device> device_;
   const Kind kind_;
   const std::size_t slot_bytes_;
@@ -172,6 +173,10 @@ class SlotPool final : public BufferPool {
   std::uint64_t returns_ = 0;  // slots given back or freed so far, under wake_->mutex
   std::vector<std::size_t> free_;
   std::vector<Pending> pending_;  // released after events that may not be done yet
+  // Waits for released slots' events and announces them with a host task; made when first
+  // needed (on the CPU backend a stream is a thread). Declared after slots_: it goes first.
+  std::mutex announcer_mutex_;
+  std::unique_ptr<Stream> announcer_;
 };
 
 /// A batch in device memory, laid out as stoker::Batch (samples, then labels). Move-only.
