@@ -18,6 +18,10 @@ mkdir -p "$final"
 export LD_LIBRARY_PATH="$root/.gpu/lib:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export PATH="/usr/local/cuda/bin:$PATH"
 
+# A CUDA half of a test that skips here means CUDA did not start: a failure, not a green skip
+# (tests/cuda_cases.h). Each test process prints how many CUDA halves ran; the table shows it.
+export STOKER_REQUIRE_CUDA=1
+
 steps=("$@")
 ((${#steps[@]})) || steps=(tests sanitizer transfer train bench)
 verdicts=()
@@ -32,7 +36,14 @@ run() {
   echo "==== $name: $*"
   timeout --kill-after=10s "$limit" "$@" >"$out/$name.log" 2>&1 || status=$?
   tail -n "${STOKER_GPU_TAIL:-3}" "$out/$name.log"
-  verdicts+=("$(printf '%-28s exit %-3s %4ds' "$name" "$status" $((SECONDS - start)))")
+  local halves
+  halves="$(grep -o 'CUDA halves: [0-9]* ran, [0-9]* skipped' "$out/$name.log" | tail -n 1)"
+  verdicts+=("$(printf '%-28s exit %-3s %4ds  %s' "$name" "$status" $((SECONDS - start)) "$halves")")
+}
+
+# The cases of test program $1 whose names match the doctest filter $2, one per line.
+cases_of() {
+  "$1" --list-test-cases --no-version=true --test-case="$2" | grep -v -e '^\[doctest\]' -e '^=*$' -e '^$'
 }
 
 # The tests and the trainer look for Fashion-MNIST where Debian installs it.
@@ -46,12 +57,15 @@ nproc | sed 's/^/cpu cores: /' | tee -a "$out/gpu.txt"
 for step in "${steps[@]}"; do
   case "$step" in
     tests)
-      # A case that makes a sticky CUDA fault on purpose leaves the process without a device: it
-      # runs in a process of its own, after the others.
+      # A case that makes a sticky CUDA fault on purpose leaves the process without a device:
+      # each runs in a process of its own, after the others.
       for t in test_gpu test_augment test_train; do
         run "$t" 300 "$bin/$t" --duration=true --test-case-exclude='*own process*'
       done
-      run test_augment-fault 60 "$bin/test_augment" --test-case='*own process*'
+      while IFS= read -r fault; do
+        # doctest's filters take wildcards: the name's brackets and commas would be read as such.
+        run test_augment-fault 60 "$bin/test_augment" --test-case="$(printf '%s' "$fault" | tr '[],' '???')"
+      done < <(cases_of "$bin/test_augment" '*own process*')
       ;;
     sanitizer)
       # Each compute-sanitizer tool over the cases with a CUDA half: memcheck (kernel bounds, no
@@ -61,14 +75,15 @@ for step in "${steps[@]}"; do
       # that hold a stream with a gate kernel (test suite "gate"): under each of the four tools the
       # work that should run beside a gate spinning on the host's flag did not start, and these
       # cases hung (seen on an H100, 2026-11-24).
-      cases_gpu='*'
-      cases_augment='*CUDA*,*device the pipeline runs on*,resident*,*awkward*,*copy of an input batch*'
+      # Every case of test_gpu and test_augment but those (the CUDA work of a case that runs on
+      # both backends is what the tools look at; its CPU half costs them nothing), and the cases
+      # of test_train that use CUDA.
       cases_train='*CUDA*,*augment gpu*,*past 2^20*'
       for tool in memcheck synccheck racecheck initcheck; do
         run "$tool-gpu" 600 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-          "$bin/test_gpu" --test-case="$cases_gpu" --test-case-exclude='*own process*' --test-suite-exclude=gate
+          "$bin/test_gpu" --test-case-exclude='*own process*' --test-suite-exclude=gate
         run "$tool-augment" 600 compute-sanitizer --tool "$tool" --error-exitcode 9 \
-          "$bin/test_augment" --test-case="$cases_augment" --test-case-exclude='*own process*,*512^3*'
+          "$bin/test_augment" --test-case-exclude='*own process*,*512^3*' --test-suite-exclude=gate
         run "$tool-train" 600 compute-sanitizer --tool "$tool" --error-exitcode 9 \
           "$bin/test_train" --test-case="$cases_train"
       done
@@ -78,14 +93,17 @@ for step in "${steps[@]}"; do
       ;;
     train)
       for mode in pipelined sync; do
-        run "train-cpu-$mode" 300 "$bin/stoker-train" --augment cpu --mode "$mode" --json
+        # --device cuda: a trainer that cannot start CUDA fails here, naming why, rather than
+        # training on the CPU.
+        run "train-cpu-$mode" 300 "$bin/stoker-train" --device cuda --augment cpu --mode "$mode" --json
         for resident in yes no; do
-          run "train-gpu-$mode-resident-$resident" 300 "$bin/stoker-train" --augment gpu --resident "$resident" \
-            --mode "$mode" --json
+          run "train-gpu-$mode-resident-$resident" 300 "$bin/stoker-train" --device cuda --augment gpu \
+            --resident "$resident" --mode "$mode" --json
         done
       done
       for n in ${STOKER_GPU_CROP_THREADS:-}; do
-        run "train-cpu-pipelined-crop-threads-$n" 300 "$bin/stoker-train" --augment cpu --crop-threads "$n" --json
+        run "train-cpu-pipelined-crop-threads-$n" 300 "$bin/stoker-train" --device cuda --augment cpu \
+          --crop-threads "$n" --json
       done
       ;;
     bench)

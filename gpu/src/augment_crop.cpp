@@ -152,6 +152,10 @@ void CropKernels::launch_crop(Stream& stream, const std::byte* images, std::size
             throw std::out_of_range("crop job " + std::to_string(i) + ": image " + std::to_string(job.image) + " of " +
                                     std::to_string(image_count) + ", slot " + std::to_string(job.dst) + " of " +
                                     std::to_string(o.slots));
+          if (!window_inside(job, extent.depth, extent.height, extent.width, image.depth, image.height, image.width))
+            throw std::out_of_range("crop job " + std::to_string(i) + ": its window at (" + std::to_string(job.z) +
+                                    ", " + std::to_string(job.y) + ", " + std::to_string(job.x) +
+                                    ") lies outside the image " + image.str());
           Window w = extent;
           w.z = job.z, w.y = job.y, w.x = job.x;
           const Flips flips{(job.flips & kFlipDepth) != 0, (job.flips & kFlipHeight) != 0,

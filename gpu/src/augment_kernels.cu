@@ -77,7 +77,9 @@ __global__ void __launch_bounds__(kThreads) crop_kernel(CropArgs a, Divisors dv)
     const CropOutput& o = output_of(a.outputs, a.output_count, first + threadIdx.x);
     // A corrupt job fails the launch (a sticky error the host reports) rather than read or
     // write memory it does not own.
-    if (job.image >= a.image_count || job.dst >= o.slots) __trap();
+    if (job.image >= a.image_count || job.dst >= o.slots ||
+        !window_inside(job, cd, ch, cw, a.depth, a.height, a.width))
+      __trap();
     jobs[threadIdx.x] = job;
     outs[threadIdx.x] = o.out + std::size_t{job.dst} * rows * cw;
     if (blockIdx.y == 0) o.labels[job.dst] = job.label;

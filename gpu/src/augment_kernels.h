@@ -64,6 +64,16 @@ STOKER_HOST_DEVICE inline void draw_crop(const CropDraws& d, std::uint64_t id, s
   }
 }
 
+/// Whether a crop of `crop_*` extents at `job`'s origin lies inside an image of the given
+/// extents: a job that fails this is corrupt, and is never cut (the CPU backend throws, the
+/// kernel traps), whoever drew it.
+STOKER_HOST_DEVICE inline bool window_inside(const CropJob& job, std::uint32_t crop_depth, std::uint32_t crop_height,
+                                             std::uint32_t crop_width, std::uint32_t depth, std::uint32_t height,
+                                             std::uint32_t width) {
+  return std::uint64_t{job.z} + crop_depth <= depth && std::uint64_t{job.y} + crop_height <= height &&
+         std::uint64_t{job.x} + crop_width <= width;
+}
+
 /// Draws `job`'s window and flips in place when they are to be drawn (kDrawn).
 STOKER_HOST_DEVICE inline void draw_if_asked(const CropDraws& d, CropJob& job) {
   if (!(job.flips & kDrawn)) return;

@@ -36,17 +36,24 @@ std::optional<int> cuda_ordinal(std::string_view spec) {
 
 std::shared_ptr<Device> Device::open(std::string_view backend) {
   if (backend == "cpu") return detail::open_cpu_device();
-  if (backend == "auto")
-    return cuda_device_count() > 0 ? detail::open_cuda_device(detail::current_cuda_device())
-                                   : detail::open_cpu_device();
+  if (backend == "auto") {
+    if (cuda_device_count() > 0) return detail::open_cuda_device(detail::current_cuda_device());
+    if (const std::string problem = cuda_problem(); !problem.empty())
+      spdlog::warn("stoker::gpu: device 'auto': CUDA cannot start ({}); using the CPU backend", problem);
+    return detail::open_cpu_device();
+  }
   if (backend == "cuda" || backend.starts_with("cuda:")) {
     const std::string option = "device '" + std::string(backend) + "'";
     const std::optional<int> ordinal = cuda_ordinal(backend);
     if (!built_with_cuda())
       throw std::runtime_error(option + ": this build of stoker has no CUDA backend (configure with STOKER_CUDA=ON)");
     const int count = cuda_device_count();
-    if (count == 0)
-      throw std::runtime_error(option + ": no CUDA device is visible (check the driver and CUDA_VISIBLE_DEVICES)");
+    if (count == 0) {
+      const std::string problem = cuda_problem();
+      throw std::runtime_error(option + (problem.empty()
+                                             ? ": no CUDA device is visible (check the driver and CUDA_VISIBLE_DEVICES)"
+                                             : ": CUDA cannot start: " + problem));
+    }
     if (ordinal && *ordinal >= count)
       throw std::runtime_error(option + ": there is no CUDA device " + std::to_string(*ordinal) + ", only " +
                                std::to_string(count) + " visible (cuda:0 to cuda:" + std::to_string(count - 1) +

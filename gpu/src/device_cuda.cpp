@@ -20,15 +20,47 @@ namespace stoker::gpu {
 
 bool built_with_cuda() noexcept { return true; }
 
-int cuda_device_count() noexcept {
-  int count = 0;
-  // No driver or no device is an answer here, not an error.
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+namespace {
+
+// What cudaGetDeviceCount answered, asked once: the answer does not change while the process
+// runs, and a failed first call would otherwise be made again, and fail again, at every ask.
+struct CudaStart {
+  int devices = 0;
+  std::string problem;
+};
+
+const CudaStart& cuda_start() {
+  static const CudaStart start = [] {
+    CudaStart s;
+    const cudaError_t error = cudaGetDeviceCount(&s.devices);
+    if (error == cudaSuccess) return s;
     (void)cudaGetLastError();
+    s.devices = 0;
+    // No device, or no driver at all (the runtime then reports driver version 0), is a machine
+    // without a GPU: an answer, not a problem.
+    int driver = 0, runtime = 0;
+    (void)cudaDriverGetVersion(&driver);
+    (void)cudaRuntimeGetVersion(&runtime);
+    if (error == cudaErrorNoDevice || driver == 0) return s;
+    const auto version = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
+    s.problem = std::string(cudaGetErrorName(error)) + ": " + cudaGetErrorString(error) + " (driver supports CUDA " +
+                version(driver) + ", this build's runtime is CUDA " + version(runtime) + ")";
+    return s;
+  }();
+  return start;
+}
+
+}  // namespace
+
+int cuda_device_count() noexcept {
+  try {
+    return cuda_start().devices;
+  } catch (...) {  // only std::bad_alloc could come from building the message
     return 0;
   }
-  return count;
 }
+
+std::string cuda_problem() { return cuda_start().problem; }
 
 namespace detail {
 

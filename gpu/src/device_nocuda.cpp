@@ -6,6 +6,7 @@ namespace stoker::gpu {
 
 bool built_with_cuda() noexcept { return false; }
 int cuda_device_count() noexcept { return 0; }
+std::string cuda_problem() { return {}; }
 
 namespace detail {
 TraceRange::TraceRange(const char*) noexcept {}

@@ -11,6 +11,7 @@ else()
   add_library(stoker_gpu_test_tools OBJECT gpu/stream_tools.cpp gpu/stream_tools_nocuda.cpp)
 endif()
 target_link_libraries(stoker_gpu_test_tools PUBLIC stoker::gpu doctest::doctest PRIVATE stoker_warnings)
+target_include_directories(stoker_gpu_test_tools PUBLIC ${CMAKE_CURRENT_SOURCE_DIR})  # tests/cuda_cases.h
 
 stoker_test(test_gpu gpu/test_device.cpp)
 target_link_libraries(test_gpu PRIVATE stoker_gpu_test_tools)

@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "cuda_cases.h"
 #include "stoker/gpu/device.h"
 
 namespace stoker::test {
@@ -16,10 +17,7 @@ namespace stoker::test {
 /// GPU is visible (otherwise the case says that its CUDA half is skipped).
 inline std::vector<std::shared_ptr<gpu::Device>> devices() {
   std::vector<std::shared_ptr<gpu::Device>> out{gpu::Device::open("cpu")};
-  if (gpu::cuda_device_count() > 0)
-    out.push_back(gpu::Device::open("cuda"));
-  else
-    MESSAGE("no CUDA device found: the CUDA half of this case is skipped");
+  if (cuda_half("the CUDA half of this case")) out.push_back(gpu::Device::open("cuda"));
   return out;
 }
 
@@ -51,6 +49,8 @@ void delay(gpu::Stream& stream, std::chrono::microseconds duration);
 int current_cuda_device();
 /// Makes `ordinal` the calling thread's current CUDA device; throws without CUDA.
 void set_current_cuda_device(int ordinal);
+/// Whether the calling thread has a CUDA context current (cuCtxGetCurrent); false without CUDA.
+bool thread_has_cuda_context();
 
 namespace detail {
 // The CUDA halves, on a cudaStream_t (stream_tools_cuda.cu; a build without CUDA has stubs).

@@ -1,4 +1,5 @@
 // The CUDA halves of stream_tools.h: test kernels and the current device.
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <stdexcept>
@@ -41,6 +42,19 @@ int current_cuda_device() {
 }
 
 void set_current_cuda_device(int ordinal) { check(cudaSetDevice(ordinal), "cudaSetDevice"); }
+
+// Asked of the driver through the runtime, as stoker does: the tests need no libcuda to link.
+bool thread_has_cuda_context() {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  check(cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault, &found),
+        "cudaGetDriverEntryPointByVersion");
+  if (found != cudaDriverEntryPointSuccess) throw std::runtime_error("cuCtxGetCurrent: not found in the driver");
+  CUcontext context = nullptr;
+  if (reinterpret_cast<CUresult (*)(CUcontext*)>(fn)(&context) != CUDA_SUCCESS)
+    throw std::runtime_error("cuCtxGetCurrent failed");
+  return context != nullptr;
+}
 
 namespace detail {
 

@@ -7,6 +7,7 @@ namespace stoker::test {
 
 int current_cuda_device() { return -1; }
 void set_current_cuda_device(int) { throw std::logic_error("set_current_cuda_device: this build has no CUDA"); }
+bool thread_has_cuda_context() { return false; }
 
 namespace detail {
 void cuda_gate(void*, const volatile unsigned*) { throw std::logic_error("cuda_gate: this build has no CUDA"); }

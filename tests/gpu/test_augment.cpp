@@ -22,6 +22,7 @@
 #include "stoker/core/pipeline.h"
 #include "stoker/gpu/augment.h"
 #include "support.h"
+#include "cuda_cases.h"
 
 using namespace stoker;
 using namespace std::chrono_literals;
@@ -547,7 +548,7 @@ std::shared_ptr<const IdxDataset> as_dataset(const Images& data) {
 
 TEST_CASE("resident: one upload, then only the crops to cut cross, and the same minibatches as streaming" *
           doctest::timeout(120)) {
-  auto device = gpu::Device::open(gpu::cuda_device_count() > 0 ? "cuda" : "cpu");
+  auto device = gpu::Device::open(stoker::test::cuda_half("the CUDA run of this case") ? "cuda" : "cpu");
   INFO("device: " << device->name());
   auto o = fashion_options();
   o.crops.count_of = varying(5);
@@ -580,8 +581,7 @@ TEST_CASE("resident: one upload, then only the crops to cut cross, and the same 
 
 TEST_CASE("streaming on the device the pipeline runs on: no copy back, one copy per input batch" *
           doctest::timeout(120)) {
-  if (gpu::cuda_device_count() == 0) {
-    MESSAGE("no CUDA device found: skipping the CUDA pipeline run of GpuAugment");
+  if (!stoker::test::cuda_half("the CUDA pipeline run of GpuAugment")) {
     return;
   }
   auto device = gpu::Device::open("cuda");
@@ -781,8 +781,7 @@ TEST_CASE("crop and gather kernels equal the CPU transform bit for bit: CPU back
 }
 
 TEST_CASE("crop and gather kernels equal the CPU transform bit for bit: CUDA" * doctest::timeout(60)) {
-  if (gpu::cuda_device_count() == 0) {
-    MESSAGE("no CUDA device found: skipping the CUDA crop kernel checks");
+  if (!stoker::test::cuda_half("the CUDA crop kernel checks")) {
     return;
   }
   auto device = gpu::Device::open("cuda");
@@ -839,8 +838,7 @@ TEST_CASE("crop and gather kernels at every alignment and awkward width equal th
 }
 
 TEST_CASE("a 512^3 uint16 volume cropped into more than 2^31 output elements on CUDA" * doctest::timeout(300)) {
-  if (gpu::cuda_device_count() == 0) {
-    MESSAGE("no CUDA device found: the 512^3 volume (9 GB of crops, CUDA only) is skipped on this machine");
+  if (!stoker::test::cuda_half("the 512^3 volume (9 GB of crops, CUDA only)")) {
     return;
   }
   auto device = gpu::Device::open("cuda");
@@ -898,10 +896,11 @@ TEST_CASE("a 512^3 uint16 volume cropped into more than 2^31 output elements on 
   CHECK(got_labels[crops - 1] == 0);
 }
 
-TEST_CASE(
-    "a crop job outside its images fails the stage that issued it with a StageError, not the process "
-    "[own process on CUDA: the fault is sticky]" *
-    doctest::timeout(60)) {
+namespace {
+
+// Issues `job` (one corrupt crop job) from a stage of a running GpuAugment pipeline: the fault
+// must reach the consumer as a StageError, and on the CPU backend with `cpu_message` in it.
+void corrupt_job_fails_its_stage(const gpu::detail::CropJob& job, const std::string& cpu_message) {
   for (const auto& device : devices()) {
     CAPTURE(device->name());
     GpuAugment augment(device, fashion_options(16));
@@ -910,9 +909,6 @@ TEST_CASE(
     gpu::Memory images = device->allocate(4 * 28 * 28), out = device->allocate(4 * 24 * 24 * sizeof(float));
     gpu::Memory labels = device->allocate(4 * sizeof(std::int32_t)), table = device->allocate(kernels.table_bytes());
     gpu::Memory bad = device->allocate_pinned(sizeof(gpu::detail::CropJob));
-    // An index far outside the 4 images of the launch: on CUDA an illegal address without the
-    // kernel's own check.
-    const gpu::detail::CropJob job{1u << 30, 0, 0, 0, 0, 0, 0};
     std::memcpy(bad.data(), &job, sizeof job);
     std::uint64_t calls = 0;
     {
@@ -947,10 +943,33 @@ TEST_CASE(
         else
           CHECK((e.stage() == "inject" || e.stage() == "gpu_augment" || e.stage() == "collate"));
         CHECK(what.find("CUDA_LAUNCH_BLOCKING=1") != std::string::npos);
-        if (device->backend() == gpu::Backend::cpu) CHECK(what.find("image 1073741824 of 4") != std::string::npos);
+        if (device->backend() == gpu::Backend::cpu) CHECK(what.find(cpu_message) != std::string::npos);
       }
     }  // the pipeline, GpuAugment's streams and pools go down after the fault without throwing
   }
+}
+
+
+}  // namespace
+
+// Each in a process of its own on CUDA: a kernel's fault is sticky, every later CUDA call of the
+// process fails with it.
+TEST_CASE(
+    "a crop job outside its images fails the stage that issued it with a StageError, not the process "
+    "[own process on CUDA: the fault is sticky]" *
+    doctest::timeout(60)) {
+  // An index far outside the 4 images of the launch: on CUDA an illegal address without the
+  // kernel's own check.
+  corrupt_job_fails_its_stage({1u << 30, 0, 0, 0, 0, 0, 0}, "image 1073741824 of 4");
+}
+
+TEST_CASE(
+    "a crop job whose window lies outside its image fails the stage that issued it with a StageError, not the "
+    "process [own process on CUDA: the fault is sticky]" *
+    doctest::timeout(60)) {
+  // A 24x24 window at column 2^30 of a 28x28 image: on CUDA a read far past the images without
+  // the kernel's check of the window.
+  corrupt_job_fails_its_stage({0, 0, 0, 0, 1u << 30, 0, 0}, "lies outside the image 1x28x28");
 }
 
 TEST_CASE("one crop call fills many outputs, each with its own slots, as one output would, past a launch's outputs" *

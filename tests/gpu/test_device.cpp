@@ -146,6 +146,12 @@ TEST_CASE("Device::open picks the backend and rejects what it cannot give, namin
   if (n == 0) {
     CHECK(Device::open("auto")->backend() == Backend::cpu);
     CHECK_THROWS_WITH_AS(Device::open("cuda"), doctest::Contains("device 'cuda'"), std::runtime_error);
+    // Why, when there is a driver whose CUDA cannot start: CUDA's own error, not "no device".
+    const std::string problem = stoker::gpu::cuda_problem();
+    const std::string why = !stoker::gpu::built_with_cuda() ? "this build of stoker has no CUDA backend"
+                            : problem.empty()               ? "no CUDA device is visible"
+                                                            : "CUDA cannot start: " + problem;
+    CHECK_THROWS_WITH_AS(Device::open("cuda"), doctest::Contains(why.c_str()), std::runtime_error);
     CHECK_THROWS_WITH_AS(Device::open("cuda:7"), doctest::Contains("device 'cuda:7'"), std::runtime_error);
     MESSAGE("no CUDA device found: opening cuda:N is checked for its errors only");
   } else {
@@ -163,11 +169,8 @@ TEST_CASE("Device::open picks the backend and rejects what it cannot give, namin
 }
 
 TEST_CASE("opening and using a CUDA device never changes the caller's current device" * doctest::timeout(60)) {
+  if (!stoker::test::cuda_half("the current-device checks")) return;
   const int n = stoker::gpu::cuda_device_count();
-  if (n == 0) {
-    MESSAGE("no CUDA device found: the current-device checks are skipped on this machine");
-    return;
-  }
   if (n == 1) MESSAGE("one CUDA device: opening another one than the current is checked only with two or more");
   for (int current = 0; current < n; ++current)
     for (int opened = 0; opened < n; ++opened) {
@@ -401,6 +404,53 @@ HostView read_back(Device& device, stoker::gpu::Stream& stream, const stoker::gp
 }
 
 }  // namespace
+
+// A thread that never used CUDA has chosen no device (cudaGetDevice says 0 for it all the same):
+// stoker leaves it on the device it used, with that device's context, as any CUDA call the
+// thread made itself would. Such threads are the pipeline's own, and a consumer's that never
+// touched CUDA: putting "device 0" back would make a context on GPU 0 for every rank of a job.
+TEST_CASE("a thread with no CUDA context is left on the device stoker used, whatever it is" * doctest::timeout(60)) {
+  if (!stoker::test::cuda_half("the no-context checks")) return;
+  const int n = stoker::gpu::cuda_device_count();
+  for (int opened = 0; opened < n; ++opened) {
+    CAPTURE(opened);
+    auto device = Device::open("cuda:" + std::to_string(opened));
+    bool before = true, after = false;
+    int current = -1;
+    std::thread([&] {
+      before = stoker::test::thread_has_cuda_context();
+      auto stream = device->make_stream();
+      Pinned<int> host(*device, 16);
+      auto memory = device->allocate(16 * sizeof(int));
+      stream->copy_to_device(memory.data(), host.data(), 16 * sizeof(int));
+      stream->synchronize();
+      after = stoker::test::thread_has_cuda_context();
+      current = stoker::test::current_cuda_device();
+    }).join();
+    CHECK_FALSE(before);
+    CHECK(after);
+    CHECK(current == opened);
+  }
+
+  // The consumer of a device pipeline that never used CUDA itself: the same, and the pipeline's
+  // threads copy to the device it opened.
+  auto device = Device::open("cuda:" + std::to_string(n - 1));
+  int current = -1;
+  std::size_t batches = 0;
+  std::thread([&] {
+    stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 4});
+    auto pipe = device_pipeline(to_device, 4 * kBatch);
+    auto stream = device->make_stream();
+    for (auto& b : pipe.epoch()) {
+      b.release_after(*stream);
+      ++batches;
+    }
+    stream->synchronize();
+    current = stoker::test::current_cuda_device();
+  }).join();
+  CHECK(batches == 4);
+  CHECK(current == n - 1);
+}
 
 TEST_CASE("ToDevice delivers every batch with one copy each and its buffers recycled" * doctest::timeout(60)) {
   for (const auto& device : devices()) {

@@ -18,6 +18,7 @@
 #include "stoker/stages/idx.h"
 #include "support.h"
 #include "train.h"
+#include "cuda_cases.h"
 
 namespace nn = stoker::gpu::nn;
 using stoker::gpu::Device;
@@ -296,16 +297,14 @@ TEST_CASE("nn ops on the CPU backend: bias, ReLU, column sums, SGD and zero agai
 
 TEST_CASE("nn ops on rows and columns past 2^20, on the CPU backend and on CUDA" * doctest::timeout(60)) {
   check_past_a_million(*Device::open("cpu"));
-  if (stoker::gpu::cuda_device_count() == 0) {
-    MESSAGE("no CUDA device found: the CUDA half (grid-stride loops past 2^20) is skipped on this machine");
+  if (!stoker::test::cuda_half("the CUDA half (grid-stride loops past 2^20)")) {
     return;
   }
   check_past_a_million(*Device::open("cuda"));
 }
 
 TEST_CASE("nn ops on CUDA match the same references" * doctest::timeout(60)) {
-  if (stoker::gpu::cuda_device_count() == 0) {
-    MESSAGE("no CUDA device found: the CUDA nn op checks are skipped on this machine");
+  if (!stoker::test::cuda_half("the CUDA nn op checks")) {
     return;
   }
   const auto device = Device::open("cuda");
@@ -512,7 +511,7 @@ TEST_CASE(
   const std::size_t images = 2000;
   auto run = [&](const char* mode, const char* resident) {
     auto o = small_run(mode, images);
-    o.device = stoker::gpu::cuda_device_count() > 0 ? "cuda" : "cpu";
+    o.device = stoker::test::cuda_half("the CUDA run of this case") ? "cuda" : "cpu";
     o.augment = "gpu";
     o.resident = resident;
     o.image_batch = 300;

@@ -22,8 +22,15 @@ namespace stoker::gpu {
 bool built_with_cuda() noexcept;
 
 /// Number of CUDA devices visible to the process; 0 in a build without CUDA, on a
-/// machine without a GPU or driver, or when CUDA_VISIBLE_DEVICES hides them all.
+/// machine without a GPU or driver, when CUDA_VISIBLE_DEVICES hides them all, or when CUDA
+/// cannot start although a driver is there (cuda_problem() then says why).
 int cuda_device_count() noexcept;
+
+/// Why CUDA cannot start on a machine that has a CUDA driver, with CUDA's own error: a driver
+/// older than this build's runtime, a device in a bad state. Empty when CUDA answered (with any
+/// number of devices), on a machine without a driver, and in a build without CUDA. Device::open
+/// ("cuda") puts it in its error; open("auto") logs it before it falls back to the CPU backend.
+std::string cuda_problem();
 
 /// Device work that failed: a failed CUDA call, or work that failed after it was issued (a
 /// kernel's fault; on either backend, a host task that threw).
@@ -157,8 +164,10 @@ class Device {
   /// "auto": CUDA when a device is visible (the calling thread's current device), else the CPU
   /// backend; "cpu"; "cuda": the calling thread's current CUDA device; "cuda:N": CUDA device N
   /// (as numbered under CUDA_VISIBLE_DEVICES). Throws std::runtime_error when this build has no
-  /// CUDA backend or the device asked for is not visible, and std::invalid_argument for anything
-  /// else (`cuda:x`, `cuda:-1`), naming what it was given.
+  /// CUDA backend or the device asked for is not visible (with cuda_problem() when CUDA cannot
+  /// start), and std::invalid_argument for anything else (`cuda:x`, `cuda:-1`), naming what it
+  /// was given. "auto" on a machine whose CUDA cannot start logs why, as a warning, and opens
+  /// the CPU backend.
   static std::shared_ptr<Device> open(std::string_view backend = "auto");
 
   virtual ~Device() = default;
