@@ -65,8 +65,9 @@ __global__ void relu_backward_kernel(float* grad, const float* activation, std::
     if (!(activation[i] > 0.0f)) grad[i] = 0.0f;
 }
 
+// Row i's gradient, and its loss and whether it is right, for the caller to add up.
 __device__ void softmax_cross_entropy_row(const float* logits, const std::int32_t* labels, std::size_t i, int classes,
-                                          float* grad, float grad_scale, float* loss_sum, std::int32_t* correct) {
+                                          float* grad, float grad_scale, float& loss, std::int32_t& correct) {
   const std::size_t offset = i * static_cast<std::size_t>(classes);
   const float* z = logits + offset;
   const std::int32_t label = labels[i];
@@ -78,8 +79,8 @@ __device__ void softmax_cross_entropy_row(const float* logits, const std::int32_
   float sum = 0.0f;
   for (int j = 0; j < classes; ++j) sum += expf(z[j] - top);
   if (valid) {
-    if (loss_sum) atomicAdd(loss_sum, logf(sum) - (z[label] - top));
-    if (correct && best == label) atomicAdd(correct, 1);
+    loss += logf(sum) - (z[label] - top);
+    if (best == label) ++correct;
   }
   if (grad) {
     float* g = grad + offset;
@@ -90,11 +91,33 @@ __device__ void softmax_cross_entropy_row(const float* logits, const std::int32_
 
 // One thread per row, striding over the rows: a classifier's rows are short (10 classes
 // here), and the grid is capped (blocks_for), so past 4096 blocks' worth a thread takes more.
+// The loss and the count are summed in a fixed order, so that a run repeats to the bit (they
+// are part of a checkpoint): each thread over its rows in turn, then the block's threads by a
+// fixed tree. The launcher makes it one block when they are asked for.
 __global__ void softmax_cross_entropy_kernel(const float* logits, const std::int32_t* labels, int rows, int classes,
                                              float* grad, float grad_scale, float* loss_sum, std::int32_t* correct) {
+  float loss = 0.0f;
+  std::int32_t right = 0;
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < static_cast<std::size_t>(rows);
        i += std::size_t{gridDim.x} * blockDim.x)
-    softmax_cross_entropy_row(logits, labels, i, classes, grad, grad_scale, loss_sum, correct);
+    softmax_cross_entropy_row(logits, labels, i, classes, grad, grad_scale, loss, right);
+  if (!loss_sum && !correct) return;
+  __shared__ float losses[kThreads];
+  __shared__ std::int32_t rights[kThreads];
+  losses[threadIdx.x] = loss;
+  rights[threadIdx.x] = right;
+  __syncthreads();
+  for (unsigned half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) {
+      losses[threadIdx.x] += losses[threadIdx.x + half];
+      rights[threadIdx.x] += rights[threadIdx.x + half];
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    if (loss_sum) *loss_sum += losses[0];
+    if (correct) *correct += rights[0];
+  }
 }
 
 // One thread per column, striding over the columns past what the capped grid covers;
@@ -145,8 +168,10 @@ void relu_backward(void* stream, float* grad, const float* activation, std::size
 
 void softmax_cross_entropy(void* stream, const float* logits, const std::int32_t* labels, int rows, int classes,
                            float* grad, float grad_scale, float* loss_sum, std::int32_t* correct) {
-  softmax_cross_entropy_kernel<<<blocks_for(static_cast<std::size_t>(rows)), kThreads, 0, as_stream(stream)>>>(
-      logits, labels, rows, classes, grad, grad_scale, loss_sum, correct);
+  // One block adds up the loss, in its fixed order: a step's rows are a batch, a few hundred.
+  const unsigned blocks = loss_sum || correct ? 1 : blocks_for(static_cast<std::size_t>(rows));
+  softmax_cross_entropy_kernel<<<blocks, kThreads, 0, as_stream(stream)>>>(logits, labels, rows, classes, grad,
+                                                                           grad_scale, loss_sum, correct);
   STOKER_CUDA_CHECK(cudaGetLastError());
 }
 

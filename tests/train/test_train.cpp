@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <memory>
 #include <random>
@@ -453,6 +455,49 @@ TEST_CASE(
   const auto again = stoker::train::run_training(resumed);  // from the end of the run
   CHECK(again.epochs.empty());
   CHECK(again.test_accuracy() == r.test_accuracy());  // the same model on the same test set
+}
+
+// The loss and accuracy counters are part of the checkpoint, so a deterministic run repeats only
+// if every sum in the step has a fixed order (on CUDA: no float atomicAdd). A resumed run's first
+// step runs kernel by kernel where the uninterrupted one replayed its CUDA graph: the same bytes.
+TEST_CASE("a deterministic run writes the same checkpoint bytes every time, and stopped and resumed too, on each "
+          "backend" *
+          doctest::timeout(240)) {
+  if (!have_fashion_mnist()) {
+    MESSAGE("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped");
+    return;
+  }
+  std::vector<std::string> backends{"cpu"};
+  if (stoker::test::cuda_half("the CUDA run of this case")) backends.push_back("cuda");
+  for (const auto& device : backends) {
+    CAPTURE(device);
+    const auto bytes_of = [](const std::filesystem::path& dir) {
+      std::ifstream in(dir / "checkpoint", std::ios::binary);
+      return std::string(std::istreambuf_iterator<char>(in), {});
+    };
+    const stoker::test::TempDir first("repeat-a"), second("repeat-b"), stopped("repeat-stopped");
+    auto o = small_run("pipelined", 1000);  // 5000 crops a epoch: 19 full batches and a short one
+    o.device = device;
+    o.deterministic = true;
+    o.checkpoint = first.path().string();
+    stoker::train::run_training(o);
+    o.checkpoint = second.path().string();
+    stoker::train::run_training(o);
+    const std::string want = bytes_of(first.path());
+    REQUIRE_FALSE(want.empty());
+    CHECK(bytes_of(second.path()) == want);
+
+    o.checkpoint = stopped.path().string();
+    std::uint64_t steps = 0;
+    stoker::train::TrainCallbacks stop_after_7;
+    stop_after_7.on_batch = [&](std::uint32_t, std::uint64_t, std::uint64_t) { ++steps; };
+    stop_after_7.stop_requested = [&] { return steps == 7; };
+    REQUIRE(stoker::train::run_training(o, stop_after_7).interrupted.has_value());
+    auto resumed = o;
+    resumed.resume = o.checkpoint;
+    stoker::train::run_training(resumed);
+    CHECK(bytes_of(stopped.path()) == want);
+  }
 }
 
 TEST_CASE("a short pipelined run on the CPU learns, with one copy per batch and one read-back per epoch" *

@@ -37,7 +37,8 @@ void relu_backward(Stream& stream, float* grad, const float* activation, std::si
 /// Each output is optional (null: not computed):
 ///   grad[i][j] = (softmax(logits[i])[j] - (j == labels[i])) * grad_scale
 ///               (grad_scale = 1 / rows gives the gradient of the mean loss);
-///   *loss_sum  += sum over rows of -log softmax(logits[i])[labels[i]];
+///   *loss_sum  += sum over rows of -log softmax(logits[i])[labels[i]], in a fixed order on either
+///               backend, so that a run repeats to the bit (the sum is part of a checkpoint);
 ///   *correct   += rows whose largest logit (the first of equals) is at labels[i].
 /// `grad` may be `logits` itself. A label outside [0, classes) marks a row to ignore: no
 /// loss, a zero gradient, never counted correct.
