@@ -308,6 +308,7 @@ Json to_json(const TrainOptions& o, const TrainReport& r) {
   out["augment"] = o.augment;
   out["resident"] = r.resident;
   out["graph"] = r.graph;
+  out["graph_steps"] = r.graph_steps;
   std::uint64_t all_samples = r.samples(), all_trained = r.trained_samples();  // every rank's
   if (!r.ranks.empty()) {
     all_samples = all_trained = 0;

@@ -197,8 +197,8 @@ class Trainer {
   }
 
   void add_input_wait(double seconds) { current_.input_wait_seconds += seconds; }
-  /// Whether full steps run as one CUDA graph launch each (TrainOptions::graph).
-  bool graph() const noexcept { return graph_; }
+  /// How many steps ran as one CUDA graph launch (TrainOptions::graph).
+  std::uint64_t graph_steps() const noexcept { return graph_steps_; }
 
   /// Waits, asleep, for the work issued to `stream` so far (Stream::synchronize may spin).
   void wait_for(gpu::Stream& stream) {
@@ -254,6 +254,7 @@ class Trainer {
     compute_->copy_on_device(step_input_.data() + x_bytes, batch.labels(), batch.count * sizeof(std::int32_t));
     model_.set_learning_rate(*compute_, learning_rate());
     captured_step_->run();
+    ++graph_steps_;
   }
 
   // Cosine decay from the initial rate to zero over the whole run.
@@ -287,6 +288,7 @@ class Trainer {
   std::uint64_t samples_per_epoch_, total_steps_;
   std::uint64_t step_ = 0;    // of the run: the learning rate's schedule
   std::uint64_t issued_ = 0;  // by this process: which event a step records
+  std::uint64_t graph_steps_ = 0;
   std::optional<PipelineState> resume_;
   EpochReport current_;
   Clock::time_point started_;
@@ -842,7 +844,8 @@ TrainReport run_training(const TrainOptions& options, const TrainCallbacks& call
   report.device = gpu::backend_name(trainer.device().backend());
   report.device_name = trainer.device().name();
   report.parameters = trainer.model().parameter_count();
-  report.graph = trainer.graph();
+  report.graph_steps = trainer.graph_steps();
+  report.graph = report.graph_steps > 0;
   report.load_seconds = seconds_since(t_load);
   if (callbacks.on_start) callbacks.on_start(report);
 

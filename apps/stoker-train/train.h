@@ -127,6 +127,7 @@ struct TrainReport {
   std::string mode;
   bool resident = false;  ///< the data set was uploaded once (--augment gpu)
   bool graph = false;     ///< full training steps ran as one CUDA graph launch each
+  std::uint64_t graph_steps = 0;  ///< the steps that did (all full ones but the first)
   std::uint64_t train_images = 0, test_images = 0;
   std::size_t parameters = 0;
   double load_seconds = 0;  ///< reading and decoding the data sets, preparing the test set

@@ -577,6 +577,10 @@ TEST_CASE(
     }
     CHECK(r->test_accuracy() > 0.6);      // chance is 0.1
     CHECK(r->transfers.d2h_copies == 2);  // the counters, once per epoch
+    // On CUDA every full step but the first is one graph launch; the CPU backend has none.
+    const std::uint64_t full_steps = 2 * (images * 5 / 255);
+    CHECK(r->graph_steps == (r->device == "cuda" ? full_steps - 1 : 0));
+    CHECK(r->graph == (r->graph_steps > 0));
   }
   // Setup: the weights and the test set; then one copy per 300 images and one of the slots of
   // each epoch's drain; or the data set once, then at most one copy of crop jobs per call.
