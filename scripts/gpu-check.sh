@@ -62,10 +62,12 @@ for step in "${steps[@]}"; do
       for t in test_gpu test_augment test_train; do
         run "$t" 300 "$bin/$t" --duration=true --test-case-exclude='*own process*'
       done
-      while IFS= read -r fault; do
-        # doctest's filters take wildcards: the name's brackets and commas would be read as such.
-        run test_augment-fault 60 "$bin/test_augment" --test-case="$(printf '%s' "$fault" | tr '[],' '???')"
-      done < <(cases_of "$bin/test_augment" '*own process*')
+      for t in test_gpu test_augment; do
+        while IFS= read -r fault; do
+          # doctest's filters take wildcards: the name's brackets and commas would be read as such.
+          run "$t-fault" 60 "$bin/$t" --test-case="$(printf '%s' "$fault" | tr '[],' '???')"
+        done < <(cases_of "$bin/$t" '*own process*')
+      done
       ;;
     sanitizer)
       # Each compute-sanitizer tool over the cases with a CUDA half: memcheck (kernel bounds, no

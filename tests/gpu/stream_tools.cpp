@@ -3,6 +3,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <stdexcept>
 #include <thread>
 
 namespace stoker::test {
@@ -47,6 +48,12 @@ void StreamGate::open() {
 void delay(gpu::Stream& stream, std::chrono::microseconds duration) {
   if (void* native = stream.native_handle()) return detail::cuda_delay(native, duration);
   stream.host_task([duration] { std::this_thread::sleep_for(duration); });
+}
+
+void fault(gpu::Stream& stream) {
+  void* native = stream.native_handle();
+  if (!native) throw std::logic_error("fault: a CUDA stream is needed, for a kernel that traps");
+  detail::cuda_fault(native);
 }
 
 }  // namespace stoker::test

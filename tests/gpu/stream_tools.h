@@ -45,6 +45,10 @@ class StreamGate {
 /// kernel that spins on CUDA.
 void delay(gpu::Stream& stream, std::chrono::microseconds duration);
 
+/// A kernel that traps, on a CUDA stream: a real fault, sticky for the whole process. Throws
+/// std::logic_error on a stream without a native handle (the CPU backend).
+void fault(gpu::Stream& stream);
+
 /// The calling thread's current CUDA device, -1 without CUDA or without a device.
 int current_cuda_device();
 /// Makes `ordinal` the calling thread's current CUDA device; throws without CUDA.
@@ -56,6 +60,7 @@ namespace detail {
 // The CUDA halves, on a cudaStream_t (stream_tools_cuda.cu; a build without CUDA has stubs).
 void cuda_gate(void* stream, const volatile unsigned* flag);
 void cuda_delay(void* stream, std::chrono::microseconds duration);
+void cuda_fault(void* stream);
 }  // namespace detail
 
 }  // namespace stoker::test

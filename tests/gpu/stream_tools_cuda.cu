@@ -25,6 +25,8 @@ __device__ unsigned long long now_ns() {
   return t;
 }
 
+__global__ void fault_kernel() { __trap(); }
+
 __global__ void delay_kernel(unsigned long long ns) {
   const unsigned long long start = now_ns();
   while (now_ns() - start < ns) __nanosleep(1000);
@@ -67,6 +69,11 @@ void cuda_delay(void* stream, std::chrono::microseconds duration) {
   delay_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<unsigned long long>(duration.count()) *
                                                                1000ull);
   check(cudaGetLastError(), "delay kernel");
+}
+
+void cuda_fault(void* stream) {
+  fault_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>();
+  check(cudaGetLastError(), "fault kernel");
 }
 
 }  // namespace detail

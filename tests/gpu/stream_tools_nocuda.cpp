@@ -12,6 +12,7 @@ bool thread_has_cuda_context() { return false; }
 namespace detail {
 void cuda_gate(void*, const volatile unsigned*) { throw std::logic_error("cuda_gate: this build has no CUDA"); }
 void cuda_delay(void*, std::chrono::microseconds) { throw std::logic_error("cuda_delay: this build has no CUDA"); }
+void cuda_fault(void*) { throw std::logic_error("cuda_fault: this build has no CUDA"); }
 }  // namespace detail
 
 }  // namespace stoker::test

@@ -805,6 +805,39 @@ TEST_CASE("device work that fails reaches the consumer as a StageError naming th
   }
 }
 
+// A real CUDA error this time: a kernel that traps. The fault is sticky, so any stage that
+// calls CUDA after it may be the one to report it; the pipeline stops with a StageError either
+// way, and goes down without throwing.
+TEST_CASE("a kernel fault reaches the consumer as a StageError [own process on CUDA: the fault is sticky]" *
+          doctest::timeout(60)) {
+  if (!stoker::test::cuda_half("the kernel fault")) return;
+  auto device = Device::open("cuda");
+  auto stream = device->make_stream();
+  stoker::gpu::ToDevice to_device(device, {.bytes = storage_bytes(), .staging_buffers = 2, .device_buffers = 4});
+  try {
+    auto pipe = stoker::PipelineBuilder{}
+                    .threads(2)
+                    .source("count", [i = 0]() mutable -> std::optional<int> { return i++; })
+                    .map("launch",
+                         [&](int i) {
+                           stream->check();
+                           if (i == 3) stoker::test::fault(*stream);
+                           return i;
+                         })
+                    .map("collate", [&](int) { return stoker::Collate{.pool = to_device.staging()}(samples_for_staging()); },
+                         {.queue = 1})
+                    .map("h2d", to_device, {.queue = 1})
+                    .build();
+    for (int i = 0; i < 10'000'000; ++i) (void)pipe.next();
+    FAIL("the fault never reached the consumer");
+  } catch (const stoker::StageError& e) {
+    const std::string what = e.what();
+    CAPTURE(what);
+    CHECK((e.stage() == "launch" || e.stage() == "collate" || e.stage() == "h2d"));
+    CHECK(what.find("CUDA_LAUNCH_BLOCKING=1") != std::string::npos);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Stream-ordered lifetimes of device batches
 

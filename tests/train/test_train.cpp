@@ -10,8 +10,10 @@
 #include <iterator>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "stoker/core/state.h"
@@ -313,6 +315,49 @@ TEST_CASE("nn ops on CUDA match the same references" * doctest::timeout(60)) {
   check_gemm(*device);
   check_softmax_cross_entropy(*device);
   check_elementwise(*device);
+}
+
+// stoker-train's graph step: cuBLAS and the nn kernels captured into a Replay and run inside a
+// traced span (timed_work while a device timeline listens). The replays give what the same work
+// issued op by op gives, and the trace shows the span alone, once a replay.
+TEST_CASE("kernels and a cuBLAS call captured and replayed inside a traced span equal the same work issued op by op" *
+          doctest::timeout(60)) {
+  std::vector<std::shared_ptr<Device>> devices{Device::open("cpu")};
+  if (stoker::test::cuda_half("the CUDA capture under tracing")) devices.push_back(Device::open("cuda"));
+  for (const auto& device : devices) {
+    CAPTURE(device->name());
+    auto stream = device->make_stream();
+    const int m = 8, n = 6, k = 5;
+    DeviceArray<float> a(*device, *stream, random_values(m * k, 1)), b(*device, *stream, random_values(k * n, 2));
+    DeviceArray<float> bias(*device, *stream, random_values(n, 3)), c(*device, *stream, std::vector<float>(m * n));
+    DeviceArray<float> scale(*device, *stream, {0.0f});
+    // C = scale * relu(A B + bias); scale is read from device memory, as the trainer's rate is.
+    const auto issue = [&] {
+      nn::gemm(*stream, false, false, m, n, k, 1.0f, a.get(), k, b.get(), n, 0.0f, c.get(), n);
+      nn::bias_activation(*stream, c.get(), bias.get(), m, n, true);
+      nn::sgd_momentum(*stream, c.get(), c.get(), c.get(), static_cast<std::size_t>(m * n), scale.get(), 0.0f, 0.0f);
+    };
+    nn::fill(*stream, scale.get(), 0.5f);
+    issue();  // op by op; its first cuBLAS call also makes the stream's handle, which a capture cannot
+    const auto want = c.read();
+
+    const auto timeline = stoker::gpu::device_timeline(device);
+    timeline->start();
+    std::optional<stoker::gpu::Replay> step;
+    for (int run = 0; run < 3; ++run)
+      stoker::gpu::timed_work(*stream, "step", [&] {
+        if (!step) step.emplace(*stream, issue);
+        nn::fill(*stream, scale.get(), 0.5f);
+        step->run();
+      });
+    stream->synchronize();
+    std::vector<stoker::TimedSpan> spans;
+    timeline->take(spans);
+    timeline->stop();
+    CHECK(c.read() == want);
+    REQUIRE(spans.size() == 3);
+    for (const auto& span : spans) CHECK(std::string(span.name) == "step");
+  }
 }
 
 TEST_CASE("bad trainer options are refused naming the option" * doctest::timeout(10)) {

@@ -157,8 +157,12 @@ class Memory {
 /// A CUDA device is one GPU, by its ordinal. Every call that touches it (allocation, streams,
 /// events, copies, launches) makes it the calling thread's current device for the duration
 /// of the call and then puts back the device that was current: nothing here changes the
-/// caller's current device, so that code around stoker (a framework, other GPUs of the
-/// process) keeps the device it chose.
+/// current device of a caller that chose one, so that code around stoker (a framework, other
+/// GPUs of the process) keeps it. A thread that has no CUDA context yet (it never used CUDA:
+/// a pipeline's own threads, a consumer that left CUDA to stoker) has chosen nothing; it is
+/// left on the device stoker used, with that device's context, as after a CUDA call of its own.
+/// (cudaGetDevice says 0 for such a thread: putting 0 back would make a context on GPU 0 for
+/// every process of a job.)
 class Device {
  public:
   /// "auto": CUDA when a device is visible (the calling thread's current device), else the CPU
