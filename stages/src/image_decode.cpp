@@ -2,7 +2,7 @@
 // thread), PNG through libspng (a fresh context per image, with limits, as its documentation
 // asks for untrusted files).
 #include <algorithm>
-#include <array>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <new>
