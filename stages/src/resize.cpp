@@ -70,8 +70,8 @@ struct Normalize3 {
   Float4 operator()(Float4 v) const noexcept { return (v / scale - mean) / std; }
 };
 
-// The vertical pass of one output row: the source rows `rows` weighted by `w` and summed, each
-// element from its first product on, over the `n` elements from `first` of each row.
+// The vertical pass of one output row: the `count` source rows from row `first` weighted by
+// `w` and summed, each of the row's first `n` elements from its first product on.
 template <class T>
 void sum_rows(const T* src, std::size_t row, std::int32_t first, std::int32_t count, const float* w, std::size_t n,
               float* __restrict line) {

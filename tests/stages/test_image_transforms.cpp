@@ -41,6 +41,11 @@ T pixel(const Sample& s, std::uint32_t y, std::uint32_t x, std::uint32_t c) {
   return s.as<T>()[index_of(s.shape, y, x, c)];
 }
 
+// Image `id` of a made-up folder: its size follows from its id.
+Shape image_shape_of(std::uint64_t id) {
+  return image(static_cast<std::uint32_t>(20 + id * 7 % 50), static_cast<std::uint32_t>(30 + id * 11 % 60));
+}
+
 // What a decoder gives: uint8 pixels, here of the pattern the torch references were made of.
 Sample patterned(BufferPool& pool, Shape s, std::uint64_t id = 0, std::int32_t label = 0) {
   Sample out(pool, s, DType::u8, label, id);
@@ -394,6 +399,52 @@ TEST_SUITE("image transforms") {
     }
     CHECK(mirrored > 5);
     CHECK(mirrored < 35);
+  }
+
+  TEST_CASE("in a pipeline, RandomResizedCrop crops as for the pipeline's seed and epoch, on any thread" *
+            doctest::timeout(120)) {
+    const RandomResizedCrop rrc({.size = {16, 12}, .mirror = MirrorOptions{}, .normalize = kImageNet});
+    const auto picture = [](std::uint64_t id) {
+      static const auto pool = BufferPool::create();
+      return noisy(*pool, image_shape_of(id), id, static_cast<std::int32_t>(id % 5));
+    };
+    for (int threads : {1, 3}) {
+      std::uint64_t next = 0;
+      auto pipe = PipelineBuilder{}
+                      .seed(21)
+                      .epochs(2)
+                      .source("read",
+                              [&]() -> std::optional<Sample> {
+                                if (next == 30) {
+                                  next = 0;
+                                  return std::nullopt;
+                                }
+                                return picture(next++);
+                              })
+                      .map("crop", rrc, {.threads = threads})
+                      .batch("batch", 4)
+                      .map("collate", Collate{})
+                      .build();
+      for (std::uint32_t epoch = 0; epoch < 2; ++epoch) {
+        std::set<std::uint64_t> seen;
+        for (auto& b : pipe.epoch()) {
+          REQUIRE(b.dims() == std::vector<std::size_t>{b.count, 3, 16, 12});
+          for (std::size_t i = 0; i < b.count; ++i) {
+            const std::uint64_t id = b.id_values()[i];
+            const Sample img = picture(id);
+            const Sample want =
+                rrc.apply(img, {}, rrc.plan(img.shape.height, img.shape.width, id, {.seed = 21, .epoch = epoch}));
+            for (std::uint32_t c = 0; c < 3; ++c)
+              for (std::uint32_t y = 0; y < 16; ++y)
+                for (std::uint32_t x = 0; x < 12; ++x)
+                  REQUIRE(b.sample<float>(i)[(c * 16 + y) * 12 + x] == pixel<float>(want, y, x, c));
+            CHECK(b.label_values()[i] == img.label);
+            seen.insert(id);
+          }
+        }
+        CHECK(seen.size() == 30);
+      }
+    }
   }
 
   TEST_CASE("either layout in, either layout out: the same values") {
