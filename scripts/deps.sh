@@ -11,6 +11,7 @@ STOKER_PACKAGES=(
   cmake g++ ninja-build
   libtbb-dev libspdlog-dev libconcurrentqueue-dev doctest-dev libcli11-dev nlohmann-json3-dev
   zlib1g-dev libopenblas-dev libdlpack-dev libopenmpi-dev openmpi-bin
+  libturbojpeg0-dev libjpeg62-turbo-dev libspng-dev
   dataset-fashion-mnist
 )
 

@@ -21,6 +21,8 @@ SuiteRun setup_augment(CLI::App& command);   // bench_augment.cpp
 SuiteRun setup_transfer(CLI::App& command);  // bench_transfer.cpp
 SuiteRun setup_resume(CLI::App& command);    // bench_resume.cpp
 SuiteRun setup_remote(CLI::App& command);    // bench_remote.cpp
+SuiteRun setup_decode(CLI::App& command);    // bench_decode.cpp
+SuiteRun setup_resize(CLI::App& command);    // bench_resize.cpp
 
 namespace {
 
@@ -40,6 +42,10 @@ constexpr Suite kSuites[] = {
      &setup_remote},
     {"transfer", "host-to-device GB/s pinned vs pageable; copy + crop overlap; crop kernel vs device-to-device copy",
      &setup_transfer},
+    {"decode", "JPEG images/s for a crop: whole decode + cut vs window decode vs DCT scaling, one thread",
+     &setup_decode},
+    {"resize", "RandomResizedCrop's cost per crop on one core, by option, against a plain crop of the same output",
+     &setup_resize},
 };
 
 // One field of /proc/cpuinfo or /proc/meminfo, without the key; empty when absent.

@@ -65,15 +65,7 @@ struct GpuAugment::State {
 
   // The streams go first (they are declared last) and finish their work before that: it uses
   // the memory above. Buffers handed out keep their pools alive by themselves.
-  ~State() {
-    for (Stream* s : {copy.get(), compute.get()}) {
-      try {
-        if (s) s->synchronize();
-      } catch (...) {
-        detail::log_teardown_failure("GpuAugment's destructor");
-      }
-    }
-  }
+  ~State() { detail::synchronize_quietly({copy.get(), compute.get()}, "GpuAugment's destructor"); }
 
   std::size_t batch_size() const noexcept { return options.batch_size; }
   bool resident() const noexcept { return dataset != nullptr; }
@@ -492,6 +484,10 @@ GpuAugment::GpuAugment(std::shared_ptr<Device> device, GpuAugmentOptions options
     : state_(std::make_shared<State>(std::move(device), std::move(options))) {
   const auto& o = state_->options;
   if (!o.image) throw std::invalid_argument("GpuAugment: option image (the shape of every image) is required");
+  if (o.image->channels_last)
+    throw std::invalid_argument("GpuAugment: option image " + o.image->str() +
+                                " is channels-last; it cuts planar images (Collate makes planar batches of "
+                                "channels-last images; GpuResizedCrop takes them as they are)");
   state_->kernels.emplace(*o.image, o.dtype, o.crops.size, state_->normalizer);
   state_->make_pools();
 }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -216,6 +217,18 @@ std::string async_failure(const std::string& what);
 /// the CUDA runtime unloading at exit): logs the first such failure of the process through
 /// spdlog, counts the later ones at debug level, and returns. Call it from a catch block.
 void log_teardown_failure(const char* where) noexcept;
+
+/// For a destructor: waits for the work issued to each of `streams` (null ones skipped), and
+/// logs a failure of it (log_teardown_failure, naming `where`) rather than throw.
+inline void synchronize_quietly(std::initializer_list<Stream*> streams, const char* where) noexcept {
+  for (Stream* s : streams) {
+    try {
+      if (s) s->synchronize();
+    } catch (...) {
+      log_teardown_failure(where);
+    }
+  }
+}
 
 /// State a library keeps per CUDA stream (a cuBLAS handle, bound to the stream), made by
 /// `make` with the stream's device current on first use, and destroyed with the stream after

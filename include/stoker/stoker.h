@@ -1,8 +1,10 @@
-// All of stoker in one include: the pipeline and its queues (core), samples, readers,
-// transforms, batching and DLPack export (stages), the device path (gpu) and the ranks of a job
+// All of stoker in one include: the pipeline and its queues (core), samples, readers, image
+// files, transforms, batching and DLPack export (stages), the device path (gpu) and the ranks of a job
 // (cluster). Link stoker::stoker.
 #pragma once
 
+#include "stoker/cluster/communicator.h"
+#include "stoker/cluster/remote.h"
 #include "stoker/core/bounded_queue.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/core/random.h"
@@ -12,8 +14,6 @@
 #include "stoker/core/stage_stats.h"
 #include "stoker/core/state.h"
 #include "stoker/core/timeline.h"
-#include "stoker/cluster/communicator.h"
-#include "stoker/cluster/remote.h"
 #include "stoker/gpu/augment.h"
 #include "stoker/gpu/device.h"
 #include "stoker/gpu/dlpack.h"
@@ -22,10 +22,16 @@
 #include "stoker/stages/buffer_pool.h"
 #include "stoker/stages/dlpack.h"
 #include "stoker/stages/idx.h"
+#include "stoker/stages/image.h"
+#include "stoker/stages/image_encode.h"
+#include "stoker/stages/image_source.h"
+#include "stoker/stages/image_transforms.h"
 #include "stoker/stages/npy.h"
 #include "stoker/stages/raw.h"
 #include "stoker/stages/reader.h"
-#include "stoker/stages/shard.h"
+#include "stoker/stages/resize.h"
 #include "stoker/stages/sample.h"
+#include "stoker/stages/shard.h"
 #include "stoker/stages/synthetic.h"
+#include "stoker/stages/tar.h"
 #include "stoker/stages/transforms.h"

@@ -5,6 +5,8 @@
 #include <span>
 #include <utility>
 
+#include "stoker/stages/image_transforms.h"
+
 namespace stoker {
 
 namespace {
@@ -89,7 +91,8 @@ Batch collate(const std::vector<Item>& in, Shape shape, DType out_type, BufferPo
 
 Shape crop_shape(const DeferredCrop& c) {
   const Window& w = c.crop.window;
-  return {c.source->shape.channels, w.depth, w.height, w.width, c.source->shape.volume};
+  const Shape& s = c.source->shape;
+  return {s.channels, w.depth, w.height, w.width, s.volume, s.channels_last};
 }
 
 // Throws unless the crops have sources; returns the shape of the first. Each crop's shape is
@@ -113,6 +116,21 @@ void check_like_first(const std::vector<DeferredCrop>& in, std::size_t i) {
                                 "; a batch needs one shape and dtype");
 }
 
+bool channels_last(const std::vector<DeferredCrop>& in) noexcept {
+  return !in.empty() && in.front().source && in.front().source->shape.channels_last;
+}
+
+// The shape of one sample of a batch of `layout` whose items have `shape`.
+Shape batch_shape(const Shape& shape, Layout layout, const Normalizer* normalize) {
+  if (normalize) normalize->check(shape, "make_batch");
+  if (layout != layout_of(shape) && (shape.volume || shape.depth != 1))
+    throw std::invalid_argument(std::string("make_batch: a ") + layout_name(layout) + " batch of " + shape.str() +
+                                " volumes; only 2D images change layout");
+  Shape out = shape;
+  out.channels_last = layout == Layout::channels_last;
+  return out;
+}
+
 }  // namespace
 
 Batch Batch::allocate(BufferPool& pool, Shape shape, DType dtype, std::size_t count, const StageContext& ctx) {
@@ -125,14 +143,18 @@ Batch Batch::allocate(BufferPool& pool, Shape shape, DType dtype, std::size_t co
 }
 
 std::vector<std::size_t> Batch::dims() const {
-  std::vector<std::size_t> d{count, shape.channels};
+  std::vector<std::size_t> d{count};
+  if (!shape.channels_last) d.push_back(shape.channels);
   if (shape.volume) d.push_back(shape.depth);
   d.push_back(shape.height);
   d.push_back(shape.width);
+  if (shape.channels_last) d.push_back(shape.channels);
   return d;
 }
 
 Batch make_batch(std::vector<Sample>&& samples, BufferPool& pool, const StageContext& ctx) {
+  if (!samples.empty() && samples.front().shape.channels_last)
+    return make_batch(std::move(samples), Layout::planar, nullptr, pool, ctx);
   // Consumes the samples whatever happens, as the signature promises.
   const std::vector<Sample> in = std::move(samples);
   check_batchable(in);
@@ -144,6 +166,8 @@ Batch make_batch(std::vector<Sample>&& samples, BufferPool& pool, const StageCon
 
 Batch make_batch(std::vector<Sample>&& samples, const Normalizer& normalize, BufferPool& pool,
                  const StageContext& ctx) {
+  if (!samples.empty() && samples.front().shape.channels_last)
+    return make_batch(std::move(samples), Layout::planar, &normalize, pool, ctx);
   const std::vector<Sample> in = std::move(samples);
   check_batchable(in);
   const Shape& shape = in.front().shape;
@@ -155,6 +179,7 @@ Batch make_batch(std::vector<Sample>&& samples, const Normalizer& normalize, Buf
 }
 
 Batch make_batch(std::vector<DeferredCrop>&& crops, BufferPool& pool, const StageContext& ctx) {
+  if (channels_last(crops)) return make_batch(std::move(crops), Layout::planar, nullptr, pool, ctx);
   const std::vector<DeferredCrop> in = std::move(crops);
   const Shape shape = check_batchable(in);
   const DType dtype = in.front().source->dtype;
@@ -167,6 +192,7 @@ Batch make_batch(std::vector<DeferredCrop>&& crops, BufferPool& pool, const Stag
 
 Batch make_batch(std::vector<DeferredCrop>&& crops, const Normalizer& normalize, BufferPool& pool,
                  const StageContext& ctx) {
+  if (channels_last(crops)) return make_batch(std::move(crops), Layout::planar, &normalize, pool, ctx);
   const std::vector<DeferredCrop> in = std::move(crops);
   const Shape shape = check_batchable(in);
   normalize.check(shape, "make_batch");
@@ -175,6 +201,38 @@ Batch make_batch(std::vector<DeferredCrop>&& crops, const Normalizer& normalize,
     const DeferredCrop& c = in[i];
     crop_mirror_normalize_into(*c.source, c.crop.window, c.crop.flips, normalize,
                                {reinterpret_cast<float*>(out), shape.elements()});
+  });
+}
+
+Batch make_batch(std::vector<Sample>&& samples, Layout layout, const Normalizer* normalize, BufferPool& pool,
+                 const StageContext& ctx) {
+  if (!samples.empty() && layout == layout_of(samples.front().shape) && layout == Layout::planar)
+    return normalize ? make_batch(std::move(samples), *normalize, pool, ctx)
+                     : make_batch(std::move(samples), pool, ctx);
+  const std::vector<Sample> in = std::move(samples);
+  check_batchable(in);
+  const Shape& first = in.front().shape;
+  const Shape shape = batch_shape(first, layout, normalize);
+  const Window whole{0, 0, 0, 1, first.height, first.width};
+  const DType type = normalize ? DType::f32 : in.front().dtype;
+  const std::size_t bytes = shape.elements() * dtype_size(type);
+  return collate(in, shape, type, pool, ctx, [&](std::size_t i, std::byte* out) {
+    crop_image_into(in[i], whole, {}, normalize, layout, {out, bytes});
+  });
+}
+
+Batch make_batch(std::vector<DeferredCrop>&& crops, Layout layout, const Normalizer* normalize, BufferPool& pool,
+                 const StageContext& ctx) {
+  if (!channels_last(crops) && layout == Layout::planar)
+    return normalize ? make_batch(std::move(crops), *normalize, pool, ctx) : make_batch(std::move(crops), pool, ctx);
+  const std::vector<DeferredCrop> in = std::move(crops);
+  const Shape shape = batch_shape(check_batchable(in), layout, normalize);
+  const DType type = normalize ? DType::f32 : in.front().source->dtype;
+  const std::size_t bytes = shape.elements() * dtype_size(type);
+  return collate(in, shape, type, pool, ctx, [&](std::size_t i, std::byte* out) {
+    check_like_first(in, i);
+    const DeferredCrop& c = in[i];
+    crop_image_into(*c.source, c.crop.window, c.crop.flips, normalize, layout, {out, bytes});
   });
 }
 

@@ -1,5 +1,6 @@
 #include "stoker/stages/buffer_pool.h"
 
+#include <bit>
 #include <new>
 #include <utility>
 
@@ -8,6 +9,14 @@ namespace stoker {
 namespace {
 constexpr std::align_val_t kAlign{64};
 void free_bytes(std::byte* p) noexcept { ::operator delete[](p, kAlign); }
+
+// The memory a buffer of `bytes` gets, so that buffers of nearby sizes (images of many sizes,
+// files) reuse one another: up to 1 KiB a multiple of 64 bytes, above it eight classes per
+// doubling, each at most 1/8 over what is asked.
+std::size_t size_class(std::size_t bytes) noexcept {
+  const std::size_t step = bytes <= 1024 ? 64 : std::size_t{1} << (std::bit_width(bytes - 1) - 4);
+  return (bytes + step - 1) / step * step;
+}
 }  // namespace
 
 Buffer::Buffer(Buffer&& o) noexcept
@@ -38,28 +47,30 @@ BufferPool::~BufferPool() {
 
 Buffer BufferPool::acquire(std::size_t bytes, const StageContext&) {
   if (bytes == 0) return {};
+  const std::size_t capacity = size_class(bytes);
   {
     std::lock_guard lock(mutex_);
-    if (auto it = idle_.find(bytes); it != idle_.end() && !it->second.empty()) {
+    if (auto it = idle_.find(capacity); it != idle_.end() && !it->second.empty()) {
       auto* p = it->second.back();
       it->second.pop_back();
-      cached_ -= bytes;
+      cached_ -= capacity;
       reuses_.fetch_add(1, std::memory_order_relaxed);
       return wrap(p, bytes);
     }
   }
   allocations_.fetch_add(1, std::memory_order_relaxed);
-  auto* p = static_cast<std::byte*>(::operator new[](bytes, kAlign));
+  auto* p = static_cast<std::byte*>(::operator new[](capacity, kAlign));
   return wrap(p, bytes);
 }
 
 void BufferPool::release(std::byte* data, std::size_t size) noexcept {
+  const std::size_t capacity = size_class(size);
   {
     std::lock_guard lock(mutex_);
-    if (cached_ + size <= max_cached_) {
+    if (cached_ + capacity <= max_cached_) {
       try {
-        idle_[size].push_back(data);
-        cached_ += size;
+        idle_[capacity].push_back(data);
+        cached_ += capacity;
         return;
       } catch (...) {  // no room to remember it: free it instead
       }

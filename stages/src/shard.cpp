@@ -31,26 +31,37 @@ std::uint64_t Permutation::operator()(std::uint64_t i) const noexcept {
   return i;
 }
 
+void ShardOptions::check(const std::string& who) const {
+  if (world == 0) throw std::invalid_argument(who + ": world must be at least 1");
+  if (rank >= world)
+    throw std::invalid_argument(who + ": rank " + std::to_string(rank) + " is out of range for world " +
+                                std::to_string(world));
+}
+
+std::uint64_t ShardOptions::per_rank(std::uint64_t size) const noexcept {
+  return remainder == Remainder::drop ? size / world : (size + world - 1) / world;
+}
+
+std::uint64_t ShardOptions::place(std::uint64_t size, std::uint64_t k) const noexcept {
+  const std::uint64_t j = k * world + rank;
+  return j < size ? j : j - size;  // past the end (pad): the epoch's first again
+}
+
 ShuffledShard::ShuffledShard(std::shared_ptr<const Reader> reader, ShardOptions options)
     : reader_(std::move(reader)), options_(options) {
   if (!reader_) throw std::invalid_argument("ShuffledShard: no reader");
-  if (options_.world == 0) throw std::invalid_argument("ShuffledShard: world must be at least 1");
-  if (options_.rank >= options_.world)
-    throw std::invalid_argument("ShuffledShard: rank " + std::to_string(options_.rank) + " is out of range for world " +
-                                std::to_string(options_.world));
+  options_.check("ShuffledShard");
   if (reader_->options().num_shards != 1)
     throw std::invalid_argument("ShuffledShard: the reader is itself sharded (num_shards " +
                                 std::to_string(reader_->options().num_shards) +
                                 "): give it the whole data set, ShuffledShard shares it out");
   size_ = reader_->dataset_size();
-  per_rank_ =
-      options_.remainder == Remainder::drop ? size_ / options_.world : (size_ + options_.world - 1) / options_.world;
+  per_rank_ = options_.per_rank(size_);
 }
 
 std::uint64_t ShuffledShard::id_at(std::uint64_t seed, std::uint32_t epoch, std::uint64_t k) const noexcept {
   const Permutation order(size_, derive_seed(seed, epoch, hash_name("ShuffledShard")));
-  const std::uint64_t j = k * options_.world + options_.rank;
-  return order(j < size_ ? j : j - size_);  // past the end (pad): the epoch's first again
+  return order(options_.place(size_, k));
 }
 
 std::optional<Sample> ShuffledShard::operator()(const StageContext& ctx) const {

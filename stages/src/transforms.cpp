@@ -6,9 +6,15 @@
 #include <stdexcept>
 #include <utility>
 
+#include "stoker/stages/image_transforms.h"
+#include "transform_support.h"
+
 namespace stoker {
 
 namespace {
+
+using detail::make_normalizer;
+using detail::visit_dtype;
 
 std::string sample_desc(const Shape& s, std::uint64_t id) {
   return "sample " + s.str() + " (id " + std::to_string(id) + ")";
@@ -47,7 +53,9 @@ void check_window(const Sample& in, const Window& w, const char* who) {
                                 std::to_string(s.elements() * dtype_size(in.dtype)));
 }
 
-Shape window_shape(const Shape& s, const Window& w) { return {s.channels, w.depth, w.height, w.width, s.volume}; }
+Shape window_shape(const Shape& s, const Window& w) {
+  return {s.channels, w.depth, w.height, w.width, s.volume, s.channels_last};
+}
 
 // Calls row(channel, source row) for every row of the window, in the order the output is
 // laid out, the source rows taken back to front along the flipped axes. Each row starts at
@@ -115,27 +123,16 @@ void normalize_window(const Sample& in, const Window& w, Flips f, const Normaliz
   });
 }
 
-template <class F>
-decltype(auto) visit_dtype(DType t, F&& f) {
-  switch (t) {
-    case DType::u8:
-      return f(std::uint8_t{});
-    case DType::u16:
-      return f(std::uint16_t{});
-    case DType::f32:
-      return f(float{});
-  }
-  throw std::invalid_argument("unsupported dtype " + std::to_string(static_cast<int>(t)));
-}
-
 // A crop of `in` with `flips` applied, same dtype, one pass.
 Sample crop_flipped(const Sample& in, const Window& w, Flips f, BufferPool& pool, std::uint64_t id) {
+  if (in.shape.channels_last) return crop_image(in, w, f, nullptr, Layout::channels_last, pool, id);
   Sample out(pool, window_shape(in.shape, w), in.dtype, in.label, id);
   visit_dtype(in.dtype, [&]<class T>(T) { copy_window<T>(in, w, f, out.as<T>().data()); });
   return out;
 }
 
 Sample fused(const Sample& in, const Window& w, Flips f, const Normalizer& n, BufferPool& pool, std::uint64_t id) {
+  if (in.shape.channels_last) return crop_image(in, w, f, &n, Layout::channels_last, pool, id);
   Sample out(pool, window_shape(in.shape, w), DType::f32, in.label, id);
   visit_dtype(in.dtype, [&]<class T>(T) { normalize_window<T>(in, w, f, n, out.as<float>().data()); });
   return out;
@@ -159,6 +156,8 @@ void reverse_axis(Sample& s, Axis axis) {
       outer = std::size_t{sh.channels} * sh.depth * sh.height, length = sh.width, inner = 1;
       break;
   }
+  // Channels last, a pixel's channels lie together: whole pixels are the runs that move.
+  if (sh.channels_last) outer /= sh.channels, inner *= sh.channels;
   for (std::size_t o = 0; o < outer; ++o) {
     T* block = p + o * length * inner;
     if (inner == 1) {
@@ -178,15 +177,6 @@ MirrorOptions checked(MirrorOptions m, const char* who) {
     throw std::invalid_argument(std::string(who) + ": mirror axis " + std::to_string(static_cast<int>(m.axis)) +
                                 " is not depth, height or width");
   return m;
-}
-
-std::optional<Normalizer> make_normalizer(const std::optional<Normalization>& n, const char* who) {
-  if (!n) return std::nullopt;
-  try {
-    return Normalizer(*n);
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(std::string(who) + ": " + e.what());
-  }
 }
 
 }  // namespace
@@ -278,6 +268,12 @@ Sample normalize(Sample in, const Normalizer& n, BufferPool& pool) {
   const Shape& s = in.shape;
   n.check(s, "normalize");
   check_window(in, Window{0, 0, 0, s.depth, s.height, s.width}, "normalize");
+  if (in.dtype == DType::f32 && s.channels_last) {
+    float* p = in.as<float>().data();
+    for (std::size_t i = 0, pixels = std::size_t{s.depth} * s.height * s.width; i < pixels; ++i)
+      for (std::uint32_t c = 0; c < s.channels; ++c, ++p) *p = n(*p, c);
+    return in;
+  }
   if (in.dtype == DType::f32) {
     const std::size_t per_channel = std::size_t{s.depth} * s.height * s.width;
     float* p = in.as<float>().data();
@@ -297,6 +293,8 @@ Sample crop_mirror_normalize(const Sample& in, const Window& window, Flips flips
 
 void crop_mirror_normalize_into(const Sample& in, const Window& window, Flips flips, const Normalizer& n,
                                 std::span<float> out) {
+  if (in.shape.channels_last)
+    return crop_image_into(in, window, flips, &n, Layout::channels_last, std::as_writable_bytes(out));
   n.check(in.shape, "crop_mirror_normalize_into");
   check_window(in, window, "crop_mirror_normalize_into");
   const std::size_t need = window_shape(in.shape, window).elements();
@@ -307,6 +305,7 @@ void crop_mirror_normalize_into(const Sample& in, const Window& window, Flips fl
 }
 
 void crop_mirror_into(const Sample& in, const Window& window, Flips flips, std::span<std::byte> out) {
+  if (in.shape.channels_last) return crop_image_into(in, window, flips, nullptr, Layout::channels_last, out);
   check_window(in, window, "crop_mirror_into");
   const std::size_t need = window_shape(in.shape, window).elements() * dtype_size(in.dtype);
   if (out.size() != need)

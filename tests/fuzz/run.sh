@@ -24,7 +24,7 @@ if [[ ! -f "$build_dir/build.ninja" ]]; then
   CC=clang CXX=clang++ cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DSTOKER_FUZZ=ON -DSTOKER_CUDA=OFF -DSTOKER_BUILD_APPS=OFF
 fi
-cmake --build "$build_dir" --target fuzz_idx fuzz_npy fuzz_state
+cmake --build "$build_dir" --target fuzz_idx fuzz_npy fuzz_state fuzz_image image_seeds
 
 # --- seed corpus: a few small valid files of each kind -----------------------------------
 byte() { printf "\\x$(printf %02x "$1")"; }
@@ -60,7 +60,7 @@ npy_seed() {  # FILE VERSION DICT DATA_BYTES: a .npy file, header padded as nump
 
 seeds="$build_dir/seeds"
 rm -rf "$seeds"
-mkdir -p "$seeds/idx" "$seeds/npy" "$seeds/state"
+mkdir -p "$seeds/idx" "$seeds/npy" "$seeds/state" "$seeds/image"
 idx_seed "$seeds/idx/images" $((0x803)) 2 3 4
 idx_seed "$seeds/idx/labels" $((0x801)) 5
 gzip -9 -n -c "$seeds/idx/images" >"$seeds/idx/images.gz"
@@ -71,9 +71,12 @@ npy_seed "$seeds/npy/f32-3d-v2.npy" 2 "{'descr': '<f4', 'fortran_order': False, 
 printf '%s' '{"consumed":13,"data":"2000 samples, shard 0 of 1","epoch":3,"format":"stoker-pipeline-state","seed":3,"shuffle_inputs":{"shuffle":10000},"stages":[{"name":"read","what":"source"},{"name":"crops","what":"flat_map fanout 5"},{"name":"shuffle","what":"shuffle window 2001 seed 3"},{"name":"batch","what":"batch 255"}],"version":1}' >"$seeds/state/state.json"
 printf '%s' '{"consumed":13,"data":"2000 samples, shard 0 of 1","epoch":3,"format":"stoker-pipeline-state","order":"free","seed":3,"shuffle_inputs":{},"stages":[{"name":"read","what":"source"},{"name":"crops","what":"flat_map fanout 5"},{"name":"shuffle","what":"shuffle"},{"name":"batch","what":"batch 255"}],"taken":{"below":4000,"except":[17,3,1,250,9],"queue":"shuffle"},"version":2}' >"$seeds/state/free.json"
 
+# JPEGs of every kind and PNGs, written by stoker's own encoders.
+"$build_dir/tests/fuzz/image_seeds" "$seeds/image"
+
 # --- run ----------------------------------------------------------------------------------
 mkdir -p "$build_dir/artifacts"
-for kind in idx npy state; do
+for kind in idx npy state image; do
   corpus="$build_dir/corpus/$kind"
   mkdir -p "$corpus"
   echo "fuzz: fuzz_$kind for ${seconds}s"

@@ -1,5 +1,5 @@
-# The device layer (test_gpu) and the kernels (test_augment), each case on every backend: the
-# CUDA halves skip at run time without a GPU. They hold streams back and spin on the device
+# The device layer (test_gpu) and the kernels (test_augment: crops, and resized crops of
+# images), each case on every backend: the CUDA halves skip at run time without a GPU. They hold streams back and spin on the device
 # with a few test kernels (stream_tools_cuda.cu), which a build without CUDA replaces by stubs.
 if(STOKER_HAVE_CUDA)
   add_library(stoker_gpu_test_tools OBJECT gpu/stream_tools.cpp gpu/stream_tools_cuda.cu)
@@ -15,6 +15,6 @@ target_include_directories(stoker_gpu_test_tools PUBLIC ${CMAKE_CURRENT_SOURCE_D
 
 stoker_test(test_gpu gpu/test_device.cpp)
 target_link_libraries(test_gpu PRIVATE stoker_gpu_test_tools)
-stoker_test(test_augment gpu/test_augment.cpp)
+stoker_test(test_augment gpu/test_augment.cpp gpu/test_image_augment.cpp)
 target_link_libraries(test_augment PRIVATE stoker_gpu_test_tools)
 target_include_directories(test_augment PRIVATE ${PROJECT_SOURCE_DIR}/gpu/src)  # the kernels' own entry point

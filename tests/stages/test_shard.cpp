@@ -7,6 +7,7 @@
 #include <set>
 #include <vector>
 
+#include "stages/source_ids.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/stages/shard.h"
 #include "stoker/stages/synthetic.h"
@@ -18,20 +19,7 @@ namespace {
 // The ids each rank's pipeline yields, epoch by epoch.
 std::vector<std::vector<std::uint64_t>> rank_run(std::shared_ptr<const Reader> reader, ShardOptions o,
                                                  std::uint64_t seed, std::uint32_t epochs) {
-  auto pipe = PipelineBuilder{}
-                  .seed(seed)
-                  .deterministic()
-                  .epochs(epochs)
-                  .threads(2)
-                  .source("read", ShuffledShard(reader, o))
-                  .map("id", [](Sample s) { return s.id; }, {.threads = 2})
-                  .build();
-  std::vector<std::vector<std::uint64_t>> ids;
-  for (auto epoch : pipe.epochs()) {
-    ids.emplace_back();
-    for (auto id : epoch) ids.back().push_back(id);
-  }
-  return ids;
+  return test::epoch_ids(ShuffledShard(std::move(reader), o), seed, epochs);
 }
 
 }  // namespace

@@ -15,13 +15,15 @@
 
 #include "stoker/core/stage.h"
 #include "stoker/stages/buffer_pool.h"
+#include "stoker/stages/resize.h"
 #include "stoker/stages/sample.h"
 #include "stoker/stages/transforms.h"
 
 namespace stoker {
 
 /// `count` samples of one `shape` and `dtype` in one buffer from a BufferPool: the samples
-/// one after the other, (N, C, [D,] H, W), then `count` int32 labels, then `count` uint64 ids,
+/// one after the other, (N, C, [D,] H, W), or (N, [D,] H, W, C) when shape.channels_last,
+/// then `count` int32 labels, then `count` uint64 ids,
 /// in sample order. One buffer, so that one copy moves a batch to a device: samples and
 /// labels are its first payload_bytes(). The buffer goes back to its pool with the batch.
 struct Batch {
@@ -37,7 +39,7 @@ struct Batch {
     return ids_offset(shape, dtype, count) + count * sizeof(std::uint64_t);
   }
 
-  /// N, C, [D,] H, W: D only for volumes.
+  /// N, C, [D,] H, W, or N, [D,] H, W, C when shape.channels_last: D only for volumes.
   std::vector<std::size_t> dims() const;
   std::size_t sample_bytes() const noexcept { return shape.elements() * dtype_size(dtype); }
   std::size_t data_bytes() const noexcept { return count * sample_bytes(); }
@@ -113,20 +115,32 @@ Batch make_batch(std::vector<DeferredCrop>&& crops, BufferPool& pool, const Stag
 Batch make_batch(std::vector<DeferredCrop>&& crops, const Normalizer& normalize, BufferPool& pool,
                  const StageContext& ctx = {});
 
+/// make_batch into a batch laid out as `layout`, from samples (or crops of samples) of either
+/// layout, converted on the way, and with `normalize` (when not null) cast to float32 and
+/// normalized; each element of the batch is written once. The overloads above give planar
+/// batches, converting channels-last samples. A layout other than the samples' takes 2D images;
+/// planar samples into a planar batch take any shape. Equals, bit for bit, converting each
+/// sample (crop_image_into) then batching.
+Batch make_batch(std::vector<Sample>&& samples, Layout layout, const Normalizer* normalize, BufferPool& pool,
+                 const StageContext& ctx = {});
+Batch make_batch(std::vector<DeferredCrop>&& crops, Layout layout, const Normalizer* normalize, BufferPool& pool,
+                 const StageContext& ctx = {});
+
 /// make_batch as a pipeline stage function, following `.batch(name, n)`:
 ///   .batch("batch", 255).map("collate", stoker::Collate{})
-/// of Samples or of DeferredCrops.
+/// of Samples or of DeferredCrops. Batches are planar, (N, C, H, W), unless `layout` says
+/// channels_last, (N, H, W, C); decoded (channels-last) images are converted on the way.
 /// Thread-safe; copies share the pool.
 struct Collate {
   std::shared_ptr<BufferPool> pool = BufferPool::create();
   std::optional<Normalizer> normalize{};  ///< cast to float32 and normalize while collating
+  Layout layout = Layout::planar;         ///< the batch's
 
   Batch operator()(std::vector<Sample> samples, const StageContext& ctx = {}) const {
-    return normalize ? make_batch(std::move(samples), *normalize, *pool, ctx)
-                     : make_batch(std::move(samples), *pool, ctx);
+    return make_batch(std::move(samples), layout, normalize ? &*normalize : nullptr, *pool, ctx);
   }
   Batch operator()(std::vector<DeferredCrop> crops, const StageContext& ctx = {}) const {
-    return normalize ? make_batch(std::move(crops), *normalize, *pool, ctx) : make_batch(std::move(crops), *pool, ctx);
+    return make_batch(std::move(crops), layout, normalize ? &*normalize : nullptr, *pool, ctx);
   }
   /// One batch at a time from a pool that waits for free buffers (a pinned staging pool): a
   /// body then holds none of its own batches while it waits (StageOptions::max_chunk).

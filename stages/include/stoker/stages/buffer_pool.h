@@ -47,8 +47,9 @@ class Buffer {
   std::shared_ptr<BufferPool> pool_;
 };
 
-/// Thread-safe cache of freed buffers, by exact size: a pipeline makes the same few sizes
-/// over and over. Keeps at most `max_cached_bytes` of idle memory.
+/// Thread-safe cache of freed buffers, by size class: a pipeline makes the same few sizes over
+/// and over, and buffers of nearby sizes (decoded images, files) share a class, each at most
+/// 1/8 (or 64 bytes) larger than asked. Keeps at most `max_cached_bytes` of idle memory.
 ///
 /// Pools of other memory (the pinned staging buffers and device buffers of stoker::gpu)
 /// derive from it and override acquire() and release(), so that a batch can be collated

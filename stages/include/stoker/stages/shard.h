@@ -31,10 +31,19 @@ enum class Remainder : std::uint8_t {
   pad,   ///< every sample goes somewhere; the last ranks also get a few of the epoch's first again
 };
 
+/// How an epoch's samples are dealt to the ranks: the k-th sample of the epoch's order goes to
+/// rank `k % world`, so that every rank gets as many.
 struct ShardOptions {
   std::uint32_t rank = 0;   ///< this process's rank, 0 to world - 1
   std::uint32_t world = 1;  ///< the number of ranks
   Remainder remainder = Remainder::drop;
+
+  /// Throws std::invalid_argument, starting with `who`, when `world` is 0 or `rank >= world`.
+  void check(const std::string& who) const;
+  /// Samples each rank gets in an epoch of `size`.
+  std::uint64_t per_rank(std::uint64_t size) const noexcept;
+  /// Where this rank's k-th sample (k < per_rank(size)) lies in the epoch's order of `size`.
+  std::uint64_t place(std::uint64_t size, std::uint64_t k) const noexcept;
 };
 
 /// A pipeline source of one rank's share of a data set. Every epoch the data set is put in a

@@ -1,0 +1,167 @@
+// Data sets of image files (a list file, a folder per class, WebDataset tar shards) and the
+// pipeline source that reads their bytes, shuffled every epoch and shared out among ranks.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "stoker/core/stage.h"
+#include "stoker/stages/buffer_pool.h"
+#include "stoker/stages/image.h"
+#include "stoker/stages/shard.h"
+
+namespace stoker {
+
+/// Where the images of a data set are and what their labels are. Immutable once made, and
+/// thread-safe: share one between sources (ranks, copies) through the shared_ptr.
+///
+/// Images have ids 0 .. size() - 1, in a fixed order: the list's, or the folders' sorted order,
+/// or the shards' in the order given and their members' in archive order.
+class ImageDataset {
+ public:
+  /// A list file of `path label` lines (the classic `train.txt`): the label is the line's last
+  /// word, a whole number 0 to 2^31 - 1; the path is everything before it, relative to the list
+  /// file's folder unless absolute. Blank lines are skipped. Throws DataError naming the list and
+  /// the line for a malformed line, and for a list with no image.
+  static std::shared_ptr<const ImageDataset> from_list(const std::filesystem::path& list);
+
+  /// A folder with one subfolder per class, as torchvision's ImageFolder reads it: classes sorted
+  /// by name get labels 0 .. n - 1 (classes() says which), and each class holds the .jpg, .jpeg
+  /// and .png files (any case) below its subfolder, in the order os.walk gives them sorted (a
+  /// folder's files, then its subfolders'). Other files are left out. Throws DataError naming the
+  /// folder when it has no class subfolder, or a class has no image.
+  static std::shared_ptr<const ImageDataset> from_folder(const std::filesystem::path& root);
+
+  /// WebDataset tar shards: each sample is the members sharing a key (the name up to the first
+  /// dot of its last component), one image (.jpg, .jpeg or .png) and its label (.cls: the label
+  /// as decimal text). A shard's members are found from the index beside it
+  /// (wds_index_path(): DALI's wds2idx format) when it is there and no older than the shard, and
+  /// by reading the shard's headers otherwise. Throws DataError naming the shard for a sample
+  /// without exactly one image or without a label, and for a shard with no sample.
+  static std::shared_ptr<const ImageDataset> from_tars(const std::vector<std::filesystem::path>& shards);
+
+  /// What `path` is: a folder -> from_folder(), a file ending in ".tar" -> from_tars({path}),
+  /// any other file -> from_list(). Throws DataError when it does not exist.
+  static std::shared_ptr<const ImageDataset> open(const std::filesystem::path& path);
+
+  std::uint64_t size() const noexcept { return items_.size(); }
+  /// The file (list, folder) or "shard.tar:member" (tar) of image `id`, as errors name it.
+  std::string name(std::uint64_t id) const;
+  /// Class names, label i being classes()[i]: from the folders of from_folder(); empty otherwise.
+  const std::vector<std::string>& classes() const noexcept { return classes_; }
+  /// Tar shards; a list or a folder counts as one.
+  std::uint32_t shards() const noexcept { return static_cast<std::uint32_t>(shard_begin_.size() - 1); }
+  /// The ids of shard `s`: shard_begin(s) .. shard_begin(s + 1) - 1.
+  std::uint64_t shard_begin(std::uint32_t s) const noexcept { return shard_begin_[s]; }
+
+  /// Image `id`'s bytes, label and name, its bytes read (with pread, once, straight into a buffer
+  /// of `pool`, acquired with `ctx`). Thread-safe. Throws std::out_of_range for an id not below
+  /// size(), and DataError naming the file for a file that is missing or cannot be read, or a
+  /// tar label that is not a number.
+  EncodedImage read(std::uint64_t id, BufferPool& pool, const StageContext& ctx = {}) const;
+
+  /// Tells data sets apart, for a resumed pipeline to refuse a state taken on other data: the
+  /// kind, the count and a hash of every name and label (tar: of names and member offsets).
+  const std::string& fingerprint() const noexcept { return fingerprint_; }
+
+ private:
+  enum class Kind : std::uint8_t { list, folder, tar };
+  struct Item {
+    std::uint64_t name_at = 0;  // in names_
+    std::uint32_t name_size = 0;
+    std::int32_t label = 0;                                // list, folder
+    std::uint32_t shard = 0;                               // tar
+    std::uint32_t label_size = 0;                          // tar: of the .cls member
+    std::uint64_t offset = 0, size = 0, label_offset = 0;  // tar
+  };
+  ImageDataset() = default;
+  void add(std::string_view name, Item item);
+  std::string_view stored_name(const Item& item) const noexcept {
+    return {names_.data() + item.name_at, item.name_size};
+  }
+  void seal(const std::string& what);
+
+  Kind kind_ = Kind::list;
+  std::filesystem::path root_;                 // list, folder: what names are relative to
+  std::vector<std::filesystem::path> shards_;  // tar
+  std::vector<Item> items_;
+  std::string names_;
+  std::vector<std::string> classes_;
+  std::vector<std::uint64_t> shard_begin_{0};
+  std::string fingerprint_;
+};
+
+/// In what order an epoch reads a data set.
+enum class ImageOrder : std::uint8_t {
+  /// Each epoch a new random order of all images, drawn from the pipeline's seed and the epoch.
+  shuffle,
+  /// Each epoch a new random order of the tar shards, each shard read front to back: reads move
+  /// forward through each file, as WebDataset's do. Mix with a shuffle buffer after decoding.
+  /// A list or a folder is one shard, so this is `fixed` for them.
+  shards,
+  /// The data set's order every epoch: for evaluation.
+  fixed,
+};
+
+struct ImageSourceOptions {
+  ShardOptions shard{};  ///< this rank's share: the epoch's k-th image goes to rank k % world
+  ImageOrder order = ImageOrder::shuffle;
+  std::shared_ptr<BufferPool> pool = nullptr;  ///< where the files' bytes go; null: a pool of its own
+};
+
+/// A pipeline source of one rank's images, as EncodedImage (bytes, label, id, name), for a map
+/// stage to decode on many threads:
+///
+///   auto data = stoker::ImageDataset::open("train.txt");
+///   auto pipe = stoker::PipelineBuilder{}
+///                   .source("read", stoker::ImageSource(data, {.shard = {.rank = r, .world = w}}))
+///                   .map("decode", stoker::ImageDecoder(), {.threads = 4})
+///                   ...
+///
+/// Every epoch, each image reaches exactly one rank (Remainder::drop leaves out `size % world` of
+/// them, Remainder::pad sends those to a second rank), and every rank gets as many. Reading is
+/// this stage's work: one file (or tar member) per call, read once with pread into a recycled
+/// buffer. Resumable (Pipeline::state): which image a call reads follows from the pipeline's seed,
+/// the epoch and the call's index alone, so seek() has nothing to do, and no shard is read from
+/// its start to get there.
+class ImageSource {
+ public:
+  /// Throws std::invalid_argument naming the option when the ranks are impossible.
+  explicit ImageSource(std::shared_ptr<const ImageDataset> data, ImageSourceOptions options = {});
+
+  /// Images this rank reads per epoch.
+  std::uint64_t size() const noexcept { return per_rank_; }
+  /// The id of this rank's k-th image in epoch `epoch` of a pipeline seeded with `seed`
+  /// (ImageOrder::shards: O(shards) per call, where the source itself keeps the epoch's plan).
+  std::uint64_t id_at(std::uint64_t seed, std::uint32_t epoch, std::uint64_t k) const;
+
+  std::optional<EncodedImage> operator()(const StageContext& ctx);
+  void seek(std::uint64_t) noexcept {}
+  std::string fingerprint() const;
+
+  const ImageDataset& dataset() const noexcept { return *data_; }
+  const std::shared_ptr<BufferPool>& pool() const noexcept { return options_.pool; }
+
+ private:
+  // ImageOrder::shards: the shards of one epoch in their drawn order, and where each starts in
+  // the epoch's order of images.
+  struct ShardPlan {
+    std::uint64_t seed = 0;
+    std::uint32_t epoch = 0;
+    std::vector<std::uint32_t> order;
+    std::vector<std::uint64_t> starts;
+  };
+  ShardPlan plan(std::uint64_t seed, std::uint32_t epoch) const;
+  std::uint64_t id_in(const ShardPlan* plan, std::uint64_t seed, std::uint32_t epoch, std::uint64_t k) const;
+
+  std::shared_ptr<const ImageDataset> data_;
+  ImageSourceOptions options_;
+  std::uint64_t per_rank_ = 0;
+  std::optional<ShardPlan> plan_;  // the current epoch's, for ImageOrder::shards
+};
+
+}  // namespace stoker

@@ -1,0 +1,315 @@
+#include "stoker/stages/image_source.h"
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdio>
+#include <limits>
+#include <stdexcept>
+#include <system_error>
+
+#include "file_io.h"
+#include "stoker/core/random.h"
+#include "stoker/stages/reader.h"
+#include "stoker/stages/tar.h"
+
+namespace stoker {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+bool is_space(char c) noexcept { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\v' || c == '\f'; }
+
+std::string_view trim(std::string_view s) noexcept {
+  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
+  return s;
+}
+
+// A label: a whole number 0 to 2^31 - 1, as decimal text, with white space around it.
+std::optional<std::int32_t> parse_label(std::string_view text) noexcept {
+  text = trim(text);
+  std::int32_t label = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), label);
+  if (text.empty() || ec != std::errc{} || end != text.data() + text.size() || label < 0) return std::nullopt;
+  return label;
+}
+
+std::string lower(std::string_view s) {
+  std::string out(s);
+  for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+bool image_extension(const fs::path& file) {
+  const std::string ext = lower(file.extension().string());
+  return ext == ".jpg" || ext == ".jpeg" || ext == ".png";
+}
+
+bool image_member(std::string_view ext) {
+  const std::string e = lower(ext);
+  return e == "jpg" || e == "jpeg" || e == "png";
+}
+
+std::string hex(std::uint64_t v) {
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(v));
+  return text;
+}
+
+}  // namespace
+
+void ImageDataset::add(std::string_view name, Item item) {
+  item.name_at = names_.size();
+  item.name_size = static_cast<std::uint32_t>(name.size());
+  names_.append(name);
+  items_.push_back(item);
+}
+
+void ImageDataset::seal(const std::string& what) {
+  if (kind_ != Kind::tar) shard_begin_ = {0, items_.size()};
+  std::uint64_t hash = hash_name(what.substr(0, what.find(' ')));
+  for (const auto& item : items_)
+    hash = derive_seed(hash, hash_name(stored_name(item)),
+                       kind_ == Kind::tar ? item.offset : static_cast<std::uint64_t>(item.label));
+  names_.shrink_to_fit();
+  items_.shrink_to_fit();
+  fingerprint_ = what + ": " + std::to_string(items_.size()) + " images, hash " + hex(hash);
+}
+
+std::shared_ptr<const ImageDataset> ImageDataset::from_list(const fs::path& list) {
+  const auto bytes = detail::read_file(list);
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  const std::string name = list.string();
+  std::shared_ptr<ImageDataset> data(new ImageDataset());
+  data->kind_ = Kind::list;
+  data->root_ = list.parent_path();
+  std::size_t line_number = 0;
+  for (std::size_t at = 0; at < text.size();) {
+    const std::size_t end = std::min(text.find('\n', at), text.size());
+    const std::string_view line = trim(text.substr(at, end - at));
+    at = end + 1;
+    ++line_number;
+    if (line.empty()) continue;
+    const std::string where = "line " + std::to_string(line_number) + ": ";
+    const auto space = std::find_if(line.rbegin(), line.rend(), is_space);
+    if (space == line.rend())
+      throw DataError(name, where + "'" + std::string(line) + "' has no label: expected '<path> <label>'");
+    const std::string_view word = line.substr(static_cast<std::size_t>(line.rend() - space));
+    const auto label = parse_label(word);
+    if (!label)
+      throw DataError(name, where + "label '" + std::string(word) +
+                                "' is not a whole number from 0 to 2147483647: expected '<path> <label>'");
+    data->add(trim(line.substr(0, static_cast<std::size_t>(line.rend() - space))), Item{.label = *label});
+  }
+  if (data->items_.empty()) throw DataError(name, "the list names no image");
+  data->seal("list " + name);
+  return data;
+}
+
+std::shared_ptr<const ImageDataset> ImageDataset::from_folder(const fs::path& root) {
+  const std::string name = root.string();
+  std::error_code error;
+  if (!fs::is_directory(root, error)) throw DataError(name, "is not a folder");
+  // A folder's entries, files and subfolders apart, each sorted by name (os.walk, sorted).
+  const auto entries = [&](const fs::path& dir, std::vector<std::string>& files, std::vector<std::string>& dirs) {
+    std::error_code e;
+    for (fs::directory_iterator it(dir, e), end; !e && it != end; it.increment(e)) {
+      const auto& entry = *it;
+      std::error_code kind;
+      if (entry.is_directory(kind))
+        dirs.push_back(entry.path().filename().string());
+      else if (entry.is_regular_file(kind))
+        files.push_back(entry.path().filename().string());
+    }
+    if (e) throw DataError(dir.string(), "cannot list the folder: " + e.message());
+    std::sort(files.begin(), files.end());
+    std::sort(dirs.begin(), dirs.end());
+  };
+  std::shared_ptr<ImageDataset> data(new ImageDataset());
+  data->kind_ = Kind::folder;
+  data->root_ = root;
+  std::vector<std::string> top_files, classes;
+  entries(root, top_files, classes);
+  if (classes.empty()) throw DataError(name, "has no class subfolder (expected <root>/<class>/<image>)");
+  for (std::size_t label = 0; label < classes.size(); ++label) {
+    const std::uint64_t before = data->items_.size();
+    // Depth-first, as os.walk: a folder's files, then each subfolder. Symbolic links are followed
+    // (as ImageFolder does); the depth bound stops a loop of them.
+    const auto walk = [&](const auto& self, const fs::path& relative, int depth) -> void {
+      if (depth > 64)
+        throw DataError((root / relative).string(), "folders nested over 64 deep (a loop of symbolic links?)");
+      std::vector<std::string> files, dirs;
+      entries(root / relative, files, dirs);
+      for (const auto& f : files)
+        if (image_extension(f))
+          data->add((relative / f).generic_string(), Item{.label = static_cast<std::int32_t>(label)});
+      for (const auto& d : dirs) self(self, relative / d, depth + 1);
+    };
+    walk(walk, classes[label], 0);
+    if (data->items_.size() == before)
+      throw DataError((root / classes[label]).string(),
+                      "class '" + classes[label] + "' has no image (.jpg, .jpeg or .png file)");
+  }
+  data->classes_ = std::move(classes);
+  data->seal("folder " + name);
+  return data;
+}
+
+std::shared_ptr<const ImageDataset> ImageDataset::from_tars(const std::vector<fs::path>& shards) {
+  if (shards.empty()) throw std::invalid_argument("ImageDataset::from_tars: no shard given");
+  std::shared_ptr<ImageDataset> data(new ImageDataset());
+  data->kind_ = Kind::tar;
+  data->shards_ = shards;
+  data->shard_begin_ = {0};
+  for (std::uint32_t s = 0; s < shards.size(); ++s) {
+    const fs::path& shard = shards[s];
+    const std::string name = shard.string();
+    std::error_code e1, e2;
+    const fs::path index = wds_index_path(shard);
+    const bool indexed =
+        fs::exists(index, e1) && fs::last_write_time(index, e1) >= fs::last_write_time(shard, e2) && !e1 && !e2;
+    const std::vector<TarMember> members = indexed ? read_wds_index(index) : list_tar(shard);
+    // A sample is a run of members with one key.
+    for (std::size_t i = 0; i < members.size();) {
+      const std::string_view key = split_wds_name(members[i].name).first;
+      const TarMember *image = nullptr, *label = nullptr;
+      std::size_t j = i;
+      for (; j < members.size() && split_wds_name(members[j].name).first == key; ++j) {
+        const std::string_view ext = split_wds_name(members[j].name).second;
+        if (image_member(ext)) {
+          if (image)
+            throw DataError(
+                name, "sample '" + std::string(key) + "' has two images, " + image->name + " and " + members[j].name);
+          image = &members[j];
+        } else if (ext == "cls") {
+          label = &members[j];
+        }
+      }
+      if (!image) throw DataError(name, "sample '" + std::string(key) + "' has no image (.jpg, .jpeg or .png)");
+      if (!label) throw DataError(name, "sample '" + std::string(key) + "' has no label (.cls)");
+      data->add(image->name,
+                Item{.shard = s,
+                     .label_size = static_cast<std::uint32_t>(std::min<std::uint64_t>(label->size, 1u << 20)),
+                     .offset = image->offset,
+                     .size = image->size,
+                     .label_offset = label->offset});
+      i = j;
+    }
+    if (data->items_.size() == data->shard_begin_.back()) throw DataError(name, "holds no sample");
+    data->shard_begin_.push_back(data->items_.size());
+  }
+  data->seal("tar " + shards.front().string() +
+             (shards.size() > 1 ? " and " + std::to_string(shards.size() - 1) + " more" : ""));
+  return data;
+}
+
+std::shared_ptr<const ImageDataset> ImageDataset::open(const fs::path& path) {
+  std::error_code error;
+  const auto status = fs::status(path, error);
+  if (!fs::exists(status)) throw DataError(path.string(), "does not exist");
+  if (fs::is_directory(status)) return from_folder(path);
+  if (lower(path.extension().string()) == ".tar") return from_tars({path});
+  return from_list(path);
+}
+
+std::string ImageDataset::name(std::uint64_t id) const {
+  if (id >= size())
+    throw std::out_of_range("image id " + std::to_string(id) + " is out of range: the data set has " +
+                            std::to_string(size()) + " images");
+  const Item& item = items_[id];
+  if (kind_ == Kind::tar) return shards_[item.shard].string() + ":" + std::string(stored_name(item));
+  return (root_ / fs::path(stored_name(item))).string();
+}
+
+EncodedImage ImageDataset::read(std::uint64_t id, BufferPool& pool, const StageContext& ctx) const {
+  EncodedImage out;
+  out.name = name(id);  // throws for a bad id
+  out.id = id;
+  const Item& item = items_[id];
+  if (kind_ != Kind::tar) {
+    const detail::InputFile file(root_ / fs::path(stored_name(item)));
+    out.data = pool.acquire(file.size(), ctx);
+    file.read_at(0, {out.data.data(), out.data.size()});
+    out.label = item.label;
+    return out;
+  }
+  const detail::InputFile file(shards_[item.shard]);
+  if (item.offset + item.size > file.size() || item.label_offset + item.label_size > file.size())
+    throw DataError(out.name, "lies past the end of the shard (" + std::to_string(file.size()) +
+                                  " bytes): was the shard changed after it was indexed?");
+  if (item.label_size > 64)
+    throw DataError(out.name, "its .cls label is " + std::to_string(item.label_size) + " bytes long");
+  char label[64];
+  file.read_at(item.label_offset, std::as_writable_bytes(std::span(label, item.label_size)));
+  const auto parsed = parse_label({label, item.label_size});
+  if (!parsed)
+    throw DataError(out.name, "its .cls label '" + std::string(label, item.label_size) +
+                                  "' is not a whole number from 0 to 2147483647");
+  out.label = *parsed;
+  out.data = pool.acquire(item.size, ctx);
+  file.read_at(item.offset, {out.data.data(), out.data.size()});
+  return out;
+}
+
+ImageSource::ImageSource(std::shared_ptr<const ImageDataset> data, ImageSourceOptions options)
+    : data_(std::move(data)), options_(std::move(options)) {
+  if (!data_) throw std::invalid_argument("ImageSource: no data set");
+  options_.shard.check("ImageSource");
+  if (!options_.pool) options_.pool = BufferPool::create();
+  per_rank_ = options_.shard.per_rank(data_->size());
+}
+
+ImageSource::ShardPlan ImageSource::plan(std::uint64_t seed, std::uint32_t epoch) const {
+  ShardPlan p{seed, epoch, {}, {}};
+  const std::uint32_t n = data_->shards();
+  const Permutation order(n, derive_seed(seed, epoch, hash_name("ImageSource shards")));
+  std::uint64_t start = 0;
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const auto s = static_cast<std::uint32_t>(order(i));
+    p.order.push_back(s);
+    p.starts.push_back(start);
+    start += data_->shard_begin(s + 1) - data_->shard_begin(s);
+  }
+  return p;
+}
+
+std::uint64_t ImageSource::id_in(const ShardPlan* p, std::uint64_t seed, std::uint32_t epoch, std::uint64_t k) const {
+  const std::uint64_t n = data_->size();
+  const std::uint64_t j = options_.shard.place(n, k);
+  switch (options_.order) {
+    case ImageOrder::fixed:
+      return j;
+    case ImageOrder::shuffle:
+      return Permutation(n, derive_seed(seed, epoch, hash_name("ImageSource")))(j);
+    case ImageOrder::shards:
+      break;
+  }
+  const auto i =
+      static_cast<std::size_t>(std::upper_bound(p->starts.begin(), p->starts.end(), j) - p->starts.begin() - 1);
+  return data_->shard_begin(p->order[i]) + (j - p->starts[i]);
+}
+
+std::uint64_t ImageSource::id_at(std::uint64_t seed, std::uint32_t epoch, std::uint64_t k) const {
+  if (options_.order != ImageOrder::shards) return id_in(nullptr, seed, epoch, k);
+  const ShardPlan p = plan(seed, epoch);
+  return id_in(&p, seed, epoch, k);
+}
+
+std::optional<EncodedImage> ImageSource::operator()(const StageContext& ctx) {
+  if (ctx.index >= per_rank_) return std::nullopt;
+  if (options_.order == ImageOrder::shards && (!plan_ || plan_->seed != ctx.seed || plan_->epoch != ctx.epoch))
+    plan_ = plan(ctx.seed, ctx.epoch);
+  return data_->read(id_in(plan_ ? &*plan_ : nullptr, ctx.seed, ctx.epoch, ctx.index), *options_.pool, ctx);
+}
+
+std::string ImageSource::fingerprint() const {
+  static constexpr const char* kOrder[] = {"shuffled", "shards shuffled", "in order"};
+  return data_->fingerprint() + ", rank " + std::to_string(options_.shard.rank) + " of " +
+         std::to_string(options_.shard.world) +
+         (options_.shard.remainder == Remainder::drop ? ", remainder dropped, " : ", padded, ") +
+         kOrder[static_cast<int>(options_.order)];
+}
+
+}  // namespace stoker
