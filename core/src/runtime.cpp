@@ -15,7 +15,11 @@
 #include <thread>
 #include <utility>
 
+#include "stoker/core/body_tracer.h"
+#include "stoker/core/detail/edges.h"
 #include "stoker/core/stage_error.h"
+#include "taken.h"
+#include "trace.h"
 
 // libtbb is not built with ThreadSanitizer, so the ordering it provides (a task runs after
 // the enqueue that made it) is invisible to TSan. These annotations state that edge; they
@@ -41,6 +45,8 @@ void set_body_tracer(BodyTracer tracer) noexcept {
   trace_end.store(tracer.end);
   trace_begin.store(tracer.begin);
 }
+
+bool StageContext::help_downstream() const { return link_.stage_ != nullptr && link_.stage_->help_downstream(); }
 
 }  // namespace stoker
 
@@ -78,7 +84,7 @@ struct PipelineCore::Engine {
   // a stage function waiting for oneTBB work of its own (isolated, run_body) never runs a body
   // that some body asked for, nested on its stack. A spawned task would inherit the isolation
   // of the body that spawned it.
-  void run(StageBase& stage) {
+  void enqueue(StageBase& stage) {
     STOKER_TSAN_RELEASE(&stage);
     arena.enqueue([&stage] {
       STOKER_TSAN_ACQUIRE(&stage);
@@ -104,6 +110,11 @@ struct PipelineCore::Engine {
   std::optional<tbb::task_handle> gate;
   std::vector<std::thread> pool;
 };
+
+void throw_fanout(std::uint64_t index, std::size_t made, std::size_t fanout) {
+  throw std::logic_error("input " + std::to_string(index) + " gave " + std::to_string(made) +
+                         " outputs, but the stage's fanout is " + std::to_string(fanout));
+}
 
 // ---------------------------------------------------------------------------------------
 // StageBase
@@ -132,14 +143,10 @@ void StageBase::start(PipelineCore& core, std::size_t position) {
     ctx.seed = core.options().seed;
     ctx.body = static_cast<int>(i);
     ctx.stop = core.stop_token();
-    ctx.blocked = &bodies_[i].blocked;
+    ctx.link_.blocked_ = &bodies_[i].blocked;
+    ctx.link_.stage_ = this;
     if (core.trace_)
       bodies_[i].track = &core.trace_->add_track(slots > 1 ? name_ + " #" + std::to_string(i) : name_, name_);
-    ctx.helper = {
-        [](const void* stage) {
-          return static_cast<const StageBase*>(stage)->core_->help_after(*static_cast<const StageBase*>(stage));
-        },
-        this};
   }
 }
 
@@ -164,7 +171,7 @@ void StageBase::wake() noexcept {
     if (std::popcount(slots_.load(std::memory_order_relaxed)) + queued >= threads()) return;
     if (core_->stopping() || !has_work()) return;
   } while (!queued_.compare_exchange_weak(queued, queued + 1));
-  if (!core_->spawn(*this)) queued_.fetch_sub(1);
+  if (!core_->enqueue(*this)) queued_.fetch_sub(1);
 }
 
 void StageBase::run_task() noexcept {
@@ -174,11 +181,13 @@ void StageBase::run_task() noexcept {
     const PipelineCore* outer;
     ~Done() {
       task_of = outer;
-      tasks.fetch_sub(1);  // the task's last action: see PipelineCore::spawn()
+      tasks.fetch_sub(1);  // the task's last action: see PipelineCore::enqueue()
     }
   } done{core_->tasks_, std::exchange(task_of, core_)};
   run();
 }
+
+bool StageBase::help_downstream() const noexcept { return core_->help_after(*this); }
 
 bool StageBase::run() noexcept {
   int slot = claim();
@@ -618,6 +627,17 @@ PipelineCore::~PipelineCore() {
   engine_.reset();
 }
 
+EdgeBase& PipelineCore::add_edge(std::unique_ptr<EdgeBase> edge) {
+  edges_.push_back(std::move(edge));
+  return *edges_.back();
+}
+
+void PipelineCore::consumer_waited(Clock::time_point begin, Clock::time_point end) {
+  add(consumer_wait_ns_,
+      static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(end - begin).count()));
+  if (consumer_track_) consumer_track_->span(begin, end);
+}
+
 StageBase& PipelineCore::add_stage(std::unique_ptr<StageBase> stage) {
   for (const auto& s : stages_)
     if (s->name() == stage->name())
@@ -659,12 +679,12 @@ void PipelineCore::start(CoreOptions options) {
   if (options_.autotune) tuner_ = std::make_unique<Tuner>(*this, *options_.autotune);
 }
 
-bool PipelineCore::spawn(StageBase& stage) noexcept {
+bool PipelineCore::enqueue(StageBase& stage) noexcept {
   // Counted until the task's very last action (run_task()): wait_idle() means every body has
   // returned.
   tasks_.fetch_add(1);
   try {
-    engine_->run(stage);
+    engine_->enqueue(stage);
     return true;
   } catch (...) {  // no memory for a task: the pipeline cannot go on
     tasks_.fetch_sub(1);

@@ -3,6 +3,7 @@
 // (cluster). Link stoker::stoker.
 #pragma once
 
+#include "stoker/core/body_tracer.h"
 #include "stoker/core/bounded_queue.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/core/random.h"

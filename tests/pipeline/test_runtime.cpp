@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "pipeline/pipeline_support.h"
+#include "stoker/core/body_tracer.h"
 
 using namespace stoker;
 using namespace stoker::test;

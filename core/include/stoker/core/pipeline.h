@@ -67,8 +67,9 @@ struct BatchOptions {
 
 /// Options of the whole pipeline, read when build() is called, whenever they were set.
 struct PipelineOptions {
-  /// Threads of the pipeline's own for all stages; 0 = one per core. They run its flow graph
-  /// in a oneTBB arena of their own, whatever tbb::global_control the host holds.
+  /// Threads of the pipeline's own for all stages; 0 = one per core. They run the stage bodies
+  /// as tasks in a oneTBB arena of their own (its work stealing and isolation), whatever
+  /// tbb::global_control the host holds.
   int threads = 0;
   std::uint64_t seed = 0;      ///< given to every stage function through StageContext
   bool deterministic = false;  ///< same output, in the same order, whatever the threads
@@ -323,10 +324,11 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
     if (a.shuffle) {
       auto [name, options] = std::move(*a.shuffle);
       a.shuffle.reset();
-      return a.core->add_edge(std::make_unique<detail::Edge<T>>(name, options, producer, consumer));
+      return static_cast<detail::Edge<T>&>(
+          a.core->add_edge(std::make_unique<detail::Edge<T>>(name, options, producer, consumer)));
     }
-    return a.core->add_edge(
-        std::make_unique<detail::Edge<T>>(producer + "->" + consumer, a.last_queue, producer, consumer));
+    return static_cast<detail::Edge<T>&>(a.core->add_edge(
+        std::make_unique<detail::Edge<T>>(producer + "->" + consumer, a.last_queue, producer, consumer)));
   }
 };
 
@@ -362,7 +364,7 @@ class Pipeline {
     while (!finished_) {
       if (taken_ < chunk_.size()) {
         core_->count_consumed();
-        if (auto* taken = core_->taken_items()) taken->took(origin_.next(chunk_.runs));
+        if (auto* taken = core_->taken_items()) detail::took(*taken, origin_.next(chunk_.runs));
         ++consumed_;
         return std::move(chunk_.items[taken_++]);
       }

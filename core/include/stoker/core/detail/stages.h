@@ -667,9 +667,7 @@ class TransformStage final : public Consumer<In, Out> {
 
   // An input's outputs must number fanout_, when given: the item's error otherwise.
   void check_fanout(std::size_t made, std::uint64_t index) const {
-    if (fanout_ != 0 && made != fanout_)
-      throw std::logic_error("input " + std::to_string(index) + " gave " + std::to_string(made) +
-                             " outputs, but the stage's fanout is " + std::to_string(fanout_));
+    if (fanout_ != 0 && made != fanout_) throw_fanout(index, made, fanout_);
   }
 
   const std::size_t max_chunk_;
@@ -748,7 +746,7 @@ class BatchStage final : public Consumer<T, std::vector<T>> {
     this->out_.try_claim(this->threads());  // serial, and flushed before: never refused
     Chunk<std::vector<T>> one;
     one.push(std::move(batch_.items), batches_);
-    if (auto* taken = this->core().taken_items()) taken->batched(batches_, batch_.origin_list());
+    if (auto* taken = this->core().taken_items()) detail::batched(*taken, batches_, batch_.origin_list());
     this->count_out(1);
     this->put(Key{batches_, 0}, std::move(one), 1);
     ++batches_;
