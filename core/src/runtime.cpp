@@ -11,6 +11,7 @@
 #include <oneapi/tbb/info.h>
 #include <oneapi/tbb/task_arena.h>
 #include <oneapi/tbb/task_group.h>
+#include <oneapi/tbb/task_scheduler_observer.h>
 #include <stdexcept>
 #include <thread>
 #include <utility>
@@ -55,20 +56,29 @@ namespace stoker::detail {
 using Clock = std::chrono::steady_clock;
 
 namespace {
-// The pipeline whose task this thread runs: a stage function may call stop(), which then
-// cannot wait for every task to end, its own among them.
+// stop() on a thread that a body may wait for cannot wait for every body to return. Those are
+// the threads in the pipeline's arena, where its bodies and the oneTBB work they wait for (a
+// stage function's parallel_for, whose iterations any of them may steal) run: an observer of
+// the arena marks them as they enter and leave it. And the thread of a running body, also
+// while it works in another arena: its task marks it.
+thread_local const PipelineCore* in_arena_of = nullptr;
 thread_local const PipelineCore* task_of = nullptr;
 }  // namespace
+
+bool PipelineCore::on_own_thread() const noexcept { return in_arena_of == this || task_of == this; }
 
 // ---------------------------------------------------------------------------------------
 // Engine: the pipeline's threads and the arena they run the stage bodies in.
 
 struct PipelineCore::Engine {
-  // Every slot of the arena is reserved for the pipeline's own threads: no oneTBB worker joins,
-  // so the pipeline has its threads whatever the process allows oneTBB (tbb::global_control)
-  // and whatever else keeps oneTBB's workers busy.
-  explicit Engine(int threads) : arena(threads, /*reserved_for_masters=*/static_cast<unsigned>(threads)) {
+  // Every slot of the arena is reserved for the pipeline's own threads, so that the pipeline has
+  // its threads whatever the process allows oneTBB (tbb::global_control) and whatever else
+  // keeps oneTBB's workers busy. (oneTBB may still lend the arena a worker to run enqueued
+  // tasks, with one slot or under a global limit of 1: the observer marks it too.)
+  Engine(int threads, const PipelineCore& core)
+      : arena(threads, /*reserved_for_masters=*/static_cast<unsigned>(threads)), own(arena, core) {
     arena.initialize();
+    own.observe(true);
     arena.execute([&] { gate.emplace(group.defer([] {})); });  // keeps group.wait() from returning
     try {
       // A thread that waits in the arena runs its tasks, and sleeps when there are none.
@@ -79,6 +89,20 @@ struct PipelineCore::Engine {
     }
   }
   ~Engine() { release(); }
+
+  // Marks the threads in the arena (in_arena_of) while they are in it.
+  class Own final : public tbb::task_scheduler_observer {
+   public:
+    Own(tbb::task_arena& arena, const PipelineCore& core) : task_scheduler_observer(arena), core_(core) {}
+    ~Own() override { observe(false); }
+    void on_scheduler_entry(bool) override { in_arena_of = &core_; }
+    void on_scheduler_exit(bool) override {
+      if (in_arena_of == &core_) in_arena_of = nullptr;
+    }
+
+   private:
+    const PipelineCore& core_;
+  };
 
   // Bodies are enqueued rather than spawned: an enqueued task belongs to no isolated region, so
   // a stage function waiting for oneTBB work of its own (isolated, run_body) never runs a body
@@ -106,6 +130,7 @@ struct PipelineCore::Engine {
   }
 
   tbb::task_arena arena;
+  Own own;
   tbb::task_group group;
   std::optional<tbb::task_handle> gate;
   std::vector<std::thread> pool;
@@ -176,15 +201,13 @@ void StageBase::wake() noexcept {
 
 void StageBase::run_task() noexcept {
   queued_.fetch_sub(1);
-  struct Done {
-    std::atomic<int>& tasks;
-    const PipelineCore* outer;
-    ~Done() {
-      task_of = outer;
-      tasks.fetch_sub(1);  // the task's last action: see PipelineCore::enqueue()
-    }
-  } done{core_->tasks_, std::exchange(task_of, core_)};
+  PipelineCore& core = *core_;
+  const PipelineCore* outer = std::exchange(task_of, &core);
   run();
+  task_of = outer;
+  // The task's last use of the stage: see PipelineCore::enqueue(). The wake-up after it touches
+  // only the core, which outlives the pipeline's threads.
+  if (core.tasks_.fetch_sub(1) == 1) core.tasks_.notify_all();
 }
 
 bool StageBase::help_downstream() const noexcept { return core_->help_after(*this); }
@@ -674,27 +697,31 @@ void PipelineCore::start(CoreOptions options) {
   if (!options_.occupancy_log.empty() || trace_)
     monitor_ = std::make_unique<Monitor>(*this, options_.occupancy_log, trace_.get(), options_.sample_interval);
   threads_ = options_.threads == 0 ? tbb::info::default_concurrency() : options_.threads;
-  engine_ = std::make_unique<Engine>(threads_);
+  engine_ = std::make_unique<Engine>(threads_, *this);
   started_ = Clock::now();
   if (options_.autotune) tuner_ = std::make_unique<Tuner>(*this, *options_.autotune);
 }
 
 bool PipelineCore::enqueue(StageBase& stage) noexcept {
-  // Counted until the task's very last action (run_task()): wait_idle() means every body has
-  // returned.
+  // Counted until the task's very last use of the stage (run_task()): wait_idle() means every
+  // body has returned.
   tasks_.fetch_add(1);
   try {
     engine_->enqueue(stage);
     return true;
   } catch (...) {  // no memory for a task: the pipeline cannot go on
-    tasks_.fetch_sub(1);
+    if (tasks_.fetch_sub(1) == 1) tasks_.notify_all();
     fail(stage.name(), std::current_exception());
     return false;
   }
 }
 
+// Asleep, not spinning: tasks_ is only ever decremented by a task as it ends, and the task that
+// takes it to 0 notifies after its decrement. atomic::wait(n) sleeps only while the count still
+// reads n, checked against the futex in the kernel, so a decrement between the load and the
+// sleep makes the wait return at once: no wake-up is lost.
 void PipelineCore::wait_idle() const {
-  while (tasks_.load() != 0) std::this_thread::yield();
+  for (int n = tasks_.load(); n != 0; n = tasks_.load()) tasks_.wait(n);
 }
 
 bool PipelineCore::help_after(const StageBase& from) const noexcept {
@@ -889,16 +916,26 @@ void PipelineCore::rethrow_if_failed() const {
   throw StageError(error_stage_, message, error_);
 }
 
+// One caller does the stopping and every other waits for it to be done, so that every stop()
+// that returns, from any thread, returns after the bodies and the monitor, whose last records
+// call the counters() callback. A thread of the pipeline's own only asks: it may be running a
+// body (or oneTBB work one waits for) that the waiting would wait for.
 void PipelineCore::stop() noexcept {
-  if (task_of == this) {  // from a stage function: the stop() of the consumer or the destructor waits
-    request_stop();
+  request_stop();
+  if (on_own_thread()) return;
+  auto phase = StopPhase::running;
+  if (stop_phase_.compare_exchange_strong(phase, StopPhase::stopping)) {
+    if (tuner_) tuner_->finish();
+    wait_idle();
+    if (monitor_) monitor_->finish();
+    stop_phase_.store(StopPhase::stopped);
+    stop_phase_.notify_all();
     return;
   }
-  if (stopped_.exchange(true)) return;
-  if (tuner_) tuner_->finish();
-  request_stop();
-  wait_idle();
-  if (monitor_) monitor_->finish();
+  while (phase != StopPhase::stopped) {
+    stop_phase_.wait(phase);
+    phase = stop_phase_.load();
+  }
 }
 
 PipelineSummary PipelineCore::summary() const {

@@ -375,6 +375,53 @@ TEST_SUITE("Pipeline runtime") {
     }
   }
 
+  TEST_CASE(
+      "an item whose move throws as the consumer takes it ends the run with a StageError, every next() after too" *
+      doctest::timeout(60)) {
+    // Moves of item 77: into the map's outputs (1), into the last queue (2), out of it into the
+    // consumer's chunk (3), out of the chunk into what next() returns (4).
+    static int throw_at = 0;
+    struct Fragile {
+      int value;
+      int moves = 0;
+      explicit Fragile(int v) : value(v) {}
+      Fragile(Fragile&& o) : value(o.value), moves(o.moves + 1) {
+        if (value == 77 && moves == throw_at) throw std::runtime_error("cannot move 77");
+      }
+      Fragile& operator=(Fragile&& o) {
+        if (o.value == 77 && o.moves + 1 == throw_at) throw std::runtime_error("cannot move 77");
+        value = o.value;
+        moves = o.moves + 1;
+        return *this;
+      }
+    };
+    for (const bool deterministic : {false, true}) {
+      for (throw_at = 3; throw_at <= 4; ++throw_at) {
+        CAPTURE(deterministic);
+        CAPTURE(throw_at);
+        // A source that seeks: in free order the pipeline then records, by origin, what the
+        // consumer takes.
+        auto pipe = PipelineBuilder{}
+                        .threads(2)
+                        .deterministic(deterministic)
+                        .source("read", SeekableCount{200})
+                        .map("wrap", [](int x) { return Fragile(x); }, {.threads = 2})
+                        .build();
+        std::vector<int> got;
+        CHECK_THROWS_WITH_AS(
+            [&] {
+              while (auto f = pipe.next()) got.push_back(f->value);
+            }(),
+            doctest::Contains("stage 'consumer' failed: cannot move 77"), StageError);
+        CHECK(pipe.finished());
+        CHECK_THROWS_AS(pipe.next(), StageError);  // the run's error again, not what is left
+        CHECK_THROWS_AS(pipe.next(), StageError);
+        CHECK(std::find(got.begin(), got.end(), 77) == got.end());
+        if (deterministic) CHECK(got == iota(static_cast<int>(got.size())));  // in order up to the failure
+      }
+    }
+  }
+
   TEST_CASE("a counters() callback that throws while the pipeline is destroyed is logged, not fatal" *
             doctest::timeout(60)) {
     const TempDir dir("runtime");

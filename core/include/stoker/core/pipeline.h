@@ -358,9 +358,74 @@ class Pipeline {
 
   /// The next item of the current epoch, waiting for it if need be; nullopt at the end of
   /// the epoch (the next call starts on the next one) and once the run is over (finished()).
-  /// Rethrows, as a StageError, an exception thrown by any stage.
+  /// Rethrows, as a StageError, an exception thrown by any stage. An item whose move throws as
+  /// it is taken ends the run too, as a StageError naming "consumer".
   std::optional<T> next() {
     rethrow_if_failed();
+    try {
+      return take();
+    } catch (const StageError&) {
+      throw;
+    } catch (...) {  // the runtime's own moves of an item, as between stages: the run fails
+      core_->fail("consumer", std::current_exception());
+    }
+    rethrow_if_failed();
+    return std::nullopt;  // not reached: the run has failed
+  }
+
+  /// The rest of the current epoch as an input range: `for (auto& x : pipe.epoch())`.
+  class EpochRange;
+  EpochRange epoch() { return EpochRange(*this); }
+  /// The epochs until the run is over, each the rest of the current epoch (epoch()).
+  class Epochs;
+  Epochs epochs() { return Epochs(*this); }
+
+  /// The epoch that next() is in.
+  std::uint32_t current_epoch() const { return epoch_; }
+  /// True once every epoch asked for has been delivered, the pipeline was stopped, or a stage
+  /// failed (next() threw its StageError).
+  bool finished() const { return finished_.load(); }
+
+  /// Stops every stage and waits until all of their bodies have returned; next() then returns
+  /// nullopt. Idempotent, and safe from any thread: every call waits, a second one made while
+  /// the first waits too. The destructor calls it. From a stage function (or oneTBB work it
+  /// waits for, such as a parallel_for's) it cannot wait for its own body: it stops the stages
+  /// and returns, and the consumer's next stop() (or the destructor) waits.
+  void stop() {
+    if (!core_) return;
+    finished_ = true;
+    core_->stop();
+  }
+
+  /// Counters of every stage and queue so far.
+  PipelineSummary summary() const { return core().summary(); }
+
+  /// Where the run stands: after the items next() has returned so far. A pipeline built with
+  /// the same stages, seed and data and `.resume_from(state)` goes on from there, with any thread
+  /// counts: in deterministic mode it yields, from its first next(), exactly what this one yields
+  /// from its next one; in free order, every item of the epoch this one has not returned yet,
+  /// once each, in another order. Needs a source function with `seek(index)` and a fanout for
+  /// every flat_map (and in free order at most one batch stage, followed by maps only); throws
+  /// StateError naming what prevents it otherwise. From the consumer's thread; costs a fraction
+  /// of a microsecond in deterministic mode, and in free order about a nanosecond for each item
+  /// in flight.
+  PipelineState state() const { return core().state(epoch_, consumed_); }
+
+ private:
+  detail::PipelineCore& core() const {
+    if (!core_) throw std::logic_error("stoker::Pipeline: used after it was moved from");
+    return *core_;
+  }
+  void rethrow_if_failed() {
+    try {
+      core().rethrow_if_failed();
+    } catch (...) {
+      finished_ = true;  // a loop over epochs() that catches the error ends
+      throw;
+    }
+  }
+
+  std::optional<T> take() {
     while (!finished_) {
       if (taken_ < chunk_.size()) {
         core_->count_consumed();
@@ -394,57 +459,6 @@ class Pipeline {
       }
     }
     return std::nullopt;
-  }
-
-  /// The rest of the current epoch as an input range: `for (auto& x : pipe.epoch())`.
-  class EpochRange;
-  EpochRange epoch() { return EpochRange(*this); }
-  /// The epochs until the run is over, each the rest of the current epoch (epoch()).
-  class Epochs;
-  Epochs epochs() { return Epochs(*this); }
-
-  /// The epoch that next() is in.
-  std::uint32_t current_epoch() const { return epoch_; }
-  /// True once every epoch asked for has been delivered, the pipeline was stopped, or a stage
-  /// failed (next() threw its StageError).
-  bool finished() const { return finished_.load(); }
-
-  /// Stops every stage and waits until all of their bodies have returned; next() then returns
-  /// nullopt. Idempotent, and safe from any thread; the destructor calls it. From a stage
-  /// function it cannot wait for its own body: it stops the stages and returns, and the
-  /// consumer's next stop() (or the destructor) waits.
-  void stop() {
-    if (!core_) return;
-    finished_ = true;
-    core_->stop();
-  }
-
-  /// Counters of every stage and queue so far.
-  PipelineSummary summary() const { return core().summary(); }
-
-  /// Where the run stands: after the items next() has returned so far. A pipeline built with
-  /// the same stages, seed and data and `.resume_from(state)` goes on from there, with any thread
-  /// counts: in deterministic mode it yields, from its first next(), exactly what this one yields
-  /// from its next one; in free order, every item of the epoch this one has not returned yet,
-  /// once each, in another order. Needs a source function with `seek(index)` and a fanout for
-  /// every flat_map (and in free order at most one batch stage, followed by maps only); throws
-  /// StateError naming what prevents it otherwise. From the consumer's thread; costs a fraction
-  /// of a microsecond in deterministic mode, and in free order about a nanosecond for each item
-  /// in flight.
-  PipelineState state() const { return core().state(epoch_, consumed_); }
-
- private:
-  detail::PipelineCore& core() const {
-    if (!core_) throw std::logic_error("stoker::Pipeline: used after it was moved from");
-    return *core_;
-  }
-  void rethrow_if_failed() {
-    try {
-      core().rethrow_if_failed();
-    } catch (...) {
-      finished_ = true;  // a loop over epochs() that catches the error ends
-      throw;
-    }
   }
 
   friend class Builder<T>;

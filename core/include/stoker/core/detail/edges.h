@@ -428,6 +428,8 @@ class Edge final : public EdgeBase {
     return n;
   }
 
+  // A move that throws leaves what was taken out taken, each item in `out` with its origin,
+  // and the rest held: the counts, the origins and what the queue holds stay in step.
   Pop pop_locked(Chunk<T>& out, std::size_t max, std::uint64_t& first) {
     if (closed_.load()) return Pop::closed;
     const std::size_t n = std::min(max, poppable_locked());
@@ -435,28 +437,40 @@ class Edge final : public EdgeBase {
     out.reserve(out.size() + n);
     first = popped_;
     Count counted(*this, -1);
-    if (shuffle_) {
-      for (std::size_t i = 0; i < n; ++i, ++counted.n) {
-        Held h = shuffle_->take();
-        out.push(std::move(h.value), h.origin);
+    try {
+      if (shuffle_) {
+        for (std::size_t i = 0; i < n; ++i) {
+          Held h = shuffle_->take();
+          ++counted.n;
+          out.push(std::move(h.value), h.origin);
+        }
+      } else {
+        for (std::size_t i = 0; i < n; ++i, ++counted.n) {
+          out.items.push_back(std::move(fifo_.front()));
+          fifo_.pop_front();
+        }
       }
-    } else {
-      for (std::size_t i = 0; i < n; ++i, ++counted.n) {
-        out.items.push_back(std::move(fifo_.front()));
-        fifo_.pop_front();
-      }
-      for (std::size_t left = n; left != 0;) {
-        Origins& r = fifo_runs_.front();
-        const std::uint64_t k = std::min<std::uint64_t>(r.count, left);
-        out.number(Origins{r.first, k});
-        r.first += k;
-        r.count -= k;
-        left -= static_cast<std::size_t>(k);
-        if (r.count == 0) fifo_runs_.pop_front();
-      }
+    } catch (...) {
+      if (!shuffle_) number_popped(out, counted.n);
+      popped_ += counted.n;
+      throw;
     }
+    if (!shuffle_) number_popped(out, n);
     popped_ += n;
     return Pop::items;
+  }
+
+  // Under mutex_: the origins of the `n` items just moved from the FIFO into `out`.
+  void number_popped(Chunk<T>& out, std::size_t n) {
+    for (std::size_t left = n; left != 0;) {
+      Origins& r = fifo_runs_.front();
+      const std::uint64_t k = std::min<std::uint64_t>(r.count, left);
+      out.number(Origins{r.first, k});
+      r.first += k;
+      r.count -= k;
+      left -= static_cast<std::size_t>(k);
+      if (r.count == 0) fifo_runs_.pop_front();
+    }
   }
 
   std::deque<T> fifo_;

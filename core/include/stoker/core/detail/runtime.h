@@ -288,8 +288,8 @@ class PipelineCore {
   /// In free order, when the pipeline can be resumed: what its consumer has taken. Null
   /// otherwise (in deterministic mode, how many says which).
   TakenItems* taken_items() const noexcept { return taken_.get(); }
-  /// Waits until every body has returned and no task is pending. Bodies only ever wait for a
-  /// chunk's work, so this is brief.
+  /// Waits, asleep, until every body has returned and no task is pending. Bodies only ever
+  /// wait for a chunk's work, so this is brief.
   void wait_idle() const;
 
   /// Enqueues a task that runs bodies of `stage` on one of the pipeline's threads; false (and
@@ -309,8 +309,10 @@ class PipelineCore {
   bool stopping() const noexcept { return stopping_.load(std::memory_order_acquire); }
   std::stop_token stop_token() const noexcept { return stop_.get_token(); }
   /// Idempotent, and safe from any thread: stops every stage, waits until every body has
-  /// returned, stops the monitor (whose errors are logged, not thrown). The threads go with the
-  /// destructor.
+  /// returned and the monitor has written its last records (its errors are logged, not
+  /// thrown). A later or concurrent call waits for the same. On one of the pipeline's own
+  /// threads (a stage function, or oneTBB work a stage function waits for), which such a wait
+  /// would deadlock, it stops the stages and returns. The threads go with the destructor.
   void stop() noexcept;
 
   /// The consumer's thread waited for the last queue from `begin` to `end`.
@@ -322,6 +324,8 @@ class PipelineCore {
   friend class StageBase;
   void describe_for_resume();
   void request_stop() noexcept;
+  /// Whether this thread is one of the pipeline's own.
+  bool on_own_thread() const noexcept;
 
   struct Engine;
   class Monitor;
@@ -346,8 +350,13 @@ class PipelineCore {
   // stop_.stop_requested(), on a line of its own that only a stop writes: bodies read it for
   // every item, and stop tokens' reference counts live beside the stop_source's flag.
   alignas(64) std::atomic<bool> stopping_{false};
-  alignas(64) std::atomic<bool> stopped_{false};
-  std::atomic<int> tasks_{0};  // enqueued and not yet returned; see wait_idle()
+  // stop(): running, then stopping (one caller waits for the bodies and the monitor), then
+  // stopped; every other caller waits for stopped.
+  enum class StopPhase : int { running, stopping, stopped };
+  alignas(64) std::atomic<StopPhase> stop_phase_{StopPhase::running};
+  // Tasks enqueued and not yet returned (wait_idle()). The waiter sleeps on it, and the task
+  // that takes it to 0 wakes it.
+  std::atomic<int> tasks_{0};
   int threads_ = 0;
   mutable std::mutex error_mutex_;
   std::exception_ptr error_;
