@@ -422,6 +422,74 @@ TEST_SUITE("Pipeline runtime") {
     }
   }
 
+  TEST_CASE("on_error = skip drops every output of a flat_map call that fails, those emitted before the error too" *
+            doctest::timeout(60)) {
+    // Input x % 7 == 3 emits one past its fanout of 3; x % 7 == 5 throws after its 3 outputs.
+    for (const bool deterministic : {false, true}) {
+      CAPTURE(deterministic);
+      std::mutex m;
+      std::vector<std::uint64_t> indices;  // what the stage after saw, StageContext::index
+      std::vector<int> got;
+      PipelineSummary summary;
+      {
+        auto pipe = PipelineBuilder{}
+                        .threads(2)
+                        .deterministic(deterministic)
+                        .source("read", CountUpTo{700})
+                        .flat_map<int>("triple",
+                                       [](int x, Emitter<int>& emit) {
+                                         for (int j = 0; j < 3; ++j) emit(x * 10 + j);
+                                         if (x % 7 == 3) emit(x * 10 + 3);
+                                         if (x % 7 == 5) throw std::runtime_error("after its outputs");
+                                       },
+                                       {.threads = 2, .queue = 16, .on_error = OnError::skip, .fanout = 3})
+                        .map("seen",
+                             [&](int v, const StageContext& ctx) {
+                               std::lock_guard lock(m);
+                               indices.push_back(ctx.index);
+                               return v;
+                             },
+                             {.threads = 2})
+                        .build();
+        got = drain_epoch(pipe);
+        summary = pipe.summary();
+      }
+      std::vector<int> want;
+      for (int x = 0; x < 700; ++x)
+        if (x % 7 != 3 && x % 7 != 5)
+          for (int j = 0; j < 3; ++j) want.push_back(x * 10 + j);
+      CHECK(sorted(got) == want);
+      if (deterministic) CHECK(got == want);
+      std::sort(indices.begin(), indices.end());
+      CHECK(std::adjacent_find(indices.begin(), indices.end()) == indices.end());  // each index once
+      CHECK(summary.stages[1].skipped == 200);
+      CHECK(summary.stages[1].items_out == want.size());
+    }
+  }
+
+  TEST_CASE("on_error = skip: a flat_map call that fails after a chunk of its own has gone on ends the run, saying so" *
+            doctest::timeout(60)) {
+    // A queue of 8 takes chunks of 4: the call's first 8 outputs have gone on when it throws.
+    auto pipe = PipelineBuilder{}
+                    .source("read", CountUpTo{100})
+                    .flat_map<int>("many",
+                                   [](int x, Emitter<int>& emit) {
+                                     for (int j = 0; j < 10; ++j) emit(x * 100 + j);
+                                     if (x == 50) throw std::runtime_error("late failure");
+                                   },
+                                   {.queue = 8, .on_error = OnError::skip})
+                    .build();
+    std::string what;
+    try {
+      drain_epoch(pipe);
+    } catch (const StageError& e) {
+      what = e.what();
+    }
+    CHECK(what.find("stage 'many' failed: input 50 of epoch 0 failed after") != std::string::npos);
+    CHECK(what.find("on_error = skip cannot take back") != std::string::npos);
+    CHECK(what.find("late failure") != std::string::npos);
+  }
+
   TEST_CASE("a counters() callback that throws while the pipeline is destroyed is logged, not fatal" *
             doctest::timeout(60)) {
     const TempDir dir("runtime");

@@ -15,7 +15,13 @@ namespace stoker {
 /// What a stage does with an item whose function throws (StageOptions::on_error).
 enum class OnError : std::uint8_t {
   fail,  ///< stop the pipeline; the consumer gets a StageError naming the stage
-  skip,  ///< drop the item, count it in the stage's `skipped`, log the first few, go on
+  /// Drop the item, count it in the stage's `skipped`, log the first few, go on. A skipped
+  /// flat_map call's outputs are all dropped, also those it emitted before it threw: they stay
+  /// in the stage until the call returns. Only a call that alone emits more than a chunk (the
+  /// queue after it takes half its capacity at once, or max_chunk) has sent its first chunks
+  /// on before it returns; if it throws after that, they cannot be taken back, and the
+  /// pipeline fails with a StageError that says so.
+  skip,
 };
 
 struct StageContext;
@@ -102,9 +108,11 @@ class EmitterAccess;
 
 /// What a flat_map function emits its outputs through: `emit(value)`, any number of times.
 ///
-/// In a pipeline, outputs go downstream in chunks. When one call emits more than a chunk, the
-/// emit that completes a chunk waits until the queue downstream has room for it, so a stage
-/// that emits without bound (one file into many records) is bounded too.
+/// In a pipeline, outputs go downstream in chunks. A call's outputs stay in its stage until it
+/// returns, unless the call alone emits more than a chunk: then the emit that completes a chunk
+/// sends it on and waits until the queue downstream has taken it, so a stage that emits without
+/// bound (one file into many records) is bounded too. With a fanout (StageOptions::fanout), the
+/// emit past it throws, as the item's error.
 template <class T>
 class Emitter {
  public:
@@ -134,6 +142,8 @@ class EmitterAccess {
   static Emitter<T> make(std::vector<T>& out, std::size_t limit, void (*full)(void*), void* owner) noexcept {
     return Emitter<T>(out, limit, full, owner);
   }
+  /// The emit that makes `out` this long calls `full`.
+  static void set_limit(Emitter<T>& emit, std::size_t limit) noexcept { emit.limit_ = limit; }
 };
 }  // namespace detail
 

@@ -166,6 +166,7 @@ class StageBase {
   void count_in(std::uint64_t n) { items_in_.fetch_add(n, std::memory_order_relaxed); }
   void count_out(std::uint64_t n) { items_out_.fetch_add(n, std::memory_order_relaxed); }
 
+  bool skips() const noexcept { return on_error_ == OnError::skip; }
   /// Calls `f()` for the item at `index` under the stage's error policy: with OnError::skip, an
   /// exception (other than PipelineStopped) is counted, logged the first few times, and false
   /// returned; with OnError::fail it propagates and stops the pipeline.
