@@ -682,11 +682,7 @@ void PipelineCore::start(CoreOptions options) {
                                   std::to_string(options_.threads) + "; set one of them");
     if (tune.interval.count() <= 0) throw std::invalid_argument("autotune: the interval must be positive");
     if (tune.threads == 0) tune.threads = options_.threads > 0 ? options_.threads : tbb::info::default_concurrency();
-    int tuned = 0;
-    for (const auto& s : stages_) tuned += s->tunable() ? s->threads() : 0;
-    if (tuned > tune.threads)
-      throw std::invalid_argument("autotune: the stages it tunes start with " + std::to_string(tuned) +
-                                  " threads in all, more than the budget of " + std::to_string(tune.threads));
+    fit_to_budget(tune.threads);
     options_.threads = tune.threads;
   }
   if (!options_.trace.empty()) trace_ = std::make_unique<TraceFile>(options_.trace, Clock::now());
@@ -700,6 +696,43 @@ void PipelineCore::start(CoreOptions options) {
   engine_ = std::make_unique<Engine>(threads_, *this);
   started_ = Clock::now();
   if (options_.autotune) tuner_ = std::make_unique<Tuner>(*this, *options_.autotune);
+}
+
+// A budget that depends on the machine (one thread per core by default) must not make a
+// pipeline that runs without the autotuner fail with it: the tuned stages start with their
+// threads scaled down to the budget, each keeping at least one, and the log says so.
+void PipelineCore::fit_to_budget(int budget) {
+  std::vector<StageBase*> tuned;
+  int asked = 0;
+  for (const auto& s : stages_)
+    if (s->tunable()) tuned.push_back(s.get()), asked += s->threads();
+  if (asked <= budget) return;
+  const int n = static_cast<int>(tuned.size());
+  const int total = std::max(budget, n);  // one each at least, even past the budget
+  std::vector<int> share(tuned.size());
+  int given = 0;
+  for (std::size_t i = 0; i < tuned.size(); ++i) given += share[i] = std::max(1, tuned[i]->threads() * total / asked);
+  // What rounding left over or took, to and from the stages it moved furthest from their part.
+  auto off = [&](std::size_t i) { return tuned[i]->threads() * total - share[i] * asked; };  // > 0: short
+  while (given != total) {
+    std::size_t pick = tuned.size();
+    for (std::size_t i = 0; i < tuned.size(); ++i) {
+      if (given > total && share[i] == 1) continue;
+      if (pick == tuned.size() || (given < total ? off(i) > off(pick) : off(i) < off(pick))) pick = i;
+    }
+    const int step = given < total ? 1 : -1;
+    share[pick] += step;
+    given += step;
+  }
+  std::string split;
+  for (std::size_t i = 0; i < tuned.size(); ++i) {
+    split += (i == 0 ? "" : ", ") + tuned[i]->name() + " " + std::to_string(share[i]);
+    tuned[i]->set_threads(share[i]);
+  }
+  spdlog::info(
+      "autotune: the stages it tunes ask for {} threads in all, more than its budget of {}; they start with "
+      "{}{}",
+      asked, budget, split, total > budget ? " (one each, which is over the budget)" : "");
 }
 
 bool PipelineCore::enqueue(StageBase& stage) noexcept {

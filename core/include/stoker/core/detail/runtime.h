@@ -324,6 +324,7 @@ class PipelineCore {
  private:
   friend class StageBase;
   void describe_for_resume();
+  void fit_to_budget(int budget);
   void request_stop() noexcept;
   /// Whether this thread is one of the pipeline's own.
   bool on_own_thread() const noexcept;
