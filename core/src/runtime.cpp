@@ -778,6 +778,8 @@ void PipelineCore::wait_for(const StageBase& from, const std::function<bool()>& 
 }
 
 void PipelineCore::begin_epoch(std::uint32_t epoch, const PipelineState* resume) {
+  // First: what it changes holds for every item of the epoch, those a resume makes again too.
+  if (options_.on_epoch_start) options_.on_epoch_start(epoch);
   for (auto& e : edges_) e->begin_epoch(epoch);
   for (auto& s : stages_) s->begin_epoch(epoch);
   // From the consumer up: each stage learns how far its output had been taken, and tells how

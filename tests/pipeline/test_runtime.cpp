@@ -490,6 +490,62 @@ TEST_SUITE("Pipeline runtime") {
     CHECK(what.find("late failure") != std::string::npos);
   }
 
+  TEST_CASE("on_epoch_start runs before any item of its epoch is made, and what it sets holds for the whole epoch" *
+            doctest::timeout(60)) {
+    int weight = -1;  // not atomic: the hook writes it while no body runs (ThreadSanitizer checks that)
+    std::vector<std::uint32_t> started;
+    std::atomic<int> wrong{0};
+    auto pipe = PipelineBuilder{}
+                    .threads(2)
+                    .epochs(3)
+                    .on_epoch_start([&](std::uint32_t epoch) {
+                      started.push_back(epoch);
+                      weight = static_cast<int>(epoch) * 1000;
+                    })
+                    .source("read", CountUpTo{500}, {.queue = 8})
+                    .map("weigh",
+                         [&](int x, const StageContext& ctx) {
+                           if (weight != static_cast<int>(ctx.epoch) * 1000) ++wrong;
+                           return x + weight;
+                         },
+                         {.threads = 2, .queue = 8})
+                    .build();
+    CHECK(started == std::vector<std::uint32_t>{0});  // in build()
+    for (int e = 0; e < 3; ++e) {
+      CAPTURE(e);
+      std::vector<int> want = iota(500);
+      for (int& x : want) x += e * 1000;
+      CHECK(sorted(drain_epoch(pipe)) == want);
+    }
+    CHECK(started == std::vector<std::uint32_t>{0, 1, 2});
+    CHECK(wrong.load() == 0);
+    CHECK(pipe.finished());
+  }
+
+  TEST_CASE("an exception from on_epoch_start leaves build(), or ends the run as a StageError naming it") {
+    auto build = [](std::uint32_t failing) {
+      return PipelineBuilder{}
+          .epochs(3)
+          .on_epoch_start([failing](std::uint32_t epoch) {
+            if (epoch == failing) throw std::runtime_error("no curriculum for epoch " + std::to_string(epoch));
+          })
+          .source("read", CountUpTo{10})
+          .build();
+    };
+    CHECK_THROWS_WITH_AS(build(0), "no curriculum for epoch 0", std::runtime_error);
+    auto pipe = build(1);
+    std::vector<int> got;
+    // The next() that would return the first epoch's end starts the next epoch, which fails.
+    CHECK_THROWS_WITH_AS(
+        [&] {
+          while (auto x = pipe.next()) got.push_back(*x);
+        }(),
+        doctest::Contains("stage 'on_epoch_start' failed: no curriculum for epoch 1"), StageError);
+    CHECK(got == iota(10));
+    CHECK(pipe.finished());
+    CHECK_THROWS_AS(pipe.next(), StageError);
+  }
+
   TEST_CASE("a counters() callback that throws while the pipeline is destroyed is logged, not fatal" *
             doctest::timeout(60)) {
     const TempDir dir("runtime");

@@ -96,6 +96,13 @@ struct PipelineOptions {
   CounterSource counters;
   /// Go on from where a run stood (Pipeline::state()) rather than from the first epoch's start.
   std::optional<PipelineState> resume;
+  /// Called with each epoch's number before any item of it is made, on the consumer's thread
+  /// while no stage body runs: the place to change what the stages read for an epoch (a
+  /// curriculum, a sampler's weights), with no lock, as every body of the epoch comes after it.
+  /// The first epoch's (or a resumed one's) runs in build(), each next one's inside the next()
+  /// that returns the end of the epoch before (Pipeline::next() says why then). An exception
+  /// from it propagates from build(), and from next() as a StageError naming "on_epoch_start".
+  std::function<void(std::uint32_t epoch)> on_epoch_start;
 };
 
 template <class T>
@@ -153,6 +160,8 @@ class BuilderOptions {
   Self&& counters(CounterSource source) && { return std::move(counters(std::move(source))); }
   Self& resume_from(PipelineState s) & { return set([&](auto& o) { o.resume = std::move(s); }); }
   Self&& resume_from(PipelineState s) && { return std::move(resume_from(std::move(s))); }
+  Self& on_epoch_start(std::function<void(std::uint32_t)> f) & { return set([&](auto& o) { o.on_epoch_start = std::move(f); }); }
+  Self&& on_epoch_start(std::function<void(std::uint32_t)> f) && { return std::move(on_epoch_start(std::move(f))); }
   Self& options(PipelineOptions o) & { return set([&](auto& x) { x = std::move(o); }); }
   Self&& options(PipelineOptions o) && { return std::move(options(std::move(o))); }
   // clang-format on
@@ -289,7 +298,7 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
     static_cast<detail::Producer<T>*>(a->last)->connect_output(&final_edge, nullptr);
     const auto& o = a->options;
     a->core->start({o.threads, o.seed, o.deterministic, o.occupancy_log, o.log_labels, o.trace, o.timelines,
-                    o.sample_interval, o.autotune, o.counters});
+                    o.sample_interval, o.autotune, o.counters, o.on_epoch_start});
     return Pipeline<T>(std::move(a->core), final_edge, *a->last, o.epochs, o.resume);
   }
 
@@ -337,6 +346,12 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
 ///
 ///   for (auto epoch : pipe.epochs())      // until the run is over
 ///     for (auto& batch : epoch) train(batch);
+///
+/// Epochs are prefetched: the next one starts as soon as the last item of this one has left
+/// the stages, inside the next() that returns this one's end, so that the stages fill their
+/// queues again while the training loop finishes the epoch (evaluates, saves). Whatever the
+/// loop changes after that next() reaches the next epoch late, for the items already made; to
+/// change what the stages read for an epoch, do it in PipelineOptions::on_epoch_start.
 template <class T>
 class Pipeline {
  public:
@@ -360,7 +375,8 @@ class Pipeline {
   /// The next item of the current epoch, waiting for it if need be; nullopt at the end of
   /// the epoch (the next call starts on the next one) and once the run is over (finished()).
   /// Rethrows, as a StageError, an exception thrown by any stage. An item whose move throws as
-  /// it is taken ends the run too, as a StageError naming "consumer".
+  /// it is taken ends the run too, as a StageError naming "consumer". At the end of an epoch,
+  /// the next one starts (on_epoch_start, then its stages) before this returns: see the class.
   std::optional<T> next() {
     rethrow_if_failed();
     try {
@@ -377,7 +393,8 @@ class Pipeline {
   /// The rest of the current epoch as an input range: `for (auto& x : pipe.epoch())`.
   class EpochRange;
   EpochRange epoch() { return EpochRange(*this); }
-  /// The epochs until the run is over, each the rest of the current epoch (epoch()).
+  /// The epochs until the run is over, each the rest of the current epoch (epoch()). Each next
+  /// epoch is under way before the loop over the last one ends: see the class.
   class Epochs;
   Epochs epochs() { return Epochs(*this); }
 
@@ -501,7 +518,12 @@ class Pipeline {
       return;
     }
     core_->wait_idle();
-    start_epoch();
+    try {
+      start_epoch();
+    } catch (...) {  // from on_epoch_start
+      core_->fail("on_epoch_start", std::current_exception());
+      rethrow_if_failed();
+    }
   }
 
   std::unique_ptr<detail::PipelineCore> core_;

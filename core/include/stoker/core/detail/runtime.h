@@ -250,6 +250,7 @@ struct CoreOptions {
   std::chrono::milliseconds sample_interval{50};
   std::optional<AutotuneOptions> autotune;
   CounterSource counters;
+  std::function<void(std::uint32_t)> on_epoch_start;
 };
 
 /// Owns the threads, the stages and queues, the monitor, the tuner and the first error.
@@ -273,8 +274,9 @@ class PipelineCore {
 
   /// Validates `options`, starts the threads and the monitor.
   void start(CoreOptions options);
-  /// Prepares every queue and stage for epoch `epoch`; no body may run. With `resume`, for
-  /// going on from where the consumer stood in it (check_state() first).
+  /// Prepares every queue and stage for epoch `epoch`, then calls the on_epoch_start hook; no
+  /// body may run. With `resume`, for going on from where the consumer stood in it
+  /// (check_state() first).
   void begin_epoch(std::uint32_t epoch, const PipelineState* resume = nullptr);
   /// The consumer has taken the epoch's last item (whether another epoch follows or not).
   void end_epoch();
