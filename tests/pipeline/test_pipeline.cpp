@@ -20,6 +20,34 @@
 using namespace stoker;
 using namespace stoker::test;
 
+namespace {
+
+// An endless pipeline whose call for item 10 takes `call`, under way once this is made:
+// `returned` says whether it has returned.
+struct OneSlowCall {
+  explicit OneSlowCall(std::chrono::milliseconds call)
+      : pipe(PipelineBuilder{}
+                 .threads(2)
+                 .source("read", [n = 0]() mutable { return std::optional<int>(n++); })
+                 .map("slow",
+                      [this, call](int x) {
+                        if (x == 10) {
+                          inside = true;
+                          std::this_thread::sleep_for(call);
+                          returned = true;
+                        }
+                        return x;
+                      },
+                      {.max_chunk = 1})
+                 .build()) {
+    while (!inside.load()) std::this_thread::sleep_for(1ms);
+  }
+  std::atomic<bool> inside{false}, returned{false};
+  Pipeline<int> pipe;
+};
+
+}  // namespace
+
 TEST_SUITE("Pipeline") {
   TEST_CASE("1 -> 1 and 1 -> k stages deliver every item exactly once, at several thread counts" *
             doctest::timeout(120)) {
@@ -275,26 +303,11 @@ TEST_SUITE("Pipeline") {
             doctest::timeout(30)) {
     // A consumer that frees what its stages use after its stop() must find them all returned,
     // whoever stopped first.
-    std::atomic<bool> inside{false}, returned{false};
-    auto pipe = PipelineBuilder{}
-                    .threads(2)
-                    .source("read", [n = 0]() mutable { return std::optional<int>(n++); })  // endless
-                    .map("slow",
-                         [&](int x) {
-                           if (x == 10) {
-                             inside = true;
-                             std::this_thread::sleep_for(300ms);
-                             returned = true;
-                           }
-                           return x;
-                         },
-                         {.max_chunk = 1})
-                    .build();
-    while (!inside.load()) std::this_thread::sleep_for(1ms);
-    std::jthread first([&] { pipe.stop(); });
+    OneSlowCall run(300ms);
+    std::jthread first([&] { run.pipe.stop(); });
     std::this_thread::sleep_for(20ms);  // the first stop() waits for the slow call
-    pipe.stop();
-    CHECK(returned.load());
+    run.pipe.stop();
+    CHECK(run.returned.load());
   }
 
   TEST_CASE("stop() waits for the bodies asleep, not spinning, whether it stops or waits for another stop()" *
@@ -306,29 +319,15 @@ TEST_SUITE("Pipeline") {
     };
     for (bool second : {false, true}) {
       CAPTURE(second);
-      std::atomic<bool> inside{false};
-      auto pipe = PipelineBuilder{}
-                      .threads(2)
-                      .source("read", [n = 0]() mutable { return std::optional<int>(n++); })  // endless
-                      .map("slow",
-                           [&](int x) {
-                             if (x == 10) {
-                               inside = true;
-                               std::this_thread::sleep_for(400ms);
-                             }
-                             return x;
-                           },
-                           {.max_chunk = 1})
-                      .build();
-      while (!inside.load()) std::this_thread::sleep_for(1ms);
+      OneSlowCall run(400ms);
       std::optional<std::jthread> first;
       if (second) {
-        first.emplace([&] { pipe.stop(); });
+        first.emplace([&] { run.pipe.stop(); });
         std::this_thread::sleep_for(20ms);
       }
       const double cpu0 = cpu_ms();
       const auto t0 = Clock::now();
-      pipe.stop();
+      run.pipe.stop();
       CHECK(ms_since(t0) > 200.0);    // it did wait for the slow call
       CHECK(cpu_ms() - cpu0 < 50.0);  // asleep: a thread that spins burns most of the 400 ms
     }

@@ -32,6 +32,24 @@ std::vector<int> flatten(const std::vector<std::vector<int>>& batches) {
   return all;
 }
 
+// An item whose throw_at-th move throws, when its value is 777: each move counts, whoever
+// makes it (a stage's outputs, a queue, the consumer).
+struct Fragile {
+  static inline int throw_at = 0;
+  int value;
+  int moves = 0;
+  explicit Fragile(int v) : value(v) {}
+  Fragile(Fragile&& o) : value(o.value), moves(o.moves + 1) {
+    if (value == 777 && moves == throw_at) throw std::runtime_error("cannot move 777");
+  }
+  Fragile& operator=(Fragile&& o) {
+    if (o.value == 777 && o.moves + 1 == throw_at) throw std::runtime_error("cannot move 777");
+    value = o.value;
+    moves = o.moves + 1;
+    return *this;
+  }
+};
+
 }  // namespace
 
 TEST_SUITE("Pipeline runtime") {
@@ -344,25 +362,10 @@ TEST_SUITE("Pipeline runtime") {
 
   TEST_CASE("an item whose move constructor throws ends the run with a StageError, not a hang" * doctest::timeout(60)) {
     // The n-th move of item 777 throws: into the function's outputs, into the queue, out of it.
-    static int throw_at = 0;
-    struct Fragile {
-      int value;
-      int moves = 0;
-      explicit Fragile(int v) : value(v) {}
-      Fragile(Fragile&& o) : value(o.value), moves(o.moves + 1) {
-        if (value == 777 && moves == throw_at) throw std::runtime_error("cannot move 777");
-      }
-      Fragile& operator=(Fragile&& o) {
-        if (o.value == 777 && o.moves + 1 == throw_at) throw std::runtime_error("cannot move 777");
-        value = o.value;
-        moves = o.moves + 1;
-        return *this;
-      }
-    };
     for (const bool deterministic : {false, true}) {
-      for (throw_at = 1; throw_at <= 3; ++throw_at) {
+      for (Fragile::throw_at = 1; Fragile::throw_at <= 3; ++Fragile::throw_at) {
         CAPTURE(deterministic);
-        CAPTURE(throw_at);
+        CAPTURE(Fragile::throw_at);
         auto pipe = PipelineBuilder{}
                         .threads(2)
                         .deterministic(deterministic)
@@ -378,33 +381,18 @@ TEST_SUITE("Pipeline runtime") {
   TEST_CASE(
       "an item whose move throws as the consumer takes it ends the run with a StageError, every next() after too" *
       doctest::timeout(60)) {
-    // Moves of item 77: into the map's outputs (1), into the last queue (2), out of it into the
+    // Moves of item 777: into the map's outputs (1), into the last queue (2), out of it into the
     // consumer's chunk (3), out of the chunk into what next() returns (4).
-    static int throw_at = 0;
-    struct Fragile {
-      int value;
-      int moves = 0;
-      explicit Fragile(int v) : value(v) {}
-      Fragile(Fragile&& o) : value(o.value), moves(o.moves + 1) {
-        if (value == 77 && moves == throw_at) throw std::runtime_error("cannot move 77");
-      }
-      Fragile& operator=(Fragile&& o) {
-        if (o.value == 77 && o.moves + 1 == throw_at) throw std::runtime_error("cannot move 77");
-        value = o.value;
-        moves = o.moves + 1;
-        return *this;
-      }
-    };
     for (const bool deterministic : {false, true}) {
-      for (throw_at = 3; throw_at <= 4; ++throw_at) {
+      for (Fragile::throw_at = 3; Fragile::throw_at <= 4; ++Fragile::throw_at) {
         CAPTURE(deterministic);
-        CAPTURE(throw_at);
+        CAPTURE(Fragile::throw_at);
         // A source that seeks: in free order the pipeline then records, by origin, what the
         // consumer takes.
         auto pipe = PipelineBuilder{}
                         .threads(2)
                         .deterministic(deterministic)
-                        .source("read", SeekableCount{200})
+                        .source("read", SeekableCount{1000})
                         .map("wrap", [](int x) { return Fragile(x); }, {.threads = 2})
                         .build();
         std::vector<int> got;
@@ -412,11 +400,11 @@ TEST_SUITE("Pipeline runtime") {
             [&] {
               while (auto f = pipe.next()) got.push_back(f->value);
             }(),
-            doctest::Contains("stage 'consumer' failed: cannot move 77"), StageError);
+            doctest::Contains("stage 'consumer' failed: cannot move 777"), StageError);
         CHECK(pipe.finished());
         CHECK_THROWS_AS(pipe.next(), StageError);  // the run's error again, not what is left
         CHECK_THROWS_AS(pipe.next(), StageError);
-        CHECK(std::find(got.begin(), got.end(), 77) == got.end());
+        CHECK(std::find(got.begin(), got.end(), 777) == got.end());
         if (deterministic) CHECK(got == iota(static_cast<int>(got.size())));  // in order up to the failure
       }
     }

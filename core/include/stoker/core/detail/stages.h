@@ -538,10 +538,11 @@ class TransformStage final : public Consumer<In, Out> {
   // fills a chunk (`limit` outputs). The emit that fills a chunk sends what earlier calls made
   // as a piece and keeps the call's own; only when the call's own fill it do they go as a piece,
   // and the emit waits until that piece has gone (Emitter), so that a body holds at most one
-  // piece on its way and one being made. A call that fails has its outputs still in `outputs`,
-  // all of them, unless it sent a piece of its own: drop_call() then takes them out, and
-  // OnError::skip drops a call whole. With a fanout, the emit past it throws (the item's error)
-  // before the call can fill a chunk of its own, when the fanout is below the limit.
+  // piece on its way and one being made. So when a call fails, drop_call() can take out every
+  // output it made, and OnError::skip drops the call whole, unless the call had sent a piece of
+  // its own: that cannot be taken back, and the run fails instead. With a fanout, the emit past
+  // it throws (the item's error) before the call can fill a chunk of its own, when the fanout is
+  // below the limit.
   class Spill {
    public:
     Spill(TransformStage& stage, StageBase::Body& body, Chunk<Out>& outputs, Key key, std::size_t limit,
