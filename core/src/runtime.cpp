@@ -11,11 +11,16 @@
 #include <oneapi/tbb/info.h>
 #include <oneapi/tbb/task_arena.h>
 #include <oneapi/tbb/task_group.h>
+#include <oneapi/tbb/task_scheduler_observer.h>
 #include <stdexcept>
 #include <thread>
 #include <utility>
 
+#include "stoker/core/body_tracer.h"
+#include "stoker/core/detail/edges.h"
 #include "stoker/core/stage_error.h"
+#include "taken.h"
+#include "trace.h"
 
 // libtbb is not built with ThreadSanitizer, so the ordering it provides (a task runs after
 // the enqueue that made it) is invisible to TSan. These annotations state that edge; they
@@ -42,6 +47,8 @@ void set_body_tracer(BodyTracer tracer) noexcept {
   trace_begin.store(tracer.begin);
 }
 
+bool StageContext::help_downstream() const { return link_.stage_ != nullptr && link_.stage_->help_downstream(); }
+
 }  // namespace stoker
 
 namespace stoker::detail {
@@ -49,20 +56,29 @@ namespace stoker::detail {
 using Clock = std::chrono::steady_clock;
 
 namespace {
-// The pipeline whose task this thread runs: a stage function may call stop(), which then
-// cannot wait for every task to end, its own among them.
+// stop() on a thread that a body may wait for cannot wait for every body to return. Those are
+// the threads in the pipeline's arena, where its bodies and the oneTBB work they wait for (a
+// stage function's parallel_for, whose iterations any of them may steal) run: an observer of
+// the arena marks them as they enter and leave it. And the thread of a running body, also
+// while it works in another arena: its task marks it.
+thread_local const PipelineCore* in_arena_of = nullptr;
 thread_local const PipelineCore* task_of = nullptr;
 }  // namespace
+
+bool PipelineCore::on_own_thread() const noexcept { return in_arena_of == this || task_of == this; }
 
 // ---------------------------------------------------------------------------------------
 // Engine: the pipeline's threads and the arena they run the stage bodies in.
 
 struct PipelineCore::Engine {
-  // Every slot of the arena is reserved for the pipeline's own threads: no oneTBB worker joins,
-  // so the pipeline has its threads whatever the process allows oneTBB (tbb::global_control)
-  // and whatever else keeps oneTBB's workers busy.
-  explicit Engine(int threads) : arena(threads, /*reserved_for_masters=*/static_cast<unsigned>(threads)) {
+  // Every slot of the arena is reserved for the pipeline's own threads, so that the pipeline has
+  // its threads whatever the process allows oneTBB (tbb::global_control) and whatever else
+  // keeps oneTBB's workers busy. (oneTBB may still lend the arena a worker to run enqueued
+  // tasks, with one slot or under a global limit of 1: the observer marks it too.)
+  Engine(int threads, const PipelineCore& core)
+      : arena(threads, /*reserved_for_masters=*/static_cast<unsigned>(threads)), own(arena, core) {
     arena.initialize();
+    own.observe(true);
     arena.execute([&] { gate.emplace(group.defer([] {})); });  // keeps group.wait() from returning
     try {
       // A thread that waits in the arena runs its tasks, and sleeps when there are none.
@@ -74,11 +90,25 @@ struct PipelineCore::Engine {
   }
   ~Engine() { release(); }
 
+  // Marks the threads in the arena (in_arena_of) while they are in it.
+  class Own final : public tbb::task_scheduler_observer {
+   public:
+    Own(tbb::task_arena& arena, const PipelineCore& core) : task_scheduler_observer(arena), core_(core) {}
+    ~Own() override { observe(false); }
+    void on_scheduler_entry(bool) override { in_arena_of = &core_; }
+    void on_scheduler_exit(bool) override {
+      if (in_arena_of == &core_) in_arena_of = nullptr;
+    }
+
+   private:
+    const PipelineCore& core_;
+  };
+
   // Bodies are enqueued rather than spawned: an enqueued task belongs to no isolated region, so
   // a stage function waiting for oneTBB work of its own (isolated, run_body) never runs a body
   // that some body asked for, nested on its stack. A spawned task would inherit the isolation
   // of the body that spawned it.
-  void run(StageBase& stage) {
+  void enqueue(StageBase& stage) {
     STOKER_TSAN_RELEASE(&stage);
     arena.enqueue([&stage] {
       STOKER_TSAN_ACQUIRE(&stage);
@@ -100,10 +130,16 @@ struct PipelineCore::Engine {
   }
 
   tbb::task_arena arena;
+  Own own;
   tbb::task_group group;
   std::optional<tbb::task_handle> gate;
   std::vector<std::thread> pool;
 };
+
+void throw_fanout(std::uint64_t index, std::size_t made, std::size_t fanout) {
+  throw std::logic_error("input " + std::to_string(index) + " gave " + std::to_string(made) +
+                         " outputs, but the stage's fanout is " + std::to_string(fanout));
+}
 
 // ---------------------------------------------------------------------------------------
 // StageBase
@@ -132,14 +168,10 @@ void StageBase::start(PipelineCore& core, std::size_t position) {
     ctx.seed = core.options().seed;
     ctx.body = static_cast<int>(i);
     ctx.stop = core.stop_token();
-    ctx.blocked = &bodies_[i].blocked;
+    ctx.link_.blocked_ = &bodies_[i].blocked;
+    ctx.link_.stage_ = this;
     if (core.trace_)
       bodies_[i].track = &core.trace_->add_track(slots > 1 ? name_ + " #" + std::to_string(i) : name_, name_);
-    ctx.helper = {
-        [](const void* stage) {
-          return static_cast<const StageBase*>(stage)->core_->help_after(*static_cast<const StageBase*>(stage));
-        },
-        this};
   }
 }
 
@@ -164,21 +196,21 @@ void StageBase::wake() noexcept {
     if (std::popcount(slots_.load(std::memory_order_relaxed)) + queued >= threads()) return;
     if (core_->stopping() || !has_work()) return;
   } while (!queued_.compare_exchange_weak(queued, queued + 1));
-  if (!core_->spawn(*this)) queued_.fetch_sub(1);
+  if (!core_->enqueue(*this)) queued_.fetch_sub(1);
 }
 
 void StageBase::run_task() noexcept {
   queued_.fetch_sub(1);
-  struct Done {
-    std::atomic<int>& tasks;
-    const PipelineCore* outer;
-    ~Done() {
-      task_of = outer;
-      tasks.fetch_sub(1);  // the task's last action: see PipelineCore::spawn()
-    }
-  } done{core_->tasks_, std::exchange(task_of, core_)};
+  PipelineCore& core = *core_;
+  const PipelineCore* outer = std::exchange(task_of, &core);
   run();
+  task_of = outer;
+  // The task's last use of the stage: see PipelineCore::enqueue(). The wake-up after it touches
+  // only the core, which outlives the pipeline's threads.
+  if (core.tasks_.fetch_sub(1) == 1) core.tasks_.notify_all();
 }
+
+bool StageBase::help_downstream() const noexcept { return core_->help_after(*this); }
 
 bool StageBase::run() noexcept {
   int slot = claim();
@@ -618,6 +650,17 @@ PipelineCore::~PipelineCore() {
   engine_.reset();
 }
 
+EdgeBase& PipelineCore::add_edge(std::unique_ptr<EdgeBase> edge) {
+  edges_.push_back(std::move(edge));
+  return *edges_.back();
+}
+
+void PipelineCore::consumer_waited(Clock::time_point begin, Clock::time_point end) {
+  add(consumer_wait_ns_,
+      static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(end - begin).count()));
+  if (consumer_track_) consumer_track_->span(begin, end);
+}
+
 StageBase& PipelineCore::add_stage(std::unique_ptr<StageBase> stage) {
   for (const auto& s : stages_)
     if (s->name() == stage->name())
@@ -639,11 +682,7 @@ void PipelineCore::start(CoreOptions options) {
                                   std::to_string(options_.threads) + "; set one of them");
     if (tune.interval.count() <= 0) throw std::invalid_argument("autotune: the interval must be positive");
     if (tune.threads == 0) tune.threads = options_.threads > 0 ? options_.threads : tbb::info::default_concurrency();
-    int tuned = 0;
-    for (const auto& s : stages_) tuned += s->tunable() ? s->threads() : 0;
-    if (tuned > tune.threads)
-      throw std::invalid_argument("autotune: the stages it tunes start with " + std::to_string(tuned) +
-                                  " threads in all, more than the budget of " + std::to_string(tune.threads));
+    fit_to_budget(tune.threads);
     options_.threads = tune.threads;
   }
   if (!options_.trace.empty()) trace_ = std::make_unique<TraceFile>(options_.trace, Clock::now());
@@ -654,27 +693,68 @@ void PipelineCore::start(CoreOptions options) {
   if (!options_.occupancy_log.empty() || trace_)
     monitor_ = std::make_unique<Monitor>(*this, options_.occupancy_log, trace_.get(), options_.sample_interval);
   threads_ = options_.threads == 0 ? tbb::info::default_concurrency() : options_.threads;
-  engine_ = std::make_unique<Engine>(threads_);
+  engine_ = std::make_unique<Engine>(threads_, *this);
   started_ = Clock::now();
   if (options_.autotune) tuner_ = std::make_unique<Tuner>(*this, *options_.autotune);
 }
 
-bool PipelineCore::spawn(StageBase& stage) noexcept {
-  // Counted until the task's very last action (run_task()): wait_idle() means every body has
-  // returned.
+// A budget that depends on the machine (one thread per core by default) must not make a
+// pipeline that runs without the autotuner fail with it: the tuned stages start with their
+// threads scaled down to the budget, each keeping at least one, and the log says so.
+void PipelineCore::fit_to_budget(int budget) {
+  std::vector<StageBase*> tuned;
+  int asked = 0;
+  for (const auto& s : stages_)
+    if (s->tunable()) tuned.push_back(s.get()), asked += s->threads();
+  if (asked <= budget) return;
+  const int n = static_cast<int>(tuned.size());
+  const int total = std::max(budget, n);  // one each at least, even past the budget
+  std::vector<int> share(tuned.size());
+  int given = 0;
+  for (std::size_t i = 0; i < tuned.size(); ++i) given += share[i] = std::max(1, tuned[i]->threads() * total / asked);
+  // What rounding left over or took, to and from the stages it moved furthest from their part.
+  auto off = [&](std::size_t i) { return tuned[i]->threads() * total - share[i] * asked; };  // > 0: short
+  while (given != total) {
+    std::size_t pick = tuned.size();
+    for (std::size_t i = 0; i < tuned.size(); ++i) {
+      if (given > total && share[i] == 1) continue;
+      if (pick == tuned.size() || (given < total ? off(i) > off(pick) : off(i) < off(pick))) pick = i;
+    }
+    const int step = given < total ? 1 : -1;
+    share[pick] += step;
+    given += step;
+  }
+  std::string split;
+  for (std::size_t i = 0; i < tuned.size(); ++i) {
+    split += (i == 0 ? "" : ", ") + tuned[i]->name() + " " + std::to_string(share[i]);
+    tuned[i]->set_threads(share[i]);
+  }
+  spdlog::info(
+      "autotune: the stages it tunes ask for {} threads in all, more than its budget of {}; they start with "
+      "{}{}",
+      asked, budget, split, total > budget ? " (one each, which is over the budget)" : "");
+}
+
+bool PipelineCore::enqueue(StageBase& stage) noexcept {
+  // Counted until the task's very last use of the stage (run_task()): wait_idle() means every
+  // body has returned.
   tasks_.fetch_add(1);
   try {
-    engine_->run(stage);
+    engine_->enqueue(stage);
     return true;
   } catch (...) {  // no memory for a task: the pipeline cannot go on
-    tasks_.fetch_sub(1);
+    if (tasks_.fetch_sub(1) == 1) tasks_.notify_all();
     fail(stage.name(), std::current_exception());
     return false;
   }
 }
 
+// Asleep, not spinning: tasks_ is only ever decremented by a task as it ends, and the task that
+// takes it to 0 notifies after its decrement. atomic::wait(n) sleeps only while the count still
+// reads n, checked against the futex in the kernel, so a decrement between the load and the
+// sleep makes the wait return at once: no wake-up is lost.
 void PipelineCore::wait_idle() const {
-  while (tasks_.load() != 0) std::this_thread::yield();
+  for (int n = tasks_.load(); n != 0; n = tasks_.load()) tasks_.wait(n);
 }
 
 bool PipelineCore::help_after(const StageBase& from) const noexcept {
@@ -698,6 +778,8 @@ void PipelineCore::wait_for(const StageBase& from, const std::function<bool()>& 
 }
 
 void PipelineCore::begin_epoch(std::uint32_t epoch, const PipelineState* resume) {
+  // First: what it changes holds for every item of the epoch, those a resume makes again too.
+  if (options_.on_epoch_start) options_.on_epoch_start(epoch);
   for (auto& e : edges_) e->begin_epoch(epoch);
   for (auto& s : stages_) s->begin_epoch(epoch);
   // From the consumer up: each stage learns how far its output had been taken, and tells how
@@ -869,16 +951,26 @@ void PipelineCore::rethrow_if_failed() const {
   throw StageError(error_stage_, message, error_);
 }
 
+// One caller does the stopping and every other waits for it to be done, so that every stop()
+// that returns, from any thread, returns after the bodies and the monitor, whose last records
+// call the counters() callback. A thread of the pipeline's own only asks: it may be running a
+// body (or oneTBB work one waits for) that the waiting would wait for.
 void PipelineCore::stop() noexcept {
-  if (task_of == this) {  // from a stage function: the stop() of the consumer or the destructor waits
-    request_stop();
+  request_stop();
+  if (on_own_thread()) return;
+  auto phase = StopPhase::running;
+  if (stop_phase_.compare_exchange_strong(phase, StopPhase::stopping)) {
+    if (tuner_) tuner_->finish();
+    wait_idle();
+    if (monitor_) monitor_->finish();
+    stop_phase_.store(StopPhase::stopped);
+    stop_phase_.notify_all();
     return;
   }
-  if (stopped_.exchange(true)) return;
-  if (tuner_) tuner_->finish();
-  request_stop();
-  wait_idle();
-  if (monitor_) monitor_->finish();
+  while (phase != StopPhase::stopped) {
+    stop_phase_.wait(phase);
+    phase = stop_phase_.load();
+  }
 }
 
 PipelineSummary PipelineCore::summary() const {

@@ -1,4 +1,6 @@
-#include "stoker/core/detail/taken.h"
+#include "taken.h"
+
+#include "stoker/core/detail/runtime.h"
 
 #include <algorithm>
 #include <bit>
@@ -78,6 +80,12 @@ std::vector<std::uint64_t> TakenItems::except() const {
     }
   }
   return out;
+}
+
+void took(TakenItems& taken, std::uint64_t origin) { taken.took(origin); }
+
+void batched(TakenItems& taken, std::uint64_t batch, std::vector<std::uint64_t> origins) {
+  taken.batched(batch, std::move(origins));
 }
 
 }  // namespace stoker::detail

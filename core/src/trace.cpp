@@ -1,4 +1,4 @@
-#include "stoker/core/detail/trace.h"
+#include "trace.h"
 
 #include <nlohmann/json.hpp>
 

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "stoker/core/pipeline.h"
+#include "stoker/core/body_tracer.h"
 
 #include "backends.h"
 #include "cuda_check.h"

@@ -161,7 +161,7 @@ Buffer SlotPool::acquire(std::size_t bytes, const StageContext& ctx) {
         std::any_of(pending_.begin(), pending_.end(), [](const Pending& p) { return !p.announced; });
     Clock::duration wait = limit.count() > 0 ? Clock::duration(since + limit - now) : Clock::duration(1h);
     if (unannounced) wait = std::min<Clock::duration>(wait, 20us);
-    if (ctx.helper.run) wait = std::min<Clock::duration>(wait, 2ms);
+    if (ctx.in_pipeline()) wait = std::min<Clock::duration>(wait, 2ms);
     wake_->changed.wait_for(lock, ctx.stop, wait, [&] { return wake_->generation != seen; });
   }
 }

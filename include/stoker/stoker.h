@@ -5,6 +5,7 @@
 
 #include "stoker/cluster/communicator.h"
 #include "stoker/cluster/remote.h"
+#include "stoker/core/body_tracer.h"
 #include "stoker/core/bounded_queue.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/core/random.h"

@@ -3,8 +3,15 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
 #include <numeric>
 #include <optional>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "stoker/core/pipeline.h"
@@ -23,6 +30,52 @@ struct CountUpTo {
     }
     return next++;
   }
+};
+
+/// A source of 0, 1, ..., n-1 per epoch that can start anywhere (seek): in free order, a
+/// pipeline whose source seeks records which items its consumer took (Pipeline::state()).
+struct SeekableCount {
+  int n;
+  int next = 0;
+  std::optional<int> operator()() {
+    if (next == n) {
+      next = 0;
+      return std::nullopt;
+    }
+    return next++;
+  }
+  void seek(std::uint64_t k) { next = static_cast<int>(k); }
+};
+
+/// Ends the process, saying why, unless destroyed within `limit`: for a test whose failure is
+/// a deadlock, which no check could report (and ctest's timeout would report only later).
+class Deadline {
+ public:
+  Deadline(std::chrono::seconds limit, std::string what)
+      : what_(std::move(what)), watcher_([this, limit] {
+          std::unique_lock lock(mutex_);
+          if (!done_cv_.wait_for(lock, limit, [&] { return done_; })) {
+            std::fprintf(stderr, "deadlock: %s did not finish within %lld s\n", what_.c_str(),
+                         static_cast<long long>(limit.count()));
+            std::abort();
+          }
+        }) {}
+  ~Deadline() {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    done_cv_.notify_all();
+  }
+  Deadline(const Deadline&) = delete;
+  Deadline& operator=(const Deadline&) = delete;
+
+ private:
+  std::string what_;
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  std::jthread watcher_;  // last: starts once the rest is made, joined first
 };
 
 template <class T>

@@ -8,15 +8,45 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <oneapi/tbb/parallel_for.h>
 #include <set>
 #include <sstream>
 #include <thread>
+#include <time.h>
 
 #include "pipeline/pipeline_support.h"
 #include "stoker/core/pipeline.h"
 
 using namespace stoker;
 using namespace stoker::test;
+
+namespace {
+
+// An endless pipeline whose call for item 10 takes `call`, under way once this is made:
+// `returned` says whether it has returned.
+struct OneSlowCall {
+  explicit OneSlowCall(std::chrono::milliseconds call)
+      : pipe(PipelineBuilder{}
+                 .threads(2)
+                 .source("read", [n = 0]() mutable { return std::optional<int>(n++); })
+                 .map("slow",
+                      [this, call](int x) {
+                        if (x == 10) {
+                          inside = true;
+                          std::this_thread::sleep_for(call);
+                          returned = true;
+                        }
+                        return x;
+                      },
+                      {.max_chunk = 1})
+                 .build()) {
+    while (!inside.load()) std::this_thread::sleep_for(1ms);
+  }
+  std::atomic<bool> inside{false}, returned{false};
+  Pipeline<int> pipe;
+};
+
+}  // namespace
 
 TEST_SUITE("Pipeline") {
   TEST_CASE("1 -> 1 and 1 -> k stages deliver every item exactly once, at several thread counts" *
@@ -229,6 +259,77 @@ TEST_SUITE("Pipeline") {
         CHECK(pipe.finished());
         pipe.stop();  // the consumer's: waits for every body
       }
+    }
+  }
+
+  TEST_CASE("stop() from oneTBB work of a stage function, on another of the pipeline's threads, does not deadlock" *
+            doctest::timeout(60)) {
+    // The stage function's parallel_for runs on the pipeline's threads, which steal its
+    // iterations: the stop() comes from an iteration on a thread other than the body's.
+    const Deadline deadline(30s, "a pipeline stopped from a stolen parallel_for iteration");
+    for (int threads : {2, 4}) {
+      CAPTURE(threads);
+      std::atomic<Pipeline<int>*> self{nullptr};
+      std::atomic<bool> stopped_elsewhere{false};
+      auto pipe = PipelineBuilder{}
+                      .threads(threads)
+                      .source("read", [n = 0]() mutable { return std::optional<int>(n++); })  // endless
+                      .map("parallel",
+                           [&](int x) {
+                             const auto body_thread = std::this_thread::get_id();
+                             tbb::parallel_for(
+                                 0, 64,
+                                 [&](int) {
+                                   spin_for(100us);
+                                   if (std::this_thread::get_id() == body_thread || x < 10) return;
+                                   if (auto* p = self.load(); p != nullptr && !stopped_elsewhere.exchange(true))
+                                     p->stop();
+                                 },
+                                 tbb::simple_partitioner{});
+                             return x;
+                           })
+                      .build();
+      self = &pipe;
+      const auto t0 = Clock::now();
+      while (pipe.next() && ms_since(t0) < 10'000.0) {
+      }
+      CHECK(stopped_elsewhere.load());  // an iteration was stolen, and stopped the run
+      CHECK(pipe.finished());
+      pipe.stop();  // the consumer's: waits for every body
+    }
+  }
+
+  TEST_CASE("a second stop(), made while the first waits, also returns only once every body has returned" *
+            doctest::timeout(30)) {
+    // A consumer that frees what its stages use after its stop() must find them all returned,
+    // whoever stopped first.
+    OneSlowCall run(300ms);
+    std::jthread first([&] { run.pipe.stop(); });
+    std::this_thread::sleep_for(20ms);  // the first stop() waits for the slow call
+    run.pipe.stop();
+    CHECK(run.returned.load());
+  }
+
+  TEST_CASE("stop() waits for the bodies asleep, not spinning, whether it stops or waits for another stop()" *
+            doctest::timeout(30)) {
+    auto cpu_ms = [] {
+      timespec t{};
+      clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+      return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) / 1e6;
+    };
+    for (bool second : {false, true}) {
+      CAPTURE(second);
+      OneSlowCall run(400ms);
+      std::optional<std::jthread> first;
+      if (second) {
+        first.emplace([&] { run.pipe.stop(); });
+        std::this_thread::sleep_for(20ms);
+      }
+      const double cpu0 = cpu_ms();
+      const auto t0 = Clock::now();
+      run.pipe.stop();
+      CHECK(ms_since(t0) > 200.0);    // it did wait for the slow call
+      CHECK(cpu_ms() - cpu0 < 50.0);  // asleep: a thread that spins burns most of the 400 ms
     }
   }
 

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "pipeline/pipeline_support.h"
+#include "stoker/core/body_tracer.h"
 
 using namespace stoker;
 using namespace stoker::test;
@@ -30,6 +31,24 @@ std::vector<int> flatten(const std::vector<std::vector<int>>& batches) {
   for (const auto& b : batches) all.insert(all.end(), b.begin(), b.end());
   return all;
 }
+
+// An item whose throw_at-th move throws, when its value is 777: each move counts, whoever
+// makes it (a stage's outputs, a queue, the consumer).
+struct Fragile {
+  static inline int throw_at = 0;
+  int value;
+  int moves = 0;
+  explicit Fragile(int v) : value(v) {}
+  Fragile(Fragile&& o) : value(o.value), moves(o.moves + 1) {
+    if (value == 777 && moves == throw_at) throw std::runtime_error("cannot move 777");
+  }
+  Fragile& operator=(Fragile&& o) {
+    if (o.value == 777 && o.moves + 1 == throw_at) throw std::runtime_error("cannot move 777");
+    value = o.value;
+    moves = o.moves + 1;
+    return *this;
+  }
+};
 
 }  // namespace
 
@@ -343,25 +362,10 @@ TEST_SUITE("Pipeline runtime") {
 
   TEST_CASE("an item whose move constructor throws ends the run with a StageError, not a hang" * doctest::timeout(60)) {
     // The n-th move of item 777 throws: into the function's outputs, into the queue, out of it.
-    static int throw_at = 0;
-    struct Fragile {
-      int value;
-      int moves = 0;
-      explicit Fragile(int v) : value(v) {}
-      Fragile(Fragile&& o) : value(o.value), moves(o.moves + 1) {
-        if (value == 777 && moves == throw_at) throw std::runtime_error("cannot move 777");
-      }
-      Fragile& operator=(Fragile&& o) {
-        if (o.value == 777 && o.moves + 1 == throw_at) throw std::runtime_error("cannot move 777");
-        value = o.value;
-        moves = o.moves + 1;
-        return *this;
-      }
-    };
     for (const bool deterministic : {false, true}) {
-      for (throw_at = 1; throw_at <= 3; ++throw_at) {
+      for (Fragile::throw_at = 1; Fragile::throw_at <= 3; ++Fragile::throw_at) {
         CAPTURE(deterministic);
-        CAPTURE(throw_at);
+        CAPTURE(Fragile::throw_at);
         auto pipe = PipelineBuilder{}
                         .threads(2)
                         .deterministic(deterministic)
@@ -372,6 +376,162 @@ TEST_SUITE("Pipeline runtime") {
         CHECK_THROWS_WITH_AS(drain_epoch(pipe), doctest::Contains("cannot move 777"), StageError);
       }
     }
+  }
+
+  TEST_CASE(
+      "an item whose move throws as the consumer takes it ends the run with a StageError, every next() after too" *
+      doctest::timeout(60)) {
+    // Moves of item 777: into the map's outputs (1), into the last queue (2), out of it into the
+    // consumer's chunk (3), out of the chunk into what next() returns (4).
+    for (const bool deterministic : {false, true}) {
+      for (Fragile::throw_at = 3; Fragile::throw_at <= 4; ++Fragile::throw_at) {
+        CAPTURE(deterministic);
+        CAPTURE(Fragile::throw_at);
+        // A source that seeks: in free order the pipeline then records, by origin, what the
+        // consumer takes.
+        auto pipe = PipelineBuilder{}
+                        .threads(2)
+                        .deterministic(deterministic)
+                        .source("read", SeekableCount{1000})
+                        .map("wrap", [](int x) { return Fragile(x); }, {.threads = 2})
+                        .build();
+        std::vector<int> got;
+        CHECK_THROWS_WITH_AS(
+            [&] {
+              while (auto f = pipe.next()) got.push_back(f->value);
+            }(),
+            doctest::Contains("stage 'consumer' failed: cannot move 777"), StageError);
+        CHECK(pipe.finished());
+        CHECK_THROWS_AS(pipe.next(), StageError);  // the run's error again, not what is left
+        CHECK_THROWS_AS(pipe.next(), StageError);
+        CHECK(std::find(got.begin(), got.end(), 777) == got.end());
+        if (deterministic) CHECK(got == iota(static_cast<int>(got.size())));  // in order up to the failure
+      }
+    }
+  }
+
+  TEST_CASE("on_error = skip drops every output of a flat_map call that fails, those emitted before the error too" *
+            doctest::timeout(60)) {
+    // Input x % 7 == 3 emits one past its fanout of 3; x % 7 == 5 throws after its 3 outputs.
+    for (const bool deterministic : {false, true}) {
+      CAPTURE(deterministic);
+      std::mutex m;
+      std::vector<std::uint64_t> indices;  // what the stage after saw, StageContext::index
+      std::vector<int> got;
+      PipelineSummary summary;
+      {
+        auto pipe = PipelineBuilder{}
+                        .threads(2)
+                        .deterministic(deterministic)
+                        .source("read", CountUpTo{700})
+                        .flat_map<int>("triple",
+                                       [](int x, Emitter<int>& emit) {
+                                         for (int j = 0; j < 3; ++j) emit(x * 10 + j);
+                                         if (x % 7 == 3) emit(x * 10 + 3);
+                                         if (x % 7 == 5) throw std::runtime_error("after its outputs");
+                                       },
+                                       {.threads = 2, .queue = 16, .on_error = OnError::skip, .fanout = 3})
+                        .map("seen",
+                             [&](int v, const StageContext& ctx) {
+                               std::lock_guard lock(m);
+                               indices.push_back(ctx.index);
+                               return v;
+                             },
+                             {.threads = 2})
+                        .build();
+        got = drain_epoch(pipe);
+        summary = pipe.summary();
+      }
+      std::vector<int> want;
+      for (int x = 0; x < 700; ++x)
+        if (x % 7 != 3 && x % 7 != 5)
+          for (int j = 0; j < 3; ++j) want.push_back(x * 10 + j);
+      CHECK(sorted(got) == want);
+      if (deterministic) CHECK(got == want);
+      std::sort(indices.begin(), indices.end());
+      CHECK(std::adjacent_find(indices.begin(), indices.end()) == indices.end());  // each index once
+      CHECK(summary.stages[1].skipped == 200);
+      CHECK(summary.stages[1].items_out == want.size());
+    }
+  }
+
+  TEST_CASE("on_error = skip: a flat_map call that fails after a chunk of its own has gone on ends the run, saying so" *
+            doctest::timeout(60)) {
+    // A queue of 8 takes chunks of 4: the call's first 8 outputs have gone on when it throws.
+    auto pipe = PipelineBuilder{}
+                    .source("read", CountUpTo{100})
+                    .flat_map<int>("many",
+                                   [](int x, Emitter<int>& emit) {
+                                     for (int j = 0; j < 10; ++j) emit(x * 100 + j);
+                                     if (x == 50) throw std::runtime_error("late failure");
+                                   },
+                                   {.queue = 8, .on_error = OnError::skip})
+                    .build();
+    std::string what;
+    try {
+      drain_epoch(pipe);
+    } catch (const StageError& e) {
+      what = e.what();
+    }
+    CHECK(what.find("stage 'many' failed: input 50 of epoch 0 failed after") != std::string::npos);
+    CHECK(what.find("on_error = skip cannot take back") != std::string::npos);
+    CHECK(what.find("late failure") != std::string::npos);
+  }
+
+  TEST_CASE("on_epoch_start runs before any item of its epoch is made, and what it sets holds for the whole epoch" *
+            doctest::timeout(60)) {
+    int weight = -1;  // not atomic: the hook writes it while no body runs (ThreadSanitizer checks that)
+    std::vector<std::uint32_t> started;
+    std::atomic<int> wrong{0};
+    auto pipe = PipelineBuilder{}
+                    .threads(2)
+                    .epochs(3)
+                    .on_epoch_start([&](std::uint32_t epoch) {
+                      started.push_back(epoch);
+                      weight = static_cast<int>(epoch) * 1000;
+                    })
+                    .source("read", CountUpTo{500}, {.queue = 8})
+                    .map("weigh",
+                         [&](int x, const StageContext& ctx) {
+                           if (weight != static_cast<int>(ctx.epoch) * 1000) ++wrong;
+                           return x + weight;
+                         },
+                         {.threads = 2, .queue = 8})
+                    .build();
+    CHECK(started == std::vector<std::uint32_t>{0});  // in build()
+    for (int e = 0; e < 3; ++e) {
+      CAPTURE(e);
+      std::vector<int> want = iota(500);
+      for (int& x : want) x += e * 1000;
+      CHECK(sorted(drain_epoch(pipe)) == want);
+    }
+    CHECK(started == std::vector<std::uint32_t>{0, 1, 2});
+    CHECK(wrong.load() == 0);
+    CHECK(pipe.finished());
+  }
+
+  TEST_CASE("an exception from on_epoch_start leaves build(), or ends the run as a StageError naming it") {
+    auto build = [](std::uint32_t failing) {
+      return PipelineBuilder{}
+          .epochs(3)
+          .on_epoch_start([failing](std::uint32_t epoch) {
+            if (epoch == failing) throw std::runtime_error("no curriculum for epoch " + std::to_string(epoch));
+          })
+          .source("read", CountUpTo{10})
+          .build();
+    };
+    CHECK_THROWS_WITH_AS(build(0), "no curriculum for epoch 0", std::runtime_error);
+    auto pipe = build(1);
+    std::vector<int> got;
+    // The next() that would return the first epoch's end starts the next epoch, which fails.
+    CHECK_THROWS_WITH_AS(
+        [&] {
+          while (auto x = pipe.next()) got.push_back(*x);
+        }(),
+        doctest::Contains("stage 'on_epoch_start' failed: no curriculum for epoch 1"), StageError);
+    CHECK(got == iota(10));
+    CHECK(pipe.finished());
+    CHECK_THROWS_AS(pipe.next(), StageError);
   }
 
   TEST_CASE("a counters() callback that throws while the pipeline is destroyed is logged, not fatal" *

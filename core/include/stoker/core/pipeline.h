@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <map>
@@ -67,8 +68,9 @@ struct BatchOptions {
 
 /// Options of the whole pipeline, read when build() is called, whenever they were set.
 struct PipelineOptions {
-  /// Threads of the pipeline's own for all stages; 0 = one per core. They run its flow graph
-  /// in a oneTBB arena of their own, whatever tbb::global_control the host holds.
+  /// Threads of the pipeline's own for all stages; 0 = one per core. They run the stage bodies
+  /// as tasks in a oneTBB arena of their own (its work stealing and isolation), whatever
+  /// tbb::global_control the host holds.
   int threads = 0;
   std::uint64_t seed = 0;      ///< given to every stage function through StageContext
   bool deterministic = false;  ///< same output, in the same order, whatever the threads
@@ -94,6 +96,13 @@ struct PipelineOptions {
   CounterSource counters;
   /// Go on from where a run stood (Pipeline::state()) rather than from the first epoch's start.
   std::optional<PipelineState> resume;
+  /// Called with each epoch's number before any item of it is made, on the consumer's thread
+  /// while no stage body runs: the place to change what the stages read for an epoch (a
+  /// curriculum, a sampler's weights), with no lock, as every body of the epoch comes after it.
+  /// The first epoch's (or a resumed one's) runs in build(), each next one's inside the next()
+  /// that returns the end of the epoch before (Pipeline::next() says why then). An exception
+  /// from it propagates from build(), and from next() as a StageError naming "on_epoch_start".
+  std::function<void(std::uint32_t epoch)> on_epoch_start;
 };
 
 template <class T>
@@ -151,6 +160,8 @@ class BuilderOptions {
   Self&& counters(CounterSource source) && { return std::move(counters(std::move(source))); }
   Self& resume_from(PipelineState s) & { return set([&](auto& o) { o.resume = std::move(s); }); }
   Self&& resume_from(PipelineState s) && { return std::move(resume_from(std::move(s))); }
+  Self& on_epoch_start(std::function<void(std::uint32_t)> f) & { return set([&](auto& o) { o.on_epoch_start = std::move(f); }); }
+  Self&& on_epoch_start(std::function<void(std::uint32_t)> f) && { return std::move(on_epoch_start(std::move(f))); }
   Self& options(PipelineOptions o) & { return set([&](auto& x) { x = std::move(o); }); }
   Self&& options(PipelineOptions o) && { return std::move(options(std::move(o))); }
   // clang-format on
@@ -287,7 +298,7 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
     static_cast<detail::Producer<T>*>(a->last)->connect_output(&final_edge, nullptr);
     const auto& o = a->options;
     a->core->start({o.threads, o.seed, o.deterministic, o.occupancy_log, o.log_labels, o.trace, o.timelines,
-                    o.sample_interval, o.autotune, o.counters});
+                    o.sample_interval, o.autotune, o.counters, o.on_epoch_start});
     return Pipeline<T>(std::move(a->core), final_edge, *a->last, o.epochs, o.resume);
   }
 
@@ -323,10 +334,11 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
     if (a.shuffle) {
       auto [name, options] = std::move(*a.shuffle);
       a.shuffle.reset();
-      return a.core->add_edge(std::make_unique<detail::Edge<T>>(name, options, producer, consumer));
+      return static_cast<detail::Edge<T>&>(
+          a.core->add_edge(std::make_unique<detail::Edge<T>>(name, options, producer, consumer)));
     }
-    return a.core->add_edge(
-        std::make_unique<detail::Edge<T>>(producer + "->" + consumer, a.last_queue, producer, consumer));
+    return static_cast<detail::Edge<T>&>(a.core->add_edge(
+        std::make_unique<detail::Edge<T>>(producer + "->" + consumer, a.last_queue, producer, consumer)));
   }
 };
 
@@ -334,6 +346,12 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
 ///
 ///   for (auto epoch : pipe.epochs())      // until the run is over
 ///     for (auto& batch : epoch) train(batch);
+///
+/// Epochs are prefetched: the next one starts as soon as the last item of this one has left
+/// the stages, inside the next() that returns this one's end, so that the stages fill their
+/// queues again while the training loop finishes the epoch (evaluates, saves). Whatever the
+/// loop changes after that next() reaches the next epoch late, for the items already made; to
+/// change what the stages read for an epoch, do it in PipelineOptions::on_epoch_start.
 template <class T>
 class Pipeline {
  public:
@@ -356,48 +374,27 @@ class Pipeline {
 
   /// The next item of the current epoch, waiting for it if need be; nullopt at the end of
   /// the epoch (the next call starts on the next one) and once the run is over (finished()).
-  /// Rethrows, as a StageError, an exception thrown by any stage.
+  /// Rethrows, as a StageError, an exception thrown by any stage. An item whose move throws as
+  /// it is taken ends the run too, as a StageError naming "consumer". At the end of an epoch,
+  /// the next one starts (on_epoch_start, then its stages) before this returns: see the class.
   std::optional<T> next() {
     rethrow_if_failed();
-    while (!finished_) {
-      if (taken_ < chunk_.size()) {
-        core_->count_consumed();
-        if (auto* taken = core_->taken_items()) taken->took(origin_.next(chunk_.runs));
-        ++consumed_;
-        return std::move(chunk_.items[taken_++]);
-      }
-      chunk_.clear();
-      taken_ = 0;
-      origin_ = {};
-      std::uint64_t first = 0;
-      // The last stage may wait for the room a pop makes: wake it, whatever the pop did.
-      struct WakeLast {
-        detail::StageBase* last;
-        ~WakeLast() { last->wake(); }
-      } wake_last{last_};
-      detail::Pop r = final_->pop(chunk_, final_->max_chunk(), first);
-      if (r == detail::Pop::empty) {
-        const auto t0 = std::chrono::steady_clock::now();
-        r = final_->pop_wait(chunk_, final_->max_chunk(), first);
-        core_->consumer_waited(t0, std::chrono::steady_clock::now());
-      }
-      if (r == detail::Pop::items) {
-        continue;
-      } else if (r == detail::Pop::ended) {
-        end_epoch();
-        return std::nullopt;
-      } else {  // closed: stopped or failed
-        rethrow_if_failed();
-        finished_ = true;
-      }
+    try {
+      return take();
+    } catch (const StageError&) {
+      throw;
+    } catch (...) {  // the runtime's own moves of an item, as between stages: the run fails
+      core_->fail("consumer", std::current_exception());
     }
-    return std::nullopt;
+    rethrow_if_failed();
+    return std::nullopt;  // not reached: the run has failed
   }
 
   /// The rest of the current epoch as an input range: `for (auto& x : pipe.epoch())`.
   class EpochRange;
   EpochRange epoch() { return EpochRange(*this); }
-  /// The epochs until the run is over, each the rest of the current epoch (epoch()).
+  /// The epochs until the run is over, each the rest of the current epoch (epoch()). Each next
+  /// epoch is under way before the loop over the last one ends: see the class.
   class Epochs;
   Epochs epochs() { return Epochs(*this); }
 
@@ -408,9 +405,10 @@ class Pipeline {
   bool finished() const { return finished_.load(); }
 
   /// Stops every stage and waits until all of their bodies have returned; next() then returns
-  /// nullopt. Idempotent, and safe from any thread; the destructor calls it. From a stage
-  /// function it cannot wait for its own body: it stops the stages and returns, and the
-  /// consumer's next stop() (or the destructor) waits.
+  /// nullopt. Idempotent, and safe from any thread: every call waits, a second one made while
+  /// the first waits too. The destructor calls it. From a stage function (or oneTBB work it
+  /// waits for, such as a parallel_for's) it cannot wait for its own body: it stops the stages
+  /// and returns, and the consumer's next stop() (or the destructor) waits.
   void stop() {
     if (!core_) return;
     finished_ = true;
@@ -443,6 +441,42 @@ class Pipeline {
       finished_ = true;  // a loop over epochs() that catches the error ends
       throw;
     }
+  }
+
+  std::optional<T> take() {
+    while (!finished_) {
+      if (taken_ < chunk_.size()) {
+        core_->count_consumed();
+        if (auto* taken = core_->taken_items()) detail::took(*taken, origin_.next(chunk_.runs));
+        ++consumed_;
+        return std::move(chunk_.items[taken_++]);
+      }
+      chunk_.clear();
+      taken_ = 0;
+      origin_ = {};
+      std::uint64_t first = 0;
+      // The last stage may wait for the room a pop makes: wake it, whatever the pop did.
+      struct WakeLast {
+        detail::StageBase* last;
+        ~WakeLast() { last->wake(); }
+      } wake_last{last_};
+      detail::Pop r = final_->pop(chunk_, final_->max_chunk(), first);
+      if (r == detail::Pop::empty) {
+        const auto t0 = std::chrono::steady_clock::now();
+        r = final_->pop_wait(chunk_, final_->max_chunk(), first);
+        core_->consumer_waited(t0, std::chrono::steady_clock::now());
+      }
+      if (r == detail::Pop::items) {
+        continue;
+      } else if (r == detail::Pop::ended) {
+        end_epoch();
+        return std::nullopt;
+      } else {  // closed: stopped or failed
+        rethrow_if_failed();
+        finished_ = true;
+      }
+    }
+    return std::nullopt;
   }
 
   friend class Builder<T>;
@@ -484,7 +518,12 @@ class Pipeline {
       return;
     }
     core_->wait_idle();
-    start_epoch();
+    try {
+      start_epoch();
+    } catch (...) {  // from on_epoch_start
+      core_->fail("on_epoch_start", std::current_exception());
+      rethrow_if_failed();
+    }
   }
 
   std::unique_ptr<detail::PipelineCore> core_;

@@ -12,8 +12,38 @@
 
 namespace stoker {
 
+/// What a stage does with an item whose function throws (StageOptions::on_error).
+enum class OnError : std::uint8_t {
+  fail,  ///< stop the pipeline; the consumer gets a StageError naming the stage
+  /// Drop the item, count it in the stage's `skipped`, log the first few, go on. A skipped
+  /// flat_map call's outputs are all dropped, also those it emitted before it threw: they stay
+  /// in the stage until the call returns. Only a call that alone emits more than a chunk (the
+  /// queue after it takes half its capacity at once, or max_chunk) has sent its first chunks
+  /// on before it returns; if it throws after that, they cannot be taken back, and the
+  /// pipeline fails with a StageError that says so.
+  skip,
+};
+
+struct StageContext;
+class BlockedTime;
+
+namespace detail {
+class StageBase;
+/// A StageContext's link to the body that makes the call: where its blocked time adds up, and
+/// the stage whose later stages help_downstream() runs. Opaque; empty outside a pipeline.
+class BodyLink {
+ private:
+  friend class StageBase;
+  friend struct ::stoker::StageContext;
+  friend class ::stoker::BlockedTime;
+  std::chrono::nanoseconds* blocked_ = nullptr;
+  const StageBase* stage_ = nullptr;
+};
+}  // namespace detail
+
 /// What a stage function may ask about the call it is in. A function that takes
-/// `const StageContext&` as its last parameter gets one; it is valid for the call.
+/// `const StageContext&` as its last parameter gets one; it is valid for the call. To call a
+/// stage function outside a pipeline, make one: `StageContext{.seed = 7, .epoch = 2}`.
 struct StageContext {
   std::uint64_t seed = 0;   ///< the pipeline's seed
   std::uint32_t epoch = 0;  ///< the epoch the item belongs to
@@ -29,24 +59,22 @@ struct StageContext {
   /// per-body scratch space.
   int body = 0;
   /// Requested once the pipeline stops (stop(), an error in any stage, destruction). A function
-  /// that waits for something outside the graph, such as a free buffer of a pool, must also
+  /// that waits for something outside the pipeline, such as a free buffer of a pool, must also
   /// wake for this and give up by throwing PipelineStopped. Usable from any thread; asking has
   /// no side effects.
   std::stop_token stop{};
-  /// Where BlockedTime adds up; null outside a pipeline.
-  std::chrono::nanoseconds* blocked = nullptr;
-  /// What help_downstream() runs; empty outside a pipeline.
-  struct Helper {
-    bool (*run)(const void* stage) = nullptr;
-    const void* stage = nullptr;
-  } helper{};
 
   /// Runs, on the calling thread, one body of a later stage that has work, if any: true when it
   /// did. A function that waits for something a later stage or the consumer gives back (a free
   /// buffer of a pool) calls it while it waits, between checks of what it waits for: waiting
   /// bodies then never hold every thread of the pipeline while the stage that would give back
   /// needs one. False outside a pipeline, or when no later stage can run now.
-  bool help_downstream() const { return helper.run && helper.run(helper.stage); }
+  bool help_downstream() const;
+  /// Whether the call is a pipeline's (false for a context made outside one): only then can
+  /// help_downstream() run anything.
+  bool in_pipeline() const noexcept { return link_.stage_ != nullptr; }
+
+  detail::BodyLink link_{};  ///< the pipeline's own
 };
 
 /// Thrown by a stage function that gave up waiting because its pipeline is stopping; the
@@ -60,7 +88,7 @@ struct PipelineStopped : std::runtime_error {
 /// such as a free buffer of a pool. Does nothing for a context that is not a pipeline's.
 class BlockedTime {
  public:
-  explicit BlockedTime(const StageContext& ctx) noexcept : into_(ctx.blocked), since_(Clock::now()) {}
+  explicit BlockedTime(const StageContext& ctx) noexcept : into_(ctx.link_.blocked_), since_(Clock::now()) {}
   ~BlockedTime() {
     if (into_) *into_ += Clock::now() - since_;
   }
@@ -80,9 +108,11 @@ class EmitterAccess;
 
 /// What a flat_map function emits its outputs through: `emit(value)`, any number of times.
 ///
-/// In a pipeline, outputs go downstream in chunks. When one call emits more than a chunk, the
-/// emit that completes a chunk waits until the queue downstream has room for it, so a stage
-/// that emits without bound (one file into many records) is bounded too.
+/// In a pipeline, outputs go downstream in chunks. A call's outputs stay in its stage until it
+/// returns, unless the call alone emits more than a chunk: then the emit that completes a chunk
+/// sends it on and waits until the queue downstream has taken it, so a stage that emits without
+/// bound (one file into many records) is bounded too. With a fanout (StageOptions::fanout), the
+/// emit past it throws, as the item's error.
 template <class T>
 class Emitter {
  public:
@@ -112,6 +142,8 @@ class EmitterAccess {
   static Emitter<T> make(std::vector<T>& out, std::size_t limit, void (*full)(void*), void* owner) noexcept {
     return Emitter<T>(out, limit, full, owner);
   }
+  /// The emit that makes `out` this long calls `full`.
+  static void set_limit(Emitter<T>& emit, std::size_t limit) noexcept { emit.limit_ = limit; }
 };
 }  // namespace detail
 

@@ -5,12 +5,9 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
-#include <map>
 #include <mutex>
-#include <numeric>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -104,14 +101,16 @@ enum class Pop {
 ///
 /// The fields that stages read without the lock (held_, ended_, closed_) are written under it
 /// with sequentially consistent stores; the wake-up protocol (runtime.h) relies on that.
+///
+/// What does not depend on the item type is here, and most of it out of line (edges.cpp): what
+/// every user translation unit compiles for each item type is the typed queue alone.
 class EdgeBase : public QueueMeter {
  public:
-  EdgeBase(std::string name, std::size_t capacity, std::size_t floor, std::string producer, std::string consumer)
-      : QueueMeter(std::move(name), capacity),
-        floor_(floor),
-        producer_(std::move(producer)),
-        consumer_(std::move(consumer)) {}
-  virtual ~EdgeBase() = default;
+  /// A FIFO queue of `capacity` items.
+  EdgeBase(std::string name, std::size_t capacity, std::string producer, std::string consumer);
+  /// A random-shuffle buffer (RandomShuffleQueue's semantics).
+  EdgeBase(std::string name, ShuffleOptions shuffle, std::string producer, std::string consumer);
+  virtual ~EdgeBase();
 
   const std::string& producer() const { return producer_; }
   const std::string& consumer() const { return consumer_; }
@@ -141,7 +140,8 @@ class EdgeBase : public QueueMeter {
   }
 
   /// A shuffle's window and seed, what decides its order in deterministic mode; empty for a FIFO.
-  virtual std::string describe() const = 0;
+  /// In free order only the items a shuffle holds count, not their order.
+  std::string describe() const;
   /// For a shuffle whose producer has ended the epoch: the items it got in the epoch.
   std::optional<std::uint64_t> input_total() {
     std::lock_guard lock(mutex_);
@@ -182,6 +182,23 @@ class EdgeBase : public QueueMeter {
   }
 
  protected:
+  /// start(): the seed, and a shuffle's window. Deterministic mode draws from the oldest items
+  /// (ShuffleRule::oldest_window), which does not depend on how far the producer ran ahead;
+  /// free order from all held, as TensorFlow does.
+  void configure(bool deterministic, std::uint64_t seed);
+
+  /// What Edge::resume() puts back: the origin of the first item the producer must push, the
+  /// items (by origin, ascending) the queue held, and for a deterministic shuffle its draws
+  /// replayed on origins, which say where they go back.
+  struct ResumePlan {
+    std::uint64_t next = 0;
+    std::vector<std::uint64_t> origins;
+    std::optional<ShuffleBuffer<std::uint64_t>> draws;
+  };
+  ResumePlan plan_resume(std::uint64_t taken, const PipelineState& state) const;
+  /// The order in which a FIFO's `n` items go back at a resume after `taken` (put_back_shuffled).
+  std::vector<std::size_t> put_back_order(std::size_t n, std::uint64_t taken) const;
+
   // Under mutex_: items that may be taken now.
   std::size_t poppable_locked() const noexcept {
     const std::size_t held = held_.load();
@@ -196,7 +213,10 @@ class EdgeBase : public QueueMeter {
     signal_.notify_one();
   }
 
-  const std::size_t floor_;  // what a pop leaves behind while the epoch is open
+  const std::size_t floor_;                              // what a pop leaves behind while the epoch is open
+  const std::optional<ShuffleOptions> shuffle_options_;  // none: a FIFO
+  std::size_t window_ = 0;                               // a shuffle's: what a take draws from
+  std::uint64_t seed_ = 0, epoch_seed_ = 0;
   SpinLock mutex_;
   std::atomic<std::uint32_t> signal_{0};
   bool consumer_waiting_ = false;  // under mutex_
@@ -216,25 +236,11 @@ class EdgeBase : public QueueMeter {
 template <class T>
 class Edge final : public EdgeBase {
  public:
-  /// A FIFO queue of `capacity` items.
-  Edge(std::string name, std::size_t capacity, std::string producer, std::string consumer)
-      : EdgeBase(std::move(name), capacity, 0, std::move(producer), std::move(consumer)) {}
-  /// A random-shuffle buffer (RandomShuffleQueue's semantics).
-  Edge(std::string name, ShuffleOptions shuffle, std::string producer, std::string consumer)
-      : EdgeBase(std::move(name), shuffle.capacity, shuffle.min_after_dequeue, std::move(producer),
-                 std::move(consumer)),
-        shuffle_options_(shuffle) {}
+  using EdgeBase::EdgeBase;
 
-  // Deterministic mode draws from the oldest items (ShuffleRule::oldest_window), which does not
-  // depend on how far the producer ran ahead; free order from all held, as TensorFlow does.
   void start(bool deterministic, std::uint64_t seed) override {
-    deterministic_ = deterministic;
-    seed_ = derive_seed(seed, hash_name(name()));
-    if (!shuffle_options_) return;
-    const auto& o = *shuffle_options_;
-    seed_ = o.seed.value_or(seed_);
-    window_ = deterministic ? o.min_after_dequeue + 1 : o.capacity;
-    shuffle_.emplace(window_, seed_);
+    configure(deterministic, seed);
+    if (shuffle_options_) shuffle_.emplace(window_, seed_);
   }
   void begin_epoch(std::uint32_t epoch) override {
     std::lock_guard lock(mutex_);
@@ -243,13 +249,6 @@ class Edge final : public EdgeBase {
     epoch_seed_ = derive_seed(seed_, epoch);
     if (shuffle_) shuffle_->reseed(epoch_seed_);
   }
-  // In free order only the items a shuffle holds count, not their order.
-  std::string describe() const override {
-    if (!shuffle_options_) return {};
-    if (!deterministic_) return "shuffle";
-    return "shuffle window " + std::to_string(window_) + " seed " + std::to_string(seed_);
-  }
-
   /// Exact resume, after begin_epoch() and while nothing runs: the consumer has taken the
   /// epoch's first `taken` items. Puts back what the queue held then, which `remake(origins)`
   /// makes again (the items of those origins, ascending), and returns the origin of the first
@@ -266,49 +265,25 @@ class Edge final : public EdgeBase {
   ///   queue starts empty.
   template <class Remake>
   std::uint64_t resume(std::uint64_t taken, const PipelineState& state, Remake&& remake) {
-    std::uint64_t next = taken;
-    std::vector<std::uint64_t> origins;
-    std::optional<ShuffleBuffer<std::uint64_t>> draws;
-    if (state.taken && state.taken->queue == name()) {
-      next = state.taken->below;
-      origins = state.taken->except;
-    } else if (shuffle_ && deterministic_) {
-      const auto total = state.shuffle_inputs.find(name());
-      const std::uint64_t end = total == state.shuffle_inputs.end() ? UINT64_MAX : total->second;
-      draws.emplace(window_, epoch_seed_);
-      next = 0;
-      for (std::uint64_t i = 0; i < taken; ++i) {
-        while (next < end && draws->size() < window_) draws->push(next++);
-        if (draws->size() == 0) break;  // the consumer took the whole epoch
-        draws->take();
-      }
-      origins.reserve(draws->size());
-      draws->for_each([&](std::uint64_t p) { origins.push_back(p); });
-      std::sort(origins.begin(), origins.end());
-    }
+    ResumePlan plan = plan_resume(taken, state);
+    const auto& origins = plan.origins;
     std::vector<T> items = origins.empty() ? std::vector<T>() : remake(origins);
     std::lock_guard lock(mutex_);
     popped_ = taken;
-    pushed_ = next;
+    pushed_ = plan.next;
     Count counted(*this, +1);
-    if (draws) {
-      shuffle_ = draws->map([&](std::uint64_t p) {
+    if (plan.draws) {
+      shuffle_ = plan.draws->map([&](std::uint64_t p) {
         const auto i = static_cast<std::size_t>(std::lower_bound(origins.begin(), origins.end(), p) - origins.begin());
         return Held{std::move(items[i]), p};
       });
       counted.n = shuffle_->size();
     } else {
-      std::vector<std::size_t> order(items.size());
-      std::iota(order.begin(), order.end(), std::size_t{0});
-      if (put_back_shuffled_) {
-        Rng rng(derive_seed(epoch_seed_, taken));
-        for (std::size_t i = order.size(); i > 1; --i) std::swap(order[i - 1], order[rng.below(i)]);
-      }
       Chunk<T> back;
-      for (const auto i : order) back.push(std::move(items[i]), origins[i]);
+      for (const auto i : put_back_order(items.size(), taken)) back.push(std::move(items[i]), origins[i]);
       counted.n = put_locked(back);
     }
-    return next;
+    return plan.next;
   }
 
   /// Moves all of `chunk` in and empties it, or takes nothing and returns false (no room, or
@@ -453,6 +428,8 @@ class Edge final : public EdgeBase {
     return n;
   }
 
+  // A move that throws leaves what was taken out taken, each item in `out` with its origin,
+  // and the rest held: the counts, the origins and what the queue holds stay in step.
   Pop pop_locked(Chunk<T>& out, std::size_t max, std::uint64_t& first) {
     if (closed_.load()) return Pop::closed;
     const std::size_t n = std::min(max, poppable_locked());
@@ -460,36 +437,45 @@ class Edge final : public EdgeBase {
     out.reserve(out.size() + n);
     first = popped_;
     Count counted(*this, -1);
-    if (shuffle_) {
-      for (std::size_t i = 0; i < n; ++i, ++counted.n) {
-        Held h = shuffle_->take();
-        out.push(std::move(h.value), h.origin);
+    try {
+      if (shuffle_) {
+        for (std::size_t i = 0; i < n; ++i) {
+          Held h = shuffle_->take();
+          ++counted.n;
+          out.push(std::move(h.value), h.origin);
+        }
+      } else {
+        for (std::size_t i = 0; i < n; ++i, ++counted.n) {
+          out.items.push_back(std::move(fifo_.front()));
+          fifo_.pop_front();
+        }
       }
-    } else {
-      for (std::size_t i = 0; i < n; ++i, ++counted.n) {
-        out.items.push_back(std::move(fifo_.front()));
-        fifo_.pop_front();
-      }
-      for (std::size_t left = n; left != 0;) {
-        Origins& r = fifo_runs_.front();
-        const std::uint64_t k = std::min<std::uint64_t>(r.count, left);
-        out.number(Origins{r.first, k});
-        r.first += k;
-        r.count -= k;
-        left -= static_cast<std::size_t>(k);
-        if (r.count == 0) fifo_runs_.pop_front();
-      }
+    } catch (...) {
+      if (!shuffle_) number_popped(out, counted.n);
+      popped_ += counted.n;
+      throw;
     }
+    if (!shuffle_) number_popped(out, n);
     popped_ += n;
     return Pop::items;
   }
 
+  // Under mutex_: the origins of the `n` items just moved from the FIFO into `out`.
+  void number_popped(Chunk<T>& out, std::size_t n) {
+    for (std::size_t left = n; left != 0;) {
+      Origins& r = fifo_runs_.front();
+      const std::uint64_t k = std::min<std::uint64_t>(r.count, left);
+      out.number(Origins{r.first, k});
+      r.first += k;
+      r.count -= k;
+      left -= static_cast<std::size_t>(k);
+      if (r.count == 0) fifo_runs_.pop_front();
+    }
+  }
+
   std::deque<T> fifo_;
   std::deque<Origins> fifo_runs_;  // the origins of fifo_'s items, in order
-  std::optional<ShuffleOptions> shuffle_options_;
   std::optional<ShuffleBuffer<Held>> shuffle_;
-  std::size_t window_ = 0;  // a shuffle's: what a take draws from
-  std::uint64_t seed_ = 0, epoch_seed_ = 0;
 };
 
 }  // namespace stoker::detail

@@ -1,4 +1,7 @@
-// The parts of a pipeline that do not depend on item types. Internal.
+// The parts of a pipeline that do not depend on item types, as the typed stages and
+// Pipeline<T> see them: a stage's bodies, slots and wake-ups, and the pipeline's core. What
+// runs them (oneTBB), the monitor, the tuner, the trace and the record of taken items are the
+// library's own (core/src). Internal.
 #pragma once
 
 #include <algorithm>
@@ -17,32 +20,27 @@
 #include <vector>
 
 #include "stoker/core/autotune.h"
-#include "stoker/core/detail/edges.h"
-#include "stoker/core/detail/taken.h"
-#include "stoker/core/detail/trace.h"
+#include "stoker/core/detail/spin_lock.h"
 #include "stoker/core/stage.h"
 #include "stoker/core/stage_stats.h"
+#include "stoker/core/state.h"
+#include "stoker/core/timeline.h"
 
-namespace stoker {
+namespace stoker::detail {
 
-/// What a stage does with an item whose function throws.
-enum class OnError : std::uint8_t {
-  fail,  ///< stop the pipeline; the consumer gets a StageError naming the stage
-  skip,  ///< drop the item, count it in the stage's `skipped`, log the first few, go on
-};
-
-/// Ranges a profiler draws around every stage body, named after the stage: stoker::gpu
-/// installs NVTX ranges when it opens a CUDA device, so that Nsight Systems shows the stages
-/// next to the copies and kernels. Process-wide; null functions turn it off.
-struct BodyTracer {
-  void (*begin)(const char* stage) = nullptr;
-  void (*end)() = nullptr;
-};
-void set_body_tracer(BodyTracer tracer) noexcept;
-
-namespace detail {
-
+class EdgeBase;
 class PipelineCore;
+class TraceFile;
+class TraceTrack;
+class TakenItems;
+
+/// The consumer took the item of `origin` (TakenItems::took); the consumer's thread.
+void took(TakenItems& taken, std::uint64_t origin);
+/// The batch stage sent batch `batch` of items with `origins` (TakenItems::batched).
+void batched(TakenItems& taken, std::uint64_t batch, std::vector<std::uint64_t> origins);
+
+/// Throws the logic_error of a flat_map whose input `index` gave `made` outputs, not `fanout`.
+[[noreturn]] void throw_fanout(std::uint64_t index, std::size_t made, std::size_t fanout);
 
 /// An exception from the runtime's own work inside a stage function's call (pushing what an
 /// emit completed): not the item's fault, so OnError::skip does not apply; the pipeline fails.
@@ -63,8 +61,8 @@ inline std::int64_t coarse_ticks() noexcept {
 #endif
 }
 
-/// One stage: up to `threads` bodies run at once, each on a oneTBB task of the pipeline's flow
-/// graph, each under a slot of its own (StageContext::body). A body moves chunks of items from
+/// One stage: up to `threads` bodies run at once, each a task that the pipeline enqueues in its
+/// oneTBB arena, each under a slot of its own (StageContext::body). A body moves chunks of items from
 /// its input to its output and returns as soon as it cannot go on without waiting: input
 /// empty, or output full (its finished chunk then waits in the stage's output, see Output).
 ///
@@ -109,6 +107,8 @@ class StageBase {
   bool run() noexcept;
   /// What a task of the pipeline runs.
   void run_task() noexcept;
+  /// StageContext::help_downstream() of this stage's bodies.
+  bool help_downstream() const noexcept;
 
   StageStats stats() const;
 
@@ -147,8 +147,8 @@ class StageBase {
   /// current run. On a cache line of its own: ctx.index is written for every item.
   struct alignas(64) Body {
     StageContext ctx;
-    std::chrono::nanoseconds blocked{0};  ///< through ctx.blocked
-    TraceFile::Track* track = nullptr;    ///< the slot's track when the run is traced
+    std::chrono::nanoseconds blocked{0};  ///< through BlockedTime(ctx)
+    TraceTrack* track = nullptr;          ///< the slot's track when the run is traced
   };
   /// Moves one chunk. Never waits for a queue, except inside a flat_map call (Emitter).
   virtual Step step(Body& body) = 0;
@@ -160,13 +160,13 @@ class StageBase {
     StageContext ctx = bodies_.front().ctx;
     ctx.index = index;
     ctx.body = 0;
-    ctx.blocked = nullptr;
-    ctx.helper = {};
+    ctx.link_ = {};
     return ctx;
   }
   void count_in(std::uint64_t n) { items_in_.fetch_add(n, std::memory_order_relaxed); }
   void count_out(std::uint64_t n) { items_out_.fetch_add(n, std::memory_order_relaxed); }
 
+  bool skips() const noexcept { return on_error_ == OnError::skip; }
   /// Calls `f()` for the item at `index` under the stage's error policy: with OnError::skip, an
   /// exception (other than PipelineStopped) is counted, logged the first few times, and false
   /// returned; with OnError::fail it propagates and stops the pipeline.
@@ -250,33 +250,33 @@ struct CoreOptions {
   std::chrono::milliseconds sample_interval{50};
   std::optional<AutotuneOptions> autotune;
   CounterSource counters;
+  std::function<void(std::uint32_t)> on_epoch_start;
 };
 
-/// Owns the threads, the flow graph, the stages and queues, the monitor, and the first error.
+/// Owns the threads, the stages and queues, the monitor, the tuner and the first error.
 ///
 /// Threads. The stages run on `threads` threads of the pipeline's own, which wait in a oneTBB
-/// arena whose every slot is reserved for them, and there run the flow graph's tasks. The
-/// pipeline neither changes oneTBB's process-wide settings nor depends on them: a host's
-/// tbb::global_control limits oneTBB's workers, none of which the pipeline uses.
+/// arena whose every slot is reserved for them, and there run the stage bodies that the
+/// pipeline enqueues as tasks. The pipeline neither changes oneTBB's process-wide settings nor
+/// depends on them: a host's tbb::global_control limits oneTBB's workers, none of which the
+/// pipeline uses.
 class PipelineCore {
  public:
   PipelineCore();
   ~PipelineCore();
+  PipelineCore(const PipelineCore&) = delete;
+  PipelineCore& operator=(const PipelineCore&) = delete;
 
   StageBase& add_stage(std::unique_ptr<StageBase> stage);
-  template <class E>
-  E& add_edge(std::unique_ptr<E> edge) {
-    auto& e = *edge;
-    edges_.push_back(std::move(edge));
-    return e;
-  }
+  EdgeBase& add_edge(std::unique_ptr<EdgeBase> edge);
   const std::vector<std::unique_ptr<StageBase>>& stages() const { return stages_; }
   const CoreOptions& options() const { return options_; }
 
-  /// Validates `options`, starts the threads, the flow graph and the monitor.
+  /// Validates `options`, starts the threads and the monitor.
   void start(CoreOptions options);
-  /// Prepares every queue and stage for epoch `epoch`; no body may run. With `resume`, for
-  /// going on from where the consumer stood in it (check_state() first).
+  /// Prepares every queue and stage for epoch `epoch`, then calls the on_epoch_start hook; no
+  /// body may run. With `resume`, for going on from where the consumer stood in it
+  /// (check_state() first).
   void begin_epoch(std::uint32_t epoch, const PipelineState* resume = nullptr);
   /// The consumer has taken the epoch's last item (whether another epoch follows or not).
   void end_epoch();
@@ -291,13 +291,13 @@ class PipelineCore {
   /// In free order, when the pipeline can be resumed: what its consumer has taken. Null
   /// otherwise (in deterministic mode, how many says which).
   TakenItems* taken_items() const noexcept { return taken_.get(); }
-  /// Waits until every body has returned and no task is pending. Bodies only ever wait for a
-  /// chunk's work, so this is brief.
+  /// Waits, asleep, until every body has returned and no task is pending. Bodies only ever
+  /// wait for a chunk's work, so this is brief.
   void wait_idle() const;
 
-  /// Starts a body of `stage` on one of the pipeline's threads; false (and the pipeline
-  /// failed) if no task could be made.
-  bool spawn(StageBase& stage) noexcept;
+  /// Enqueues a task that runs bodies of `stage` on one of the pipeline's threads; false (and
+  /// the pipeline failed) if no task could be made.
+  bool enqueue(StageBase& stage) noexcept;
   /// Runs one body of a stage after `from` that has work and a free slot, on this thread,
   /// nearest the consumer first: those are what make room for `from`, or give back what it
   /// waits for. False when none could run.
@@ -312,22 +312,24 @@ class PipelineCore {
   bool stopping() const noexcept { return stopping_.load(std::memory_order_acquire); }
   std::stop_token stop_token() const noexcept { return stop_.get_token(); }
   /// Idempotent, and safe from any thread: stops every stage, waits until every body has
-  /// returned, stops the monitor (whose errors are logged, not thrown). The threads go with the
-  /// destructor.
+  /// returned and the monitor has written its last records (its errors are logged, not
+  /// thrown). A later or concurrent call waits for the same. On one of the pipeline's own
+  /// threads (a stage function, or oneTBB work a stage function waits for), which such a wait
+  /// would deadlock, it stops the stages and returns. The threads go with the destructor.
   void stop() noexcept;
 
   /// The consumer's thread waited for the last queue from `begin` to `end`.
-  void consumer_waited(std::chrono::steady_clock::time_point begin, std::chrono::steady_clock::time_point end) {
-    add(consumer_wait_ns_,
-        static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(end - begin).count()));
-    if (consumer_track_) consumer_track_->span(begin, end);
-  }
+  void consumer_waited(std::chrono::steady_clock::time_point begin, std::chrono::steady_clock::time_point end);
   void count_consumed(std::uint64_t n = 1) { add(consumed_, n); }
   PipelineSummary summary() const;
 
  private:
   friend class StageBase;
   void describe_for_resume();
+  void fit_to_budget(int budget);
+  void request_stop() noexcept;
+  /// Whether this thread is one of the pipeline's own.
+  bool on_own_thread() const noexcept;
 
   struct Engine;
   class Monitor;
@@ -337,7 +339,7 @@ class PipelineCore {
   // tasks run stages, whose bodies write the trace's tracks.
   CoreOptions options_;
   std::unique_ptr<TraceFile> trace_;
-  TraceFile::Track* consumer_track_ = nullptr;
+  TraceTrack* consumer_track_ = nullptr;
   std::vector<std::unique_ptr<EdgeBase>> edges_;
   std::vector<std::unique_ptr<StageBase>> stages_;
   // Exact resume, set by start(): a state's fields that never change, and why there can be none.
@@ -352,9 +354,13 @@ class PipelineCore {
   // stop_.stop_requested(), on a line of its own that only a stop writes: bodies read it for
   // every item, and stop tokens' reference counts live beside the stop_source's flag.
   alignas(64) std::atomic<bool> stopping_{false};
-  alignas(64) std::atomic<bool> stopped_{false};
-  void request_stop() noexcept;
-  std::atomic<int> tasks_{0};  // spawned and not yet returned; see wait_idle()
+  // stop(): running, then stopping (one caller waits for the bodies and the monitor), then
+  // stopped; every other caller waits for stopped.
+  enum class StopPhase : int { running, stopping, stopped };
+  alignas(64) std::atomic<StopPhase> stop_phase_{StopPhase::running};
+  // Tasks enqueued and not yet returned (wait_idle()). The waiter sleeps on it, and the task
+  // that takes it to 0 wakes it.
+  std::atomic<int> tasks_{0};
   int threads_ = 0;
   mutable std::mutex error_mutex_;
   std::exception_ptr error_;
@@ -370,5 +376,4 @@ class PipelineCore {
 
 inline bool StageBase::stopping() const noexcept { return core_->stopping(); }
 
-}  // namespace detail
-}  // namespace stoker
+}  // namespace stoker::detail

@@ -532,63 +532,147 @@ class TransformStage final : public Consumer<In, Out> {
     return fns_.size() == 1 ? fns_[0] : fns_[static_cast<std::size_t>(body.ctx.body)];
   }
 
-  // Outputs past a chunk, from inside a flat_map call: they are sent as a piece, and the call
-  // goes on once the piece has gone (the emit waits; see Emitter).
-  struct Spill {
-    TransformStage& stage;
-    StageBase::Body& body;
-    Chunk<Out>& outputs;  // the emitter appends to its items; number() gives them their origins
-    Key key;
-    bool numbered;             // false: the queue numbers the outputs (Chunk)
-    std::size_t spilled = 0;   // items sent so far
-    std::uint64_t input = 0;   // the origin of the input whose call emits now
-    std::uint64_t made = 0;    // its outputs numbered so far
-    std::size_t in_chunk = 0;  // items of `outputs` numbered
+  // A body's outputs on their way out: the chunk being made, and the pieces sent from it.
+  //
+  // Invariant: a call's outputs stay in `outputs` until the call returns, unless the call alone
+  // fills a chunk (`limit` outputs). The emit that fills a chunk sends what earlier calls made
+  // as a piece and keeps the call's own; only when the call's own fill it do they go as a piece,
+  // and the emit waits until that piece has gone (Emitter), so that a body holds at most one
+  // piece on its way and one being made. So when a call fails, drop_call() can take out every
+  // output it made, and OnError::skip drops the call whole, unless the call had sent a piece of
+  // its own: that cannot be taken back, and the run fails instead. With a fanout, the emit past
+  // it throws (the item's error) before the call can fill a chunk of its own, when the fanout is
+  // below the limit.
+  class Spill {
+   public:
+    Spill(TransformStage& stage, StageBase::Body& body, Chunk<Out>& outputs, Key key, std::size_t limit,
+          std::size_t fanout, bool numbered)
+        : stage_(stage),
+          body_(body),
+          outputs_(outputs),
+          key_(key),
+          limit_(limit),
+          fanout_(fanout),
+          numbered_(numbered),
+          emit_(EmitterAccess<Out>::make(outputs.items, limit, &Spill::full, this)) {}
+    Spill(const Spill&) = delete;  // the emitter points here
+    Spill& operator=(const Spill&) = delete;
 
-    // Origins for a flat_map's outputs emitted since the last call: the j-th output of input o
-    // is o * fanout + j. A flat_map without a fanout cannot number them, nor can end_epoch(). A
-    // map's outputs are numbered as they are made.
-    void number() {
-      if (!Flat || !numbered) return;
-      for (; in_chunk < outputs.size(); ++in_chunk) outputs.number(input * stage.fanout_ + made++);
-    }
-    void next_input(std::uint64_t origin) {
-      input = origin;
-      made = 0;
-    }
+    Emitter<Out>& emitter() { return emit_; }
+    Key key() const { return key_; }
+    std::size_t spilled() const { return spilled_; }
 
-    static void full(void* self) { static_cast<Spill*>(self)->send(true); }
+    // A call for the input of origin `origin` starts.
+    void begin_call(std::uint64_t origin) {
+      input_ = origin;
+      made_ = 0;
+      call_begin_ = outputs_.size();
+      call_sent_ = 0;
+      set_limit();
+    }
+    // The call returned: its outputs, counted against the fanout, join the chunk.
+    void end_call() {
+      stage_.check_fanout(call_sent_ + outputs_.size() - call_begin_, input_);
+      number();
+    }
+    // The call failed: takes out what it left in `outputs`. False when it sent some on, which
+    // cannot be taken back.
+    bool drop_call() {
+      while (outputs_.size() > call_begin_) outputs_.items.pop_back();
+      return call_sent_ == 0;
+    }
+    std::size_t call_sent() const { return call_sent_; }
+
     // Sends what is made so far, and returns once it has gone (`wait`) or at once; a piece
     // that has not gone yet makes a send without `wait` a no-op, so that a body holds at most
     // one piece on its way and one being made.
     void send(bool wait) {
       try {
-        if (!wait && key.piece != 0 && !gone(Key{key.first, key.piece - 1})) return;
+        if (!wait && key_.piece != 0 && !gone(Key{key_.first, key_.piece - 1})) return;
         number();
-        const Key k = key;
-        ++key.piece;
-        spilled += outputs.size();
-        const std::size_t capacity = outputs.items.capacity();
-        const bool sent = stage.put(k, std::move(outputs), 0);
-        outputs.clear();
-        outputs.reserve(capacity);
-        in_chunk = 0;
+        const Key k = key_;
+        ++key_.piece;
+        spilled_ += outputs_.size();
+        const std::size_t capacity = outputs_.items.capacity();
+        const bool sent = stage_.put(k, std::move(outputs_), 0);
+        outputs_.clear();
+        outputs_.reserve(capacity);
+        in_chunk_ = 0;
         if (sent || !wait) return;
-        BlockedTime waiting(body.ctx);
-        stage.core().wait_for(stage, [&] { return gone(k); });
+        BlockedTime waiting(body_.ctx);
+        stage_.core().wait_for(stage_, [&] { return gone(k); });
       } catch (const PipelineStopped&) {
         throw;
       } catch (...) {  // inside the function's call, but not the item's fault
         throw RuntimeFailure{std::current_exception()};
       }
     }
+
+   private:
+    // Origins for a flat_map's outputs emitted since the last numbering: the j-th output of
+    // input o is o * fanout + j. A flat_map without a fanout cannot number them, nor can
+    // end_epoch(): the queue numbers them (Chunk). A map's outputs are numbered as they are made.
+    void number() {
+      if (!Flat || !numbered_) return;
+      for (; in_chunk_ < outputs_.size(); ++in_chunk_) outputs_.number(input_ * fanout_ + made_++);
+    }
+    // The emit that fills a chunk, or that goes past the fanout, lands here.
+    static void full(void* self) { static_cast<Spill*>(self)->filled(); }
+    void filled() {
+      const std::size_t own = outputs_.size() - call_begin_;
+      if (fanout_ != 0 && call_sent_ + own > fanout_) stage_.check_fanout(call_sent_ + own, input_);  // throws
+      if (call_begin_ == 0) {  // the call's own fill the chunk: they go
+        call_sent_ += own;
+        send(true);
+      } else {
+        send_earlier_calls();
+      }
+      set_limit();
+    }
+    // Sends, as a piece, the outputs of the calls before this one (numbered when they
+    // returned), and keeps this call's, moved to a fresh chunk.
+    void send_earlier_calls() {
+      try {
+        std::vector<Out> own;
+        own.reserve(outputs_.items.capacity());
+        for (std::size_t i = call_begin_; i < outputs_.size(); ++i) own.push_back(std::move(outputs_.items[i]));
+        while (outputs_.size() > call_begin_) outputs_.items.pop_back();
+        call_begin_ = 0;
+        send(true);  // sends the earlier calls' outputs: `number()` has nothing new to number
+        outputs_.items = std::move(own);
+      } catch (const PipelineStopped&) {
+        throw;
+      } catch (const RuntimeFailure&) {
+        throw;
+      } catch (...) {
+        throw RuntimeFailure{std::current_exception()};
+      }
+    }
+    // The emit that fills a chunk, or the one past the fanout, calls full().
+    void set_limit() {
+      std::size_t limit = limit_;
+      if (fanout_ != 0) limit = std::min(limit, call_begin_ + fanout_ - call_sent_ + 1);
+      EmitterAccess<Out>::set_limit(emit_, limit);
+    }
     bool gone(Key k) {
-      stage.flush();  // what has room goes, and siblings learn of claims given back
-      return stage.out_.gone(k);
+      stage_.flush();  // what has room goes, and siblings learn of claims given back
+      return stage_.out_.gone(k);
     }
-    Emitter<Out> emitter(std::size_t limit) {
-      return EmitterAccess<Out>::make(outputs.items, limit, &Spill::full, this);
-    }
+
+    TransformStage& stage_;
+    StageBase::Body& body_;
+    Chunk<Out>& outputs_;  // the emitter appends to its items; number() gives them their origins
+    Key key_;
+    const std::size_t limit_;
+    const std::size_t fanout_;  // 0: any number of outputs per call
+    const bool numbered_;       // false: the queue numbers the outputs (Chunk)
+    Emitter<Out> emit_;
+    std::size_t spilled_ = 0;     // items sent so far
+    std::size_t in_chunk_ = 0;    // items of `outputs` numbered
+    std::uint64_t input_ = 0;     // the origin of the input whose call emits now
+    std::uint64_t made_ = 0;      // its outputs numbered so far
+    std::size_t call_begin_ = 0;  // where its outputs start in `outputs`
+    std::size_t call_sent_ = 0;   // its outputs sent on in pieces
   };
 
   void process(StageBase::Body& body, Chunk<In>& inputs, std::uint64_t first) {
@@ -597,8 +681,7 @@ class TransformStage final : public Consumer<In, Out> {
     // Never grown while a call emits: a growth would move the items already emitted, in the
     // function's call but not its doing (see Spill).
     outputs.reserve(Flat ? limit : inputs.size());
-    Spill spill{*this, body, outputs, Key{first, 0}, fanout_ != 0};
-    auto emit = spill.emitter(limit);
+    Spill spill(*this, body, outputs, Key{first, 0}, limit, fanout_, fanout_ != 0);
     const auto t0 = Clock::now();
     const auto tick = coarse_ticks();
     const auto blocked0 = body.blocked;
@@ -608,16 +691,18 @@ class TransformStage final : public Consumer<In, Out> {
         body.ctx.index = run.first + k;
         this->guarded(body.ctx.index, [&] {
           if constexpr (Flat) {
-            const std::size_t before = spill.spilled + outputs.size();
-            spill.next_input(body.ctx.index);
+            spill.begin_call(body.ctx.index);
             try {
-              call_with_context(fn(body), body.ctx, std::move(inputs.items[i]), emit);
-            } catch (...) {  // what it emitted before it threw goes on (OnError::skip), as its own
-              spill.number();
+              call_with_context(fn(body), body.ctx, std::move(inputs.items[i]), spill.emitter());
+              spill.end_call();
+            } catch (const PipelineStopped&) {
+              throw;
+            } catch (const RuntimeFailure&) {
+              throw;
+            } catch (...) {
+              if (!spill.drop_call() && this->skips()) throw_sent_on(body.ctx, spill.call_sent(), limit);
               throw;
             }
-            spill.number();
-            check_fanout(spill.spilled + outputs.size() - before, body.ctx.index);
           } else {
             outputs.push(call_with_context(fn(body), body.ctx, std::move(inputs.items[i])), body.ctx.index);
           }
@@ -628,12 +713,34 @@ class TransformStage final : public Consumer<In, Out> {
       }
     this->measured(inputs.size(),
                    std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0) - (body.blocked - blocked0));
-    const std::size_t made = spill.spilled + outputs.size();
+    const std::size_t made = spill.spilled() + outputs.size();
     if constexpr (Flat)
       mean_fanout_.store((mean_fanout_.load(std::memory_order_relaxed) + 16 * made / inputs.size()) / 2,
                          std::memory_order_relaxed);
     this->count_out(made);
-    this->put(spill.key, std::move(outputs), inputs.size());
+    this->put(spill.key(), std::move(outputs), inputs.size());
+  }
+
+  // In a catch block, under OnError::skip: a call that failed after `sent` of its outputs had
+  // gone on cannot be skipped, and the pipeline fails with an error that says why, the call's
+  // own nested in it.
+  [[noreturn]] void throw_sent_on(const StageContext& ctx, std::size_t sent, std::size_t limit) const {
+    std::string what = "unknown exception";
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    try {
+      std::throw_with_nested(std::runtime_error(
+          "input " + std::to_string(ctx.index) + " of epoch " + std::to_string(ctx.epoch) + " failed after " +
+          std::to_string(sent) + " of its outputs had gone on, which on_error = skip cannot take back (a call's " +
+          "outputs stay in the stage until it returns only while they fit in a chunk, " + std::to_string(limit) +
+          " here): " + what));
+    } catch (...) {
+      throw RuntimeFailure{std::current_exception()};
+    }
   }
 
   // Sends the end of the epoch once every input has been taken and processed. Any body may be
@@ -651,8 +758,8 @@ class TransformStage final : public Consumer<In, Out> {
       Chunk<Out> outputs;
       const std::size_t limit = std::min(max_chunk_, this->out_.cap());
       outputs.reserve(limit);  // see process()
-      Spill spill{*this, body, outputs, Key{inputs, 0}, false};
-      auto emit = spill.emitter(limit);
+      Spill spill(*this, body, outputs, Key{inputs, 0}, limit, /*fanout=*/0, /*numbered=*/false);
+      auto& emit = spill.emitter();
       for (auto& f : fns_) {
         if constexpr (requires { f.end_epoch(emit, body.ctx); })
           f.end_epoch(emit, body.ctx);
@@ -660,16 +767,14 @@ class TransformStage final : public Consumer<In, Out> {
           f.end_epoch(emit);
       }
       if (!outputs.empty()) spill.send(true);
-      this->count_out(spill.spilled);
+      this->count_out(spill.spilled());
     }
     this->out_.put_end(inputs);
   }
 
   // An input's outputs must number fanout_, when given: the item's error otherwise.
   void check_fanout(std::size_t made, std::uint64_t index) const {
-    if (fanout_ != 0 && made != fanout_)
-      throw std::logic_error("input " + std::to_string(index) + " gave " + std::to_string(made) +
-                             " outputs, but the stage's fanout is " + std::to_string(fanout_));
+    if (fanout_ != 0 && made != fanout_) throw_fanout(index, made, fanout_);
   }
 
   const std::size_t max_chunk_;
@@ -748,7 +853,7 @@ class BatchStage final : public Consumer<T, std::vector<T>> {
     this->out_.try_claim(this->threads());  // serial, and flushed before: never refused
     Chunk<std::vector<T>> one;
     one.push(std::move(batch_.items), batches_);
-    if (auto* taken = this->core().taken_items()) taken->batched(batches_, batch_.origin_list());
+    if (auto* taken = this->core().taken_items()) detail::batched(*taken, batches_, batch_.origin_list());
     this->count_out(1);
     this->put(Key{batches_, 0}, std::move(one), 1);
     ++batches_;

@@ -1,5 +1,5 @@
 // A run's timeline as Chrome trace events (the JSON that Perfetto's UI and chrome://tracing
-// open). Internal: PipelineBuilder::trace() turns it on.
+// open). Internal to the library: PipelineBuilder::trace() turns it on.
 #pragma once
 
 #include <chrono>
@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,36 @@
 #include "stoker/core/timeline.h"
 
 namespace stoker::detail {
+
+/// One track of a TraceFile: a stage body slot, or the consumer.
+class TraceTrack {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  /// A span of work, e.g. one chunk: [begin, end).
+  void span(Clock::time_point begin, Clock::time_point end) { add({begin, end, Kind::span, 0}); }
+  /// A mark at `t` for the start of epoch `epoch` (drawn across every track).
+  void epoch(Clock::time_point t, std::uint32_t epoch) { add({t, t, Kind::epoch, epoch}); }
+
+ private:
+  friend class TraceFile;
+  enum class Kind : std::uint8_t { span, epoch };
+  struct Event {
+    Clock::time_point begin, end;
+    Kind kind;
+    std::uint32_t value;
+  };
+  void add(const Event& e) {
+    std::lock_guard lock(mutex_);
+    events_.push_back(e);
+  }
+
+  std::string span_name_;  // the stage's name, or "wait"
+  std::string span_head_;  // a span's JSON up to its "ts" value, made once
+  int tid_ = 0;
+  SpinLock mutex_;
+  std::vector<Event> events_;  // under mutex_
+};
 
 /// The file, and one track per stage body slot and one for the consumer.
 ///
@@ -25,33 +56,7 @@ namespace stoker::detail {
 class TraceFile {
  public:
   using Clock = std::chrono::steady_clock;
-
-  class Track {
-   public:
-    /// A span of work, e.g. one chunk: [begin, end).
-    void span(Clock::time_point begin, Clock::time_point end) { add({begin, end, Kind::span, 0}); }
-    /// A mark at `t` for the start of epoch `epoch` (drawn across every track).
-    void epoch(Clock::time_point t, std::uint32_t epoch) { add({t, t, Kind::epoch, epoch}); }
-
-   private:
-    friend class TraceFile;
-    enum class Kind : std::uint8_t { span, epoch };
-    struct Event {
-      Clock::time_point begin, end;
-      Kind kind;
-      std::uint32_t value;
-    };
-    void add(const Event& e) {
-      std::lock_guard lock(mutex_);
-      events_.push_back(e);
-    }
-
-    std::string span_name_;  // the stage's name, or "wait"
-    std::string span_head_;  // a span's JSON up to its "ts" value, made once
-    int tid_ = 0;
-    SpinLock mutex_;
-    std::vector<Event> events_;  // under mutex_
-  };
+  using Track = TraceTrack;
 
   /// Opens `path` for writing; throws std::runtime_error naming it if it cannot.
   TraceFile(const std::string& path, Clock::time_point origin);

@@ -1,4 +1,5 @@
-// Which items the consumer of a free-order pipeline has taken, for Pipeline::state(). Internal.
+// Which items the consumer of a free-order pipeline has taken, for Pipeline::state(). Internal
+// to the library.
 #pragma once
 
 #include <cstdint>
