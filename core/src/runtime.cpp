@@ -5,6 +5,7 @@
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <bit>
 #include <condition_variable>
 #include <nlohmann/json.hpp>
@@ -60,8 +61,11 @@ thread_local const PipelineCore* task_of = nullptr;
 struct PipelineCore::Engine {
   // Every slot of the arena is reserved for the pipeline's own threads: no oneTBB worker joins,
   // so the pipeline has its threads whatever the process allows oneTBB (tbb::global_control)
-  // and whatever else keeps oneTBB's workers busy.
-  explicit Engine(int threads) : arena(threads, /*reserved_for_masters=*/static_cast<unsigned>(threads)) {
+  // and whatever else keeps oneTBB's workers busy. An arena of one reserved slot would get a
+  // worker all the same (oneTBB lends one to such an arena when a task is enqueued there), and
+  // a pipeline of one thread would run two bodies at once: it gets two slots, one left empty.
+  explicit Engine(int threads)
+      : arena(std::max(threads, 2), /*reserved_for_masters=*/static_cast<unsigned>(std::max(threads, 2))) {
     arena.initialize();
     arena.execute([&] { gate.emplace(group.defer([] {})); });  // keeps group.wait() from returning
     try {
