@@ -5,6 +5,7 @@
 // with the job's windowed shuffle on all cores (the practical limit). With --threads LIST, the
 // pipeline and the windowed loop also run on each N threads of the list, for the scaling.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -19,6 +20,8 @@
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/task_arena.h>
+#include <pthread.h>
+#include <sched.h>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -48,6 +51,53 @@ double cpu_seconds() {
   getrusage(RUSAGE_SELF, &u);
   auto seconds = [](timeval t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
   return seconds(u.ru_utime) + seconds(u.ru_stime);
+}
+
+// How long a cache line takes to go from one core to another, one way: two threads on the first
+// two CPUs this process may use bounce one atomic; the best of many short bursts, so that a
+// burst in which either thread lost its core to another process does not count. A pipeline
+// hands every crop from core to core (crop stage, shuffle, collate) and the loops share nothing
+// between threads, so this sets how far apart they can be; on a virtual machine it changes with
+// where the host puts the virtual CPUs. 0 when the process may use only one CPU.
+double core_to_core_ns() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) return 0;
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE && cpus.size() < 2; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+  constexpr int kBursts = 100, kTrips = 200;
+  alignas(64) std::atomic<int> ball{0};
+  auto pin = [](std::thread& t, int cpu) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pthread_setaffinity_np(t.native_handle(), sizeof one, &one);  // unpinned if refused
+  };
+  std::thread back([&] {
+    for (int i = 0; i < kBursts * kTrips; ++i) {
+      while (ball.load(std::memory_order_acquire) != 2 * i + 1) {
+      }
+      ball.store(2 * i + 2, std::memory_order_release);
+    }
+  });
+  double best = 1e300;
+  std::thread there([&] {
+    for (int b = 0, i = 0; b < kBursts; ++b) {
+      const auto t0 = Clock::now();
+      for (int k = 0; k < kTrips; ++k, ++i) {
+        ball.store(2 * i + 1, std::memory_order_release);
+        while (ball.load(std::memory_order_acquire) != 2 * i + 2) {
+        }
+      }
+      best = std::min(best, std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / (2.0 * kTrips));
+    }
+  });
+  pin(back, cpus[1]);
+  pin(there, cpus[0]);
+  there.join();
+  back.join();
+  return best;
 }
 
 // The reference job.
@@ -131,10 +181,11 @@ struct Tally {
 
 struct Job {
   const AugmentOptions& options;
-  std::shared_ptr<const IdxDataset> data;
-  std::vector<Sample> images;  // the plain loop reads these: the same pixels, decoded once
+  // Each pipeline reads with a copy, which shares the data set and its entries: made once, as
+  // the loops' images are.
+  IdxReader reader;
+  std::vector<Sample> images;  // the loops read these: the same pixels, decoded once (reader.read)
   Tally expected;              // what every run must deliver
-  std::shared_ptr<BufferPool> image_pool = BufferPool::create();
   std::shared_ptr<BufferPool> crop_pool = BufferPool::create();
   std::shared_ptr<BufferPool> batch_pool = BufferPool::create();
   Normalizer normalizer{kNormalization};
@@ -184,7 +235,7 @@ RunResult run_pipeline(Job& job, const PipelineLayout& layout, bool deep, Cut cu
             .seed(o.seed)
             .epochs(1)
             .trace(trace)
-            .source("read", IdxReader(job.data, {.pool = job.image_pool}))
+            .source("read", job.reader)
             .template flat_map<Item>("crops", RandomCrops(std::move(crops)), {.threads = layout.crop_threads})
             .shuffle("shuffle",
                      {.capacity = kShuffle.capacity, .min_after_dequeue = kShuffle.min_after_dequeue, .seed = o.seed})
@@ -397,9 +448,8 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
     full.images.count = static_cast<std::uint32_t>(opt.images);
     full.images.pixels.resize(opt.images * full.images.height * full.images.width);
   }
-  Job job{.options = opt, .data = std::make_shared<const IdxDataset>(std::move(full)), .images = {}, .expected = {}};
-  const IdxReader loader(job.data, {.pool = job.image_pool});
-  for (std::uint64_t i = 0; i < loader.dataset_size(); ++i) job.images.push_back(loader.read(i));
+  Job job{.options = opt, .reader = IdxReader(std::move(full)), .images = {}, .expected = {}};
+  for (std::uint64_t i = 0; i < job.reader.dataset_size(); ++i) job.images.push_back(job.reader.read(i));
   const std::size_t n_images = job.images.size();
   if (n_images == 0) throw std::invalid_argument("augment: the data set in " + opt.data + " is empty");
   const std::size_t n_crops = n_images * kCropsPerImage;
@@ -498,6 +548,7 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
                           .scaling_threads = n});
   }
 
+  const double core_to_core_before = core_to_core_ns();
   // One untimed round of each, which also checks that all of them make the very same crops:
   // a loop is only a baseline if it does the same arithmetic.
   std::uint64_t content = 0;
@@ -526,6 +577,8 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
       c.last = std::move(r);
     }
   }
+
+  const double core_to_core_after = core_to_core_ns();
 
   auto samples_text = [](const std::vector<double>& rates) {
     std::string s;
@@ -600,6 +653,10 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
     }
   }
 
+  std::cout << "\ncore-to-core latency, one way: " << std::setprecision(0) << core_to_core_before
+            << " ns before the runs, " << core_to_core_after
+            << " ns after (the pipeline hands each crop from core to core, the loops do not)\n";
+
   std::cout << "\nlast run of the stoker pipeline (crops cut at collate):\n";
   print_summary(std::cout, contenders[0].last.summary);
 
@@ -623,11 +680,12 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
   config["repeats"] = common.repeats;
   config["seed"] = opt.seed;
   config["load_s"] = load_s;
+  config["core_to_core_ns"] = {{"before", core_to_core_before}, {"after", core_to_core_after}};
   config["figure"] = "crops / seconds for one epoch, data set decode excluded; median over repeats";
   config["pipeline"] =
-      "IdxReader from memory -> RandomCrops flat_map<DeferredCrop> (draws windows and mirrors) -> "
-      "shuffle -> batch -> Collate cutting crop+mirror+normalize into the batch; consumer touches "
-      "each batch";
+      "IdxReader (samples are views of the data set in memory) -> RandomCrops flat_map<DeferredCrop> (draws "
+      "windows and mirrors; the crops point at the data set's entries) -> shuffle -> batch -> Collate cutting "
+      "crop+mirror+normalize into the batch; consumer touches each batch";
   config["pipeline_cut_in_crop_stage"] =
       "the same with RandomCrops flat_map<Sample> cutting fused "
       "crop+mirror+normalize float32 crops, which Collate copies into the batch";

@@ -5,6 +5,7 @@
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <bit>
 #include <condition_variable>
 #include <nlohmann/json.hpp>
@@ -71,12 +72,15 @@ bool PipelineCore::on_own_thread() const noexcept { return in_arena_of == this |
 // Engine: the pipeline's threads and the arena they run the stage bodies in.
 
 struct PipelineCore::Engine {
-  // Every slot of the arena is reserved for the pipeline's own threads, so that the pipeline has
-  // its threads whatever the process allows oneTBB (tbb::global_control) and whatever else
-  // keeps oneTBB's workers busy. (oneTBB may still lend the arena a worker to run enqueued
-  // tasks, with one slot or under a global limit of 1: the observer marks it too.)
+  // Every slot of the arena is reserved for the pipeline's own threads: no oneTBB worker joins,
+  // so the pipeline has its threads whatever the process allows oneTBB (tbb::global_control)
+  // and whatever else keeps oneTBB's workers busy. An arena of one reserved slot would get a
+  // worker all the same (oneTBB lends one to such an arena when a task is enqueued there), and
+  // a pipeline of one thread would run two bodies at once: it gets two slots, one left empty.
+  // (The observer marks every thread that joins the arena as the pipeline's own.)
   Engine(int threads, const PipelineCore& core)
-      : arena(threads, /*reserved_for_masters=*/static_cast<unsigned>(threads)), own(arena, core) {
+      : arena(std::max(threads, 2), /*reserved_for_masters=*/static_cast<unsigned>(std::max(threads, 2))),
+        own(arena, core) {
     arena.initialize();
     own.observe(true);
     arena.execute([&] { gate.emplace(group.defer([] {})); });  // keeps group.wait() from returning

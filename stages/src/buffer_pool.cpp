@@ -1,6 +1,7 @@
 #include "stoker/stages/buffer_pool.h"
 
 #include <bit>
+#include <cstring>
 #include <new>
 #include <utility>
 
@@ -19,21 +20,21 @@ std::size_t size_class(std::size_t bytes) noexcept {
 }
 }  // namespace
 
-Buffer::Buffer(Buffer&& o) noexcept
-    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), pool_(std::move(o.pool_)) {}
-
-Buffer& Buffer::operator=(Buffer&& o) noexcept {
-  if (this != &o) {
-    Buffer old(std::move(*this));
-    data_ = std::exchange(o.data_, nullptr);
-    size_ = std::exchange(o.size_, 0);
-    pool_ = std::move(o.pool_);
-  }
-  return *this;
+Buffer Buffer::view(std::span<const std::byte> bytes, std::shared_ptr<const void> owner) noexcept {
+  Buffer b;
+  if (bytes.empty()) return b;
+  // Nothing writes through a view's pointer: data() copies a view before it hands it out.
+  b.data_ = const_cast<std::byte*>(bytes.data());
+  b.size_ = bytes.size();
+  b.pool_ = std::shared_ptr<BufferPool>(std::move(owner), nullptr);
+  return b;
 }
 
-Buffer::~Buffer() {
-  if (data_) pool_->release(data_, size_);
+void Buffer::copy_view() {
+  static const std::shared_ptr<BufferPool> copies = BufferPool::create();
+  Buffer own = copies->acquire(size_);
+  std::memcpy(own.data_, data_, size_);
+  *this = std::move(own);
 }
 
 std::shared_ptr<BufferPool> BufferPool::create(std::size_t max_cached_bytes) {

@@ -183,25 +183,33 @@ IdxDataset fashion_mnist(const std::filesystem::path& dir, std::string_view spli
 IdxReader::IdxReader(IdxDataset data, ReaderOptions options)
     : IdxReader(std::make_shared<const IdxDataset>(std::move(data)), std::move(options)) {}
 
-IdxReader::IdxReader(std::shared_ptr<const IdxDataset> data, ReaderOptions options)
-    : Reader(std::move(options)), data_(std::move(data)) {
-  if (!data_) throw std::invalid_argument("IdxReader: no data set");
-  // A hand-made IdxDataset may be inconsistent; read() must not index outside it.
-  const auto& images = data_->images;
-  if (data_->labels.size() != images.count ||
+IdxReader::IdxReader(std::shared_ptr<const IdxDataset> data, ReaderOptions options) : Reader(std::move(options)) {
+  if (!data) throw std::invalid_argument("IdxReader: no data set");
+  // A hand-made IdxDataset may be inconsistent; read() must not view outside it.
+  const auto& images = data->images;
+  if (data->labels.size() != images.count ||
       images.pixels.size() != std::size_t{images.count} * images.height * images.width)
     throw std::invalid_argument("IdxReader: inconsistent data set: " + std::to_string(images.count) + " images of " +
                                 std::to_string(images.height) + "x" + std::to_string(images.width) + " in " +
                                 std::to_string(images.pixels.size()) + " bytes, with " +
-                                std::to_string(data_->labels.size()) + " labels");
+                                std::to_string(data->labels.size()) + " labels");
+  auto resident = std::make_shared<Resident>();
+  resident->entries.resize(data->size());
+  for (std::size_t i = 0; i < data->size(); ++i) {
+    Sample& e = resident->entries[i];
+    e.data = Buffer::view(std::as_bytes(data->image(i)));  // Resident keeps the data set alive
+    e.shape = data->shape();
+    e.dtype = DType::u8;
+    e.label = data->labels[i];
+    e.id = i;
+  }
+  resident->data = std::move(data);
+  resident_ = std::move(resident);
 }
 
 Sample IdxReader::read(std::uint64_t id) const {
   check_id(id);
-  Sample sample(*pool(), data_->shape(), DType::u8, data_->labels[id], id);
-  const auto pixels = data_->image(id);
-  std::memcpy(sample.data.data(), pixels.data(), pixels.size());
-  return sample;
+  return Sample::view(resident_->entries[id], resident_);
 }
 
 }  // namespace stoker

@@ -274,7 +274,7 @@ Sample normalize(Sample in, const Normalizer& n, BufferPool& pool) {
       for (std::uint32_t c = 0; c < s.channels; ++c, ++p) *p = n(*p, c);
     return in;
   }
-  if (in.dtype == DType::f32) {
+  if (in.dtype == DType::f32 && !in.data.is_view()) {  // a view is normalized into a copy, in one pass
     const std::size_t per_channel = std::size_t{s.depth} * s.height * s.width;
     float* p = in.as<float>().data();
     for (std::uint32_t c = 0; c < s.channels; ++c)
@@ -328,7 +328,8 @@ RandomCrops::RandomCrops(RandomCropOptions options)
   if (!o.pool) o.pool = BufferPool::create();
 }
 
-void RandomCrops::plan(const Sample& in, const StageContext& ctx, std::vector<PlannedCrop>& out) const {
+template <class F>
+void RandomCrops::draw(const Sample& in, const StageContext& ctx, F&& f) const {
   const auto& o = options_;
   if (normalizer_) normalizer_->check(in.shape, "RandomCrops");
   Window w = extents(in.shape, o.size, "RandomCrops", in.id);
@@ -341,19 +342,25 @@ void RandomCrops::plan(const Sample& in, const StageContext& ctx, std::vector<Pl
                                   sample_desc(in.shape, in.id) + ", outside [0, count = " + std::to_string(o.count) +
                                   "]");
   }
+  // `f` may move `in` away: what the draws need is copied first.
+  const Shape shape = in.shape;
   const std::uint64_t first_id = in.id * static_cast<std::uint64_t>(o.count);
   for (int k = 0; k < n; ++k) {
-    w.z = static_cast<std::uint32_t>(rng.below(in.shape.depth - w.depth + 1ull));
-    w.y = static_cast<std::uint32_t>(rng.below(in.shape.height - w.height + 1ull));
-    w.x = static_cast<std::uint32_t>(rng.below(in.shape.width - w.width + 1ull));
+    w.z = static_cast<std::uint32_t>(rng.below(shape.depth - w.depth + 1ull));
+    w.y = static_cast<std::uint32_t>(rng.below(shape.height - w.height + 1ull));
+    w.x = static_cast<std::uint32_t>(rng.below(shape.width - w.width + 1ull));
     const std::uint64_t id = first_id + static_cast<std::uint64_t>(k);
     Flips flips;
     if (o.mirror) {
       Rng mirror_rng = sample_rng(ctx, id, o.mirror->salt);
       if (mirror_rng.bernoulli(o.mirror->p)) flips = Flips::along(o.mirror->axis);
     }
-    out.push_back({w, flips, id});
+    f(PlannedCrop{w, flips, id});
   }
+}
+
+void RandomCrops::plan(const Sample& in, const StageContext& ctx, std::vector<PlannedCrop>& out) const {
+  draw(in, ctx, [&](const PlannedCrop& c) { out.push_back(c); });
 }
 
 std::vector<PlannedCrop> RandomCrops::plan(const Sample& in, const StageContext& ctx) const {
@@ -363,41 +370,42 @@ std::vector<PlannedCrop> RandomCrops::plan(const Sample& in, const StageContext&
 }
 
 template <class Emit>
-void RandomCrops::run(const Sample& in, const StageContext& ctx, Emit&& emit) const {
-  // Reused, so that the steady state does not allocate per sample.
-  thread_local std::vector<PlannedCrop> crops;
-  crops.clear();
-  plan(in, ctx, crops);
-  for (const PlannedCrop& c : crops) {
+void RandomCrops::cut(const Sample& in, const StageContext& ctx, Emit&& emit) const {
+  draw(in, ctx, [&](const PlannedCrop& c) {
     check_window(in, c.window, "RandomCrops");  // the planned crop fits; this checks the data
     if (normalizer_)
       emit(fused(in, c.window, c.flips, *normalizer_, *options_.pool, c.id));
     else
       emit(crop_flipped(in, c.window, c.flips, *options_.pool, c.id));
-  }
+  });
 }
 
 void RandomCrops::operator()(Sample in, Emitter<Sample>& emit, const StageContext& ctx) const {
-  run(in, ctx, [&](Sample&& s) { emit(std::move(s)); });
+  cut(in, ctx, [&](Sample&& s) { emit(std::move(s)); });
 }
 
 void RandomCrops::operator()(Sample in, Emitter<DeferredCrop>& emit, const StageContext& ctx) const {
   if (normalizer_)
     throw std::invalid_argument(
         "RandomCrops: option normalize does not apply to deferred crops; give it to Collate (.normalize)");
-  thread_local std::vector<PlannedCrop> crops;
-  crops.clear();
-  plan(in, ctx, crops);
-  if (crops.empty()) return;
-  check_window(in, crops.front().window, "RandomCrops");  // checks the data, which all crops share
-  auto source = std::make_shared<const Sample>(std::move(in));
-  for (std::size_t k = 0; k + 1 < crops.size(); ++k) emit(DeferredCrop{source, crops[k]});
-  emit(DeferredCrop{std::move(source), crops.back()});
+  const Sample* entry = in.viewed();
+  std::shared_ptr<const Sample> source;
+  draw(in, ctx, [&](const PlannedCrop& c) {
+    if (!source) {
+      check_window(in, c.window, "RandomCrops");  // checks the data, which all crops share
+      // An entry lives as long as its data set: its crops point at it and share nothing, so no
+      // crop counts references on its way to Collate, and nothing is allocated. Any other
+      // sample moves to the heap, shared by its crops.
+      source = entry ? std::shared_ptr<const Sample>(std::shared_ptr<const Sample>{}, entry)
+                     : std::make_shared<const Sample>(std::move(in));
+    }
+    emit(DeferredCrop{source, c});
+  });
 }
 
 std::vector<Sample> RandomCrops::apply(const Sample& in, const StageContext& ctx) const {
   std::vector<Sample> out;
-  run(in, ctx, [&](Sample&& s) { out.push_back(std::move(s)); });
+  cut(in, ctx, [&](Sample&& s) { out.push_back(std::move(s)); });
   return out;
 }
 

@@ -154,6 +154,43 @@ TEST_SUITE("Pipeline runtime") {
     }
   }
 
+  TEST_CASE("a pipeline of N threads runs its stage functions on N threads, no more" * doctest::timeout(120)) {
+    // oneTBB lends a worker of its own to an arena of one slot reserved for an external thread
+    // when a task is enqueued there: a pipeline of one thread then ran two bodies at once.
+    for (const int threads : {1, 2}) {
+      CAPTURE(threads);
+      std::mutex mutex;
+      std::set<std::thread::id> seen;
+      auto note = [&] {
+        std::lock_guard lock(mutex);
+        seen.insert(std::this_thread::get_id());
+      };
+      auto pipe = PipelineBuilder{}
+                      .threads(threads)
+                      .epochs(1)
+                      .source("read",
+                              [&, n = 0]() mutable -> std::optional<int> {
+                                note();
+                                if (n == 20'000) return std::nullopt;
+                                return n++;
+                              })
+                      .map("work",
+                           [&](int x) {
+                             note();
+                             spin_for(2us);
+                             return x;
+                           },
+                           {.threads = threads})
+                      .batch("batch", 100)
+                      .build();
+      std::size_t items = 0;
+      for (auto& b : pipe.epoch()) items += b.size();
+      CHECK(items == 20'000);
+      CHECK(seen.size() <= static_cast<std::size_t>(threads));
+      CHECK(seen.count(std::this_thread::get_id()) == 0);
+    }
+  }
+
   TEST_CASE(
       "a stage function that waits for oneTBB work of its own never has another body run on its thread "
       "meanwhile" *

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "stoker/core/pipeline.h"
@@ -180,6 +181,41 @@ TEST_SUITE("IDX reader") {
       CHECK_FALSE(reader());
     }
     CHECK_THROWS_AS(reader.read(7), std::out_of_range);
+  }
+
+  TEST_CASE("IdxReader's samples view its data set: nothing copied, the data set kept alive, writes copy first") {
+    TempDir dir;
+    write_file(dir / "images", idx_images(7, 2, 3));
+    write_file(dir / "labels", idx_labels(7));
+    auto data = std::make_shared<const IdxDataset>(load_idx(dir / "images", dir / "labels"));
+    const std::weak_ptr<const IdxDataset> alive = data;
+    const auto* pixels = reinterpret_cast<const std::byte*>(data->images.pixels.data());
+    Sample kept;
+    {
+      const IdxReader reader(std::exchange(data, nullptr));
+      kept = reader.read(5);
+      const Sample& s = kept;
+      CHECK(s.data.is_view());
+      CHECK(s.data.pool() == nullptr);
+      CHECK(s.data.data() == pixels + 5 * 6);
+      CHECK(s.viewed() != nullptr);
+    }
+    // The sample outlives its reader, which held the only other reference to the data set.
+    CHECK_FALSE(alive.expired());
+    CHECK(std::as_const(kept).as<std::uint8_t>()[1] == static_cast<std::uint8_t>((5 * 6 + 1) * 7 + 3));
+
+    // Writing gives the sample a copy of its own; the data set and its other samples keep
+    // their bytes.
+    const IdxReader reader(alive.lock());
+    Sample a = reader.read(2), b = reader.read(2);
+    a.as<std::uint8_t>()[0] = 1;
+    CHECK_FALSE(a.data.is_view());
+    CHECK(a.viewed() == nullptr);
+    CHECK(std::as_const(b).as<std::uint8_t>()[0] == static_cast<std::uint8_t>(2 * 6 * 7 + 3));
+    CHECK(reader.dataset().image(2)[0] == static_cast<std::uint8_t>(2 * 6 * 7 + 3));
+    CHECK(std::as_const(a).as<std::uint8_t>()[0] == 1);
+    kept = Sample{};
+    CHECK_FALSE(alive.expired());  // `reader` still holds it
   }
 
   TEST_CASE("bad input: missing IDX file") {

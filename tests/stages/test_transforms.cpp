@@ -9,6 +9,7 @@
 
 #include "stoker/core/pipeline.h"
 #include "stoker/stages/batch.h"
+#include "stoker/stages/idx.h"
 #include "stoker/stages/transforms.h"
 
 using namespace stoker;
@@ -622,6 +623,55 @@ TEST_SUITE("batch") {
     CHECK(image.use_count() == 1);
     CHECK(batch.label_values()[1] == 2);
     CHECK(batch.id_values()[1] == 25);
+  }
+
+  TEST_CASE("deferred crops of an IdxReader's samples point at its data set: nothing shared per crop") {
+    IdxDataset data;
+    data.images = {.count = 20, .height = 28, .width = 28, .pixels = std::vector<std::uint8_t>(20 * 28 * 28)};
+    Rng rng(77);
+    for (auto& p : data.images.pixels) p = static_cast<std::uint8_t>(rng());
+    for (std::int32_t i = 0; i < 20; ++i) data.labels.push_back(i % 10);
+    const std::vector<std::uint8_t> original = data.images.pixels;
+    const IdxReader reader(std::move(data));
+    const RandomCrops crops({.size = {24, 24}, .count = 5, .mirror = MirrorOptions{}});
+    const Normalizer normalizer(kFashion);
+    auto pool = BufferPool::create();
+    const StageContext ctx{.seed = 9, .epoch = 2};
+
+    std::vector<DeferredCrop> deferred;
+    std::vector<Sample> cut;
+    Emitter<DeferredCrop> emit(deferred);
+    for (std::uint64_t id = 0; id < 20; ++id) {
+      crops(reader.read(id), emit, ctx);
+      for (Sample& c : crops.apply(reader.read(id), ctx)) cut.push_back(std::move(c));
+    }
+    REQUIRE(deferred.size() == 100);
+    for (const DeferredCrop& c : deferred) {
+      CHECK(c.source.use_count() == 0);  // no owner: nothing counted per crop
+      CHECK(c.source->data.data() == reinterpret_cast<const std::byte*>(reader.dataset().image(c.source->id).data()));
+    }
+    const Batch a = make_batch(std::move(deferred), normalizer, *pool);
+    const Batch b = make_batch(std::move(cut), normalizer, *pool);
+    REQUIRE(a.storage.size() == b.storage.size());
+    CHECK(std::memcmp(a.data(), b.data(), a.storage.size()) == 0);
+
+    // A sample that no longer equals the data set's entry, relabelled or mirrored (which
+    // copies it), gives crops of itself, which share it.
+    Sample relabelled = reader.read(3);
+    relabelled.label = 7;
+    const RandomMirror flip({.p = 1.0});
+    std::vector<DeferredCrop> own;
+    Emitter<DeferredCrop> emit_own(own);
+    crops(std::move(relabelled), emit_own, ctx);
+    crops(flip(reader.read(4), ctx), emit_own, ctx);
+    REQUIRE(own.size() == 10);
+    for (const DeferredCrop& c : own) CHECK(c.source.use_count() > 0);
+    const Batch c = make_batch(std::move(own), *pool);
+    for (std::size_t i = 0; i < 5; ++i) CHECK(c.label_values()[i] == 7);
+    std::vector<Sample> flipped_cut = crops.apply(flip(reader.read(4), ctx), ctx);
+    for (std::size_t i = 0; i < 5; ++i)
+      CHECK(std::memcmp(c.sample<std::uint8_t>(5 + i).data(), flipped_cut[i].data.data(), 24 * 24) == 0);
+    CHECK(reader.dataset().images.pixels == original);  // mirrored copies, not the data set
   }
 
   TEST_CASE("crop and batch buffers are reused: allocations stop growing") {

@@ -6,7 +6,9 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "stoker/core/stage.h"
@@ -23,7 +25,13 @@ enum class MemoryKind : std::uint8_t {
   device,  ///< memory of a device, not readable by the host
 };
 
-/// An owned, 64-byte aligned byte buffer. Destroying it hands the memory back to its pool.
+/// A byte buffer: owned, 64-byte aligned memory from a BufferPool, which destroying the buffer
+/// hands back; or a read-only view of memory that something else owns (view()), such as a
+/// data set held in memory, which destroying the buffer leaves alone.
+///
+/// Writable access to a view (the non-const data()) first gives the buffer a copy of its own,
+/// so that nothing written through a buffer ever reaches memory it shares: read a view through
+/// a const buffer to read it in place.
 class Buffer {
  public:
   Buffer() = default;
@@ -31,19 +39,34 @@ class Buffer {
   Buffer& operator=(Buffer&& o) noexcept;
   ~Buffer();
 
-  std::byte* data() noexcept { return data_; }
+  /// A read-only view of `bytes`, which `owner` keeps alive for as long as the view lives.
+  /// With no owner, the memory must outlive the view by other means.
+  static Buffer view(std::span<const std::byte> bytes, std::shared_ptr<const void> owner = nullptr) noexcept;
+
+  /// Writable bytes. A view first becomes a copy of its own, from a pool shared by all such
+  /// copies (which may throw std::bad_alloc).
+  std::byte* data() {
+    if (is_view()) copy_view();
+    return data_;
+  }
   const std::byte* data() const noexcept { return data_; }
   std::size_t size() const noexcept { return size_; }
   bool empty() const noexcept { return size_ == 0; }
-  /// The pool the memory goes back to; null for an empty buffer.
+  /// True for a view of memory the buffer does not own (view()).
+  bool is_view() const noexcept { return data_ && !pool_; }
+  /// The pool the memory goes back to; null for an empty buffer and for a view.
   BufferPool* pool() const noexcept { return pool_.get(); }
 
  private:
   friend class BufferPool;
   Buffer(std::byte* data, std::size_t size, std::shared_ptr<BufferPool> pool) noexcept
       : data_(data), size_(size), pool_(std::move(pool)) {}
+  void copy_view();  // a view becomes a copy of its own
+
   std::byte* data_ = nullptr;
   std::size_t size_ = 0;
+  // The pool of owned memory. A view holds its owner here as a shared_ptr that points at no
+  // pool (the aliasing constructor): it keeps the owner alive and a view stays 32 bytes.
   std::shared_ptr<BufferPool> pool_;
 };
 
@@ -97,5 +120,23 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
   std::size_t cached_ = 0;
   std::atomic<std::uint64_t> allocations_{0}, reuses_{0};
 };
+
+// Inline: a Sample is moved from queue to queue several times on its way, with its buffer.
+inline Buffer::Buffer(Buffer&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)), size_(std::exchange(o.size_, 0)), pool_(std::move(o.pool_)) {}
+
+inline Buffer& Buffer::operator=(Buffer&& o) noexcept {
+  if (this != &o) {
+    Buffer old(std::move(*this));
+    data_ = std::exchange(o.data_, nullptr);
+    size_ = std::exchange(o.size_, 0);
+    pool_ = std::move(o.pool_);
+  }
+  return *this;
+}
+
+inline Buffer::~Buffer() {
+  if (pool_) pool_->release(data_, size_);
+}
 
 }  // namespace stoker

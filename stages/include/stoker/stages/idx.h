@@ -64,19 +64,28 @@ IdxDataset load_idx(const std::filesystem::path& images, const std::filesystem::
 IdxDataset fashion_mnist(const std::filesystem::path& dir = kFashionMnistDir, std::string_view split = "train");
 
 /// Yields an IdxDataset's images as 1 x H x W uint8 samples with their labels.
-/// Reading copies from memory: no I/O and no decoding once the data set is loaded.
+///
+/// Nothing is copied: each sample is a read-only view of its image in the data set
+/// (Sample::view), which the sample keeps alive; writing to a sample gives it a copy of its
+/// own first. The option `pool` is not used.
 class IdxReader final : public Reader {
  public:
   explicit IdxReader(IdxDataset data, ReaderOptions options = {});
   /// Shares `data`, e.g. between the readers of several shards.
   explicit IdxReader(std::shared_ptr<const IdxDataset> data, ReaderOptions options = {});
 
-  std::uint64_t dataset_size() const override { return data_->size(); }
+  std::uint64_t dataset_size() const override { return resident_->data->size(); }
   Sample read(std::uint64_t id) const override;
-  const IdxDataset& dataset() const noexcept { return *data_; }
+  const IdxDataset& dataset() const noexcept { return *resident_->data; }
 
  private:
-  std::shared_ptr<const IdxDataset> data_;
+  // The data set and one entry per image that views it: what the samples read() gives are views
+  // of, and what they keep alive. Shared by the reader's copies.
+  struct Resident {
+    std::shared_ptr<const IdxDataset> data;
+    std::vector<Sample> entries;
+  };
+  std::shared_ptr<const Resident> resident_;
 };
 
 }  // namespace stoker

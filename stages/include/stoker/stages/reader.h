@@ -32,7 +32,8 @@ struct ReaderOptions {
   /// worker (process, GPU) its own `shard_index` and the same `num_shards`.
   std::uint32_t shard_index = 0;
   std::uint32_t num_shards = 1;
-  /// Where sample storage comes from; null gives the reader a pool of its own.
+  /// Where the storage of the samples a reader makes comes from; null gives the reader a pool
+  /// of its own. (IdxReader makes none: its samples are views of its data set.)
   std::shared_ptr<BufferPool> pool = nullptr;
 };
 

@@ -3,6 +3,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -56,7 +57,8 @@ struct Shape {
 };
 
 /// An array of up to four dimensions with a label and an id. Its storage comes from a
-/// BufferPool and goes back there when the sample is destroyed.
+/// BufferPool and goes back there when the sample is destroyed; or, for a sample of a data set
+/// held in memory (an IdxReader's), it is a read-only view of the data set (Sample::view).
 struct Sample {
   Buffer data;
   Shape shape;
@@ -68,7 +70,21 @@ struct Sample {
   Sample(BufferPool& pool, Shape s, DType t, std::int32_t label_ = 0, std::uint64_t id_ = 0)
       : data(pool.acquire(s.elements() * dtype_size(t))), shape(s), dtype(t), label(label_), id(id_) {}
 
-  /// The elements as T; throws std::invalid_argument if T is not the sample's type.
+  /// A sample equal to `entry` whose elements are a read-only view of entry's (Buffer::view):
+  /// nothing is copied. `owner` keeps the entry alive as long as the view lives: a data set
+  /// held in memory and its samples, for one. Writing to the view's elements (the non-const
+  /// as()) first gives it a copy of its own, so the entry never changes through it.
+  static Sample view(const Sample& entry, std::shared_ptr<const void> owner) noexcept;
+
+  /// The entry this sample is a view of (view()), while the sample still equals it: the same
+  /// elements in place, shape, dtype, label and id. Null for any other sample. It lives as long
+  /// as the data set it belongs to, which the sample's `owner` keeps alive. Whatever needs the
+  /// elements for longer than the sample itself lives (a DeferredCrop) can point there rather
+  /// than share the sample.
+  const Sample* viewed() const noexcept;
+
+  /// The elements as T; throws std::invalid_argument if T is not the sample's type. Writable:
+  /// a view first becomes a copy of its own (Buffer::data).
   template <class T>
   std::span<T> as() {
     check_dtype<T>(dtype, "sample");
@@ -79,6 +95,9 @@ struct Sample {
     check_dtype<T>(dtype, "sample");
     return {reinterpret_cast<const T*>(data.data()), shape.elements()};
   }
+
+ private:
+  const Sample* entry_ = nullptr;  // what view() made this a view of
 };
 
 }  // namespace stoker

@@ -121,10 +121,11 @@ class Normalizer {
 /// A copy of `window` of `in`, same dtype.
 Sample crop(const Sample& in, const Window& window, BufferPool& pool);
 
-/// Reverses `s` along `axis`, in place.
+/// Reverses `s` along `axis`, in place (a view, as a copy of its own: Buffer::data).
 void mirror(Sample& s, Axis axis);
 
-/// `in` cast to float32 and normalized. A float32 input is normalized in place and returned.
+/// `in` cast to float32 and normalized. A float32 input that owns its elements is normalized in
+/// place and returned.
 Sample normalize(Sample in, const Normalizer& n, BufferPool& pool);
 
 /// crop, then mirror along every axis set in `flips`, then normalize, in one pass that
@@ -186,11 +187,17 @@ struct PlannedCrop {
   bool operator==(const PlannedCrop&) const = default;
 };
 
-/// A crop that RandomCrops has drawn but not cut: the sample it comes from, which every crop
-/// of that sample shares, and where it lies. A shuffle buffer then moves 56 bytes per crop
-/// rather than the crop, and Collate cuts each crop straight into its batch, writing every
-/// output element once. A sample is freed when its last crop is collated, so a queue of
-/// capacity n keeps at most n samples alive.
+/// A crop that RandomCrops has drawn but not cut: the sample it comes from and where it lies.
+/// A shuffle buffer then moves 56 bytes per crop rather than the crop, and Collate cuts each
+/// crop straight into its batch, writing every output element once.
+///
+/// `source` is shared by the crops of one sample, which is freed when its last crop is
+/// collated, so a queue of capacity n keeps at most n samples alive. The crops of a view of a
+/// data set held in memory (Sample::viewed(): an IdxReader's samples) point at the data set's
+/// own entry instead, without owning it: no reference count per crop and no allocation. Such a
+/// crop is valid as long as the data set, which the reader keeps alive, and a pipeline its
+/// reader, for as long as any of its items is in the pipeline; a crop kept after both are gone
+/// dangles.
 struct DeferredCrop {
   std::shared_ptr<const Sample> source;
   PlannedCrop crop;
@@ -230,8 +237,12 @@ class RandomCrops {
   BufferPool& pool() const noexcept { return *options_.pool; }
 
  private:
+  // Calls f(crop) for each crop it takes of `in` in the call `ctx`, in order, as drawn.
+  template <class F>
+  void draw(const Sample& in, const StageContext& ctx, F&& f) const;
+  // Cuts each crop and calls emit(crop).
   template <class Emit>
-  void run(const Sample& in, const StageContext& ctx, Emit&& emit) const;
+  void cut(const Sample& in, const StageContext& ctx, Emit&& emit) const;
 
   RandomCropOptions options_;
   std::optional<Normalizer> normalizer_;
@@ -255,7 +266,8 @@ class CenterCrop {
   std::optional<Normalizer> normalizer_;
 };
 
-/// Mirrors a sample in place with probability p (a map function). Allocates nothing.
+/// Mirrors a sample in place with probability p (a map function). Allocates nothing, but
+/// for a view (an IdxReader's sample), which it mirrors as a copy of its own (Buffer::data).
 class RandomMirror {
  public:
   explicit RandomMirror(MirrorOptions options = {});
