@@ -174,19 +174,22 @@ class EdgeBase : public QueueMeter {
     wake_consumer();
   }
 
-  /// A producer that holds `n` items it could not push counts them here while it waits, so
-  /// that the occupancy shows the queue full rather than with room (QueueMeter).
-  void note_waiting(std::ptrdiff_t n) noexcept {
-    if (n > 0) count_in(static_cast<std::size_t>(n));
-    if (n < 0) count_out(static_cast<std::size_t>(-n));
-  }
+  /// A producer that holds `n` more (negative: fewer) items it could not push counts them here
+  /// while it waits: reported beside the queue's size, never in it (QueueMeter::waiting()).
+  void note_waiting(std::ptrdiff_t n) noexcept { count_waiting(n); }
 
- protected:
-  // Under mutex_: items that may be taken now.
-  std::size_t poppable_locked() const noexcept {
+  /// Items a consumer could take now: all it holds once the epoch's input has ended, otherwise
+  /// those above the floor a shuffle keeps back. A recent value, read without the lock.
+  std::size_t takeable() const noexcept {
     const std::size_t held = held_.load();
     return ended_.load() ? held : held > floor_ ? held - floor_ : 0;
   }
+  /// What a shuffle keeps back while the epoch's input goes on (min_after_dequeue); 0 for a FIFO.
+  std::size_t floor() const noexcept { return floor_; }
+
+ protected:
+  // Under mutex_: items that may be taken now, exactly.
+  std::size_t poppable_locked() const noexcept { return takeable(); }
   // Under mutex_, after making items poppable: whether the consumer's thread waits for them.
   bool wake_consumer_locked() const noexcept { return consumer_waiting_ && ready(); }
   // The consumer's thread sleeps on `signal_` (a futex): lighter than a condition variable,
