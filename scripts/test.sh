@@ -69,6 +69,23 @@ if ((consumer)); then
   "$consumer_dir/stoker-consumer"
   echo "test: running README's example pipeline, as built against $prefix"
   (cd "$consumer_dir" && ./stoker-readme-example)
+  # README says what stoker-inspect makes of the example's log: its training loop does nothing
+  # and waits for nearly every batch, so the verdict names a part of the input, or none, and
+  # never the training loop.
+  inspect="$build_dir/apps/stoker-inspect/stoker-inspect"
+  if [[ -x $inspect ]]; then
+    report=$("$inspect" --json "$consumer_dir/run.occupancy.jsonl")
+    json=$(tail -n 1 <<<"$report")
+    verdict=$(sed -E 's/.*"verdict":"([a-z]+)".*/\1/' <<<"$json")
+    waited=$(sed -E 's/.*"waited_pct":([0-9.]+).*/\1/' <<<"$json")
+    grep '^bottleneck:' <<<"$report"
+    if [[ $verdict == training ]] || ! awk -v w="$waited" 'BEGIN { exit !(w > 50) }'; then
+      echo "test: FAIL: README's example: the training loop waited $waited% of the run, and the verdict is '$verdict'" >&2
+      exit 1
+    fi
+  else
+    echo "test: stoker-inspect not built (STOKER_BUILD_APPS=OFF): README's example verdict not checked"
+  fi
 fi
 
 echo "test.sh: PASSED ($([[ $consumer == 1 ]] && echo "tests and find_package consumer" || echo "tests") in ${build_dir#"$root"/})"

@@ -45,11 +45,12 @@ int run(int argc, char** argv) {
   bool json = false, skip_bad_lines = false;
   app.add_option("LOG", log_paths,
                  "The occupancy log: JSON Lines of sample and stage records. Several: the logs of the ranks of one "
-                 "job (run.rank*.jsonl), read together to name the rank that holds the others back")
+                 "job (run.rank*.jsonl), read together to name the rank that holds the others back; logs of "
+                 "different runs are refused")
       ->required();
   app.add_flag("--json", json,
-               "Also print the report as one JSON object on the last line of stdout (queues, stages, "
-               "bottleneck, confidence, evidence, suggestion)");
+               "Also print the report as one JSON object on the last line of stdout (queues, stages, the "
+               "training loop's figures, verdict, bottleneck, fit, evidence, suggestion)");
   app.add_option("--plot", plot_path,
                  "Draw the run into FILE: a lane per queue with its fill over time, each stage's busy, starved "
                  "and blocked shares, the epochs and the verdict; an SVG image for FILE.svg, or for FILE.html the "

@@ -1,4 +1,4 @@
-// The HTML page around the plot (inspect.cpp, plot_html): a style sheet, the picture's SVG,
+// The HTML page around the plot (plot.cpp, plot_html): a style sheet, the picture's SVG,
 // its data, and a plain script that redraws the lanes for a zoomed time range and shows each
 // queue's fill under the pointer. Nothing is loaded from elsewhere. The page is also
 // well-formed XML: the scripts sit in CDATA sections, and the data's '<', '>' and '&' are
@@ -44,7 +44,8 @@ window.onerror = function (message, source, line, column) {
 
 // `data` holds the geometry of the SVG (lanes' tops, the time axis's pixels), the time range
 // [t0, t1] cut into `bins` equal bins, and per lane each bin's lowest, mean and highest fill
-// in thousandths and its number of samples; `marks` are the groups of vertical marks (epochs,
+// in thousandths, the share of its samples that found the producer waiting for room, in
+// thousandths, and its number of samples; `marks` are the groups of vertical marks (epochs,
 // autotune moves): each with its class, colour, dash, label row and [[t, label, title], ...].
 inline constexpr const char* kPageScript = R"js(
 (function () {
@@ -62,7 +63,7 @@ inline constexpr const char* kPageScript = R"js(
   const binLength = (data.t1 - data.t0) / data.bins;
   const whole = [data.t0, data.t1];
   let view = whole.slice();
-  let points = [];  // per lane, left to right: {x, lo, mean, hi}, fills from 0 to 1
+  let points = [];  // per lane, left to right: {x, lo, mean, hi, wait}, fills and shares from 0 to 1
 
   function add(name, attributes, parent, text) {
     const e = document.createElementNS(NS, name);
@@ -104,23 +105,27 @@ inline constexpr const char* kPageScript = R"js(
         if (c < 0 || c >= count) continue;
         const m = merged[c];
         if (m === null) {
-          merged[c] = { lo: lane.lo[i], hi: lane.hi[i], sum: lane.mean[i] * lane.n[i], n: lane.n[i] };
+          merged[c] = { lo: lane.lo[i], hi: lane.hi[i], sum: lane.mean[i] * lane.n[i], wait: lane.wait[i] * lane.n[i],
+                        n: lane.n[i] };
         } else {
           m.lo = Math.min(m.lo, lane.lo[i]);
           m.hi = Math.max(m.hi, lane.hi[i]);
           m.sum += lane.mean[i] * lane.n[i];
+          m.wait += lane.wait[i] * lane.n[i];
           m.n += lane.n[i];
         }
       }
       for (let i = first - 1; before < 0 && i >= 0; i--) if (lane.n[i] > 0) before = i;
       for (let i = last + 1; after < 0 && i < data.bins; i++) if (lane.n[i] > 0) after = i;
       function bin(i) {
-        return { x: x(centre(i)), lo: lane.lo[i] / 1000, mean: lane.mean[i] / 1000, hi: lane.hi[i] / 1000 };
+        return { x: x(centre(i)), lo: lane.lo[i] / 1000, mean: lane.mean[i] / 1000, hi: lane.hi[i] / 1000,
+                 wait: lane.wait[i] / 1000 };
       }
       const out = before >= 0 ? [bin(before)] : [];
       merged.forEach(function (m, c) {
         if (m === null) return;
-        out.push({ x: data.left + (c + 0.5) * width, lo: m.lo / 1000, mean: m.sum / m.n / 1000, hi: m.hi / 1000 });
+        out.push({ x: data.left + (c + 0.5) * width, lo: m.lo / 1000, mean: m.sum / m.n / 1000, hi: m.hi / 1000,
+                   wait: m.wait / m.n / 1000 });
       });
       if (after >= 0) out.push(bin(after));
       return out;
@@ -142,6 +147,11 @@ inline constexpr const char* kPageScript = R"js(
       g.querySelector("path.area").setAttribute("d", area);
       g.querySelector("path.band").setAttribute("d", band);
       g.querySelector("path.mean").setAttribute("d", p.length ? "M" + mean.join(" ") : "");
+      // The strip under the lane: the share of samples that found the producer waiting for room.
+      const strip = data.lanes[lane].top + data.laneHeight + data.waitStrip - 1;
+      const waiting = p.map(function (q) { return num(q.x) + "," + num(strip - (data.waitStrip - 2) * q.wait); });
+      g.querySelector("path.waiting").setAttribute("d", p.length ? "M" + num(p[0].x) + "," + num(strip) + " " +
+          waiting.join(" ") + " " + num(p[p.length - 1].x) + "," + num(strip) + "Z" : "");
     });
   }
 
@@ -263,7 +273,7 @@ inline constexpr const char* kPageScript = R"js(
       }
       readouts[lane][0].textContent = "at " + seconds(time(best.x)) + ": fill " + best.mean.toFixed(2);
       readouts[lane][1].textContent = "lowest " + best.lo.toFixed(2) + ", highest " + best.hi.toFixed(2) +
-          " in that column";
+          ", producer waiting in " + Math.round(100 * best.wait) + "% of its samples";
     });
   }
 

@@ -335,14 +335,21 @@ Json to_json(const TrainOptions& o, const TrainReport& r) {
     out["remote_workers"] = r.remote_workers;
     out["remote_bytes"] = r.remote_bytes;
     out["remote_peak_in_flight"] = r.remote_peak;
+    Json workers = Json::array();
+    // Images of the data set (not crops, which "samples" counts): what each was handed to make batches of.
+    for (const auto& w : r.workers) workers.push_back({{"rank", w.rank}, {"images", w.images}});
+    out["workers"] = std::move(workers);
   }
   if (!r.ranks.empty()) {
     Json ranks = Json::array();
     for (std::size_t i = 0; i < r.ranks.size(); ++i)
-      ranks.push_back({{"rank", i},
-                       {"samples", r.ranks[i].samples},
-                       {"samples_per_s", r.ranks[i].samples_per_s()},
-                       {"starvation_pct", 100 * r.ranks[i].starvation()}});
+      ranks.push_back(
+          {{"rank", i},
+           {"samples", r.ranks[i].samples},
+           {"samples_per_s", r.ranks[i].samples_per_s()},
+           {"starvation_pct", 100 * r.ranks[i].starvation()},
+           {"exchange_wait_pct",
+            r.ranks[i].train_seconds > 0 ? 100 * r.ranks[i].exchange_wait_seconds / r.ranks[i].train_seconds : 0.0}});
     out["ranks"] = std::move(ranks);
   }
   out["per_epoch"] = std::move(epochs);

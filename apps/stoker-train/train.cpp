@@ -1,6 +1,7 @@
 #include "train.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -132,6 +133,11 @@ class Trainer {
     return hash_name({reinterpret_cast<const char*>(bytes.data()), n});
   }
   std::uint64_t steps() const { return step_; }
+  /// Whether its gradients are averaged with other ranks' every step.
+  bool data_parallel() const { return ranks_ != nullptr; }
+  /// Time spent in the gradient exchange so far: waiting for the other ranks, and the transfer.
+  /// Any thread (the occupancy log reads it as a counter).
+  std::uint64_t exchange_wait_ns() const { return exchange_wait_ns_.load(std::memory_order_relaxed); }
   /// TrainCallbacks::stop_requested, which stays true once it has said so.
   bool stop_requested() {
     if (!stopped_ && callbacks_.stop_requested) stopped_ = callbacks_.stop_requested();
@@ -268,7 +274,12 @@ class Trainer {
     host_gradients_.resize(n);
     stream.copy_to_host(host_gradients_.data(), gradients, n * sizeof(float));
     wait_for(stream);
+    const auto t0 = Clock::now();
     ranks_->allreduce_mean(host_gradients_);
+    // The slowest rank waits here least: the evidence of which rank the others wait for.
+    const double waited = seconds_since(t0);
+    current_.exchange_wait_seconds += waited;
+    exchange_wait_ns_.fetch_add(static_cast<std::uint64_t>(waited * 1e9), std::memory_order_relaxed);
     stream.copy_to_device(gradients, host_gradients_.data(), n * sizeof(float));  // before the next step's read-back
   }
 
@@ -293,6 +304,7 @@ class Trainer {
   EpochReport current_;
   Clock::time_point started_;
   bool stopped_ = false;
+  std::atomic<std::uint64_t> exchange_wait_ns_{0};
 };
 
 // The crops are drawn by the crop stage and cut by the collate, normalized on the way,
@@ -318,22 +330,48 @@ gpu::ToDeviceOptions to_device_options(const TrainOptions& o) {
           .device_buffers = output_sizing(o, 1).buffers()};
 }
 
-PipelineBuilder pipeline_builder(const TrainOptions& o, Trainer& trainer) {
+// Where a process stands in its job: its rank, the job's ranks, and with remote workers its role
+// ("trainer" or "worker").
+struct Place {
+  int rank = 0, world = 1;
+  std::string role;
+};
+
+// A job's ranks write a file each, the rank in its name (run.rank1.jsonl), and label their logs
+// with it (and their role), for stoker-inspect to read them together.
+std::string per_rank(const std::string& file, const Place& place) {
+  if (place.world == 1) return file;
+  std::filesystem::path path(file);
+  return path.replace_filename(path.stem().string() + ".rank" + std::to_string(place.rank) + path.extension().string())
+      .string();
+}
+
+void log_place(PipelineBuilder& builder, const TrainOptions& o, const Place& place) {
+  if (!o.occupancy_log.empty()) builder.occupancy_log(per_rank(o.occupancy_log, place));
+  if (place.world > 1) builder.log_label("rank", std::to_string(place.rank));
+  if (!place.role.empty()) builder.log_label("role", place.role);
+}
+
+PipelineBuilder pipeline_builder(const TrainOptions& o, Trainer& trainer, Place place = {}) {
   PipelineBuilder builder;
-  builder.threads(o.threads).seed(o.seed).epochs(o.epochs).counters(gpu::transfer_counters(trainer.device_ptr()));
-  // A job's ranks write a file each, the rank in its name (run.rank1.jsonl), and label their log
-  // records, for stoker-inspect to read them together.
-  const auto shard = trainer.shard();
-  const std::string rank = std::to_string(shard.rank);
-  const auto per_rank = [&](const std::string& file) {
-    std::filesystem::path path(file);
-    if (shard.world == 1) return file;
-    return path.replace_filename(path.stem().string() + ".rank" + rank + path.extension().string()).string();
-  };
-  if (!o.occupancy_log.empty()) builder.occupancy_log(per_rank(o.occupancy_log));
-  if (shard.world > 1) builder.log_label("rank", rank);
-  // The device's copies and kernels (the trainer's too) on its streams' tracks.
-  if (!o.trace.empty()) builder.trace(per_rank(o.trace)).timeline(gpu::device_timeline(trainer.device_ptr()));
+  CounterSource counters = gpu::transfer_counters(trainer.device_ptr());
+  if (trainer.data_parallel())  // the log's exchange_wait_ns: how long this rank waited for the others
+    counters = [copies = std::move(counters), &trainer] {
+      auto all = copies();
+      all.push_back({"exchange_wait_ns", trainer.exchange_wait_ns()});
+      return all;
+    };
+  builder.threads(o.threads).seed(o.seed).epochs(o.epochs).counters(std::move(counters));
+  if (trainer.data_parallel()) {
+    const auto shard = trainer.shard();
+    place = {static_cast<int>(shard.rank), static_cast<int>(shard.world), ""};
+  }
+  log_place(builder, o, place);
+  // The device's copies and kernels (the trainer's too) on its streams' tracks: a trace per
+  // training rank (with remote workers, the trainer's alone).
+  if (!o.trace.empty())
+    builder.trace(trainer.data_parallel() ? per_rank(o.trace, place) : o.trace)
+        .timeline(gpu::device_timeline(trainer.device_ptr()));
   if (o.autotune) builder.autotune();  // the pipeline's threads are the budget
   if (o.deterministic) builder.deterministic();
   if (trainer.resume_point()) builder.resume_from(*trainer.resume_point());
@@ -434,7 +472,7 @@ struct UnpackBatch {
 };
 
 // A worker: reader (shards from rank 0) -> crops -> shuffle -> batch -> collate -> pack ==> rank 0.
-void make_remote_batches(const TrainOptions& o, cluster::RemoteEdge<cluster::Bytes>& edge) {
+void make_remote_batches(const TrainOptions& o, cluster::RemoteEdge<cluster::Bytes>& edge, const Place& place) {
   std::shared_ptr<IdxReader> reader;
   try {
     reader = std::make_shared<IdxReader>(std::make_shared<const IdxDataset>(load(o, "train")),
@@ -443,7 +481,9 @@ void make_remote_batches(const TrainOptions& o, cluster::RemoteEdge<cluster::Byt
     edge.fail(e);
     throw;
   }
-  auto pipe = PipelineBuilder{}
+  PipelineBuilder builder;
+  log_place(builder, o, place);
+  auto pipe = std::move(builder)
                   .threads(o.threads)
                   .seed(o.seed)
                   .epochs(o.epochs)
@@ -459,10 +499,10 @@ void make_remote_batches(const TrainOptions& o, cluster::RemoteEdge<cluster::Byt
 }
 
 // Rank 0 with remote workers: ==> batches -> unpack into pinned staging -> copy -> trainer.
-void train_remote(const TrainOptions& o, cluster::RemoteEdge<cluster::Bytes>& edge, Trainer& trainer, const TestSet& test,
-                  TrainReport& report) {
+void train_remote(const TrainOptions& o, cluster::RemoteEdge<cluster::Bytes>& edge, Trainer& trainer,
+                  const TestSet& test, TrainReport& report, const Place& place) {
   const gpu::ToDevice to_device(trainer.device_ptr(), to_device_options(o));
-  auto pipe = pipeline_builder(o, trainer)
+  auto pipe = pipeline_builder(o, trainer, place)
                   .source("batches", edge.receiver(), {.queue = o.batch_queue})
                   .map("unpack", UnpackBatch{to_device.staging(), Shape{1, 1, o.crop_size, o.crop_size, false}},
                        {.threads = o.collate_threads, .queue = o.batch_queue})
@@ -473,6 +513,8 @@ void train_remote(const TrainOptions& o, cluster::RemoteEdge<cluster::Bytes>& ed
   report.remote_workers = static_cast<std::uint32_t>(edge.options().workers.size());
   report.remote_bytes = stats.bytes;
   report.remote_peak = stats.peak_in_flight;
+  for (std::size_t i = 0; i < stats.worker_samples.size() && i < edge.options().workers.size(); ++i)
+    report.workers.push_back({edge.options().workers[i], stats.worker_samples[i]});
 }
 
 // --augment gpu: whole images go to the device, which crops, shuffles and batches them.
@@ -778,21 +820,26 @@ namespace {
 
 // Every rank's samples and times at rank 0, and a check that their weights are the same.
 void gather_ranks(cluster::Communicator& ranks, Trainer& trainer, TrainReport& report) {
-  std::uint64_t wait = 0;
-  for (const EpochReport& e : report.epochs) wait += static_cast<std::uint64_t>(e.input_wait_seconds * 1e9);
+  std::uint64_t wait = 0, exchange = 0;
+  for (const EpochReport& e : report.epochs) {
+    wait += static_cast<std::uint64_t>(e.input_wait_seconds * 1e9);
+    exchange += static_cast<std::uint64_t>(e.exchange_wait_seconds * 1e9);
+  }
   const std::string mine = std::to_string(report.samples()) + " " + std::to_string(report.trained_samples()) + " " +
                            std::to_string(static_cast<std::uint64_t>(report.train_seconds() * 1e9)) + " " +
-                           std::to_string(wait) + " " + std::to_string(trainer.weights_hash());
+                           std::to_string(wait) + " " + std::to_string(trainer.weights_hash()) + " " +
+                           std::to_string(exchange);
   const auto records = ranks.gather(mine);
   std::uint64_t first_hash = 0;
   for (std::size_t r = 0; r < records.size(); ++r) {
     std::istringstream in(records[r]);
-    std::uint64_t samples = 0, trained = 0, seconds = 0, waited = 0, hash = 0;
-    in >> samples >> trained >> seconds >> waited >> hash;
+    std::uint64_t samples = 0, trained = 0, seconds = 0, waited = 0, hash = 0, exchange = 0;
+    in >> samples >> trained >> seconds >> waited >> hash >> exchange;
     if (r == 0) first_hash = hash;
     if (hash != first_hash)
       throw std::logic_error("the weights of rank " + std::to_string(r) + " differ from rank 0's after training");
-    report.ranks.push_back({samples, trained, static_cast<double>(seconds) * 1e-9, static_cast<double>(waited) * 1e-9});
+    report.ranks.push_back({samples, trained, static_cast<double>(seconds) * 1e-9, static_cast<double>(waited) * 1e-9,
+                            static_cast<double>(exchange) * 1e-9});
   }
 }
 
@@ -810,7 +857,7 @@ TrainReport run_training(const TrainOptions& options, const TrainCallbacks& call
                                              .trainer = 0,
                                              .capacity = options.batch_queue * static_cast<std::size_t>(world - 1)});
     if (edge->role() == cluster::RemoteRole::worker) {
-      make_remote_batches(options, *edge);
+      make_remote_batches(options, *edge, {ranks->rank(), world, "worker"});
       report.worker = true;
       return report;
     }
@@ -851,7 +898,7 @@ TrainReport run_training(const TrainOptions& options, const TrainCallbacks& call
 
   const bool gpu_augment = o.augment == "gpu";
   if (edge)
-    train_remote(o, *edge, trainer, test, report);
+    train_remote(o, *edge, trainer, test, report, {ranks->rank(), world, "trainer"});
   else if (o.mode == "sync")
     (gpu_augment ? train_sync_gpu : train_sync)(o, std::move(train_data), trainer, test, report);
   else

@@ -109,6 +109,8 @@ struct EpochReport {
   double train_seconds = 0;        ///< this process's: first batch asked for -> last step done
   double input_wait_seconds = 0;   ///< trainer waiting for its next batch
   double device_wait_seconds = 0;  ///< trainer waiting for the device to catch up
+  /// Data-parallel: in the gradient exchange, waiting for the other ranks (and the transfer).
+  double exchange_wait_seconds = 0;
   double eval_seconds = 0;
 
   /// The samples this process trained on.
@@ -140,6 +142,7 @@ struct TrainReport {
     std::uint64_t samples = 0;
     std::uint64_t trained_samples = 0;  ///< of `samples`, those this run trained (not before --resume)
     double train_seconds = 0, input_wait_seconds = 0;
+    double exchange_wait_seconds = 0;  ///< in the gradient exchange: the slowest rank waits least
     double samples_per_s() const {
       return train_seconds > 0 ? static_cast<double>(trained_samples) / train_seconds : 0;
     }
@@ -151,6 +154,13 @@ struct TrainReport {
   std::uint32_t remote_workers = 0;  ///< at rank 0: the ranks that made its batches
   std::uint64_t remote_bytes = 0;    ///< at rank 0: what they sent
   std::size_t remote_peak = 0;       ///< at rank 0: the most batches sent and not yet taken at once
+  /// At rank 0 with remote workers: the images of the data set each worker was handed, in rank
+  /// order (a slow worker takes fewer).
+  struct Worker {
+    int rank = 0;
+    std::uint64_t images = 0;
+  };
+  std::vector<Worker> workers;
   /// The epoch the run was stopped in (TrainCallbacks::stop_requested), as far as it went; not
   /// in `epochs`, and not evaluated.
   std::optional<EpochReport> interrupted;

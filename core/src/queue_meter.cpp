@@ -18,6 +18,14 @@ void QueueMeter::count_out(std::size_t n) noexcept {
   if (n != 0) crossed(size_.fetch_sub(static_cast<std::ptrdiff_t>(n)), -static_cast<std::ptrdiff_t>(n));
 }
 
+void QueueMeter::count_waiting(std::ptrdiff_t delta) noexcept {
+  if (delta == 0) return;
+  // Into waiting_ first when more wait, out of it last when fewer do (raw_size() reads them).
+  if (delta > 0) waiting_.fetch_add(delta);
+  crossed(size_.fetch_add(delta), delta);
+  if (delta < 0) waiting_.fetch_add(delta);
+}
+
 void QueueMeter::integrate_locked() const noexcept {
   const auto now = Clock::now();
   in_state_[state_] += now - since_;
@@ -43,6 +51,7 @@ QueueStats QueueMeter::stats() const {
   s.name = name_;
   s.capacity = capacity_;
   s.size = size();
+  s.waiting = waiting();
   s.time_empty = std::chrono::duration_cast<std::chrono::nanoseconds>(in_state_[kEmpty]);
   s.time_full = std::chrono::duration_cast<std::chrono::nanoseconds>(in_state_[kFull]);
   s.lifetime = std::chrono::duration_cast<std::chrono::nanoseconds>(since_ - born_);

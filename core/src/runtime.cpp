@@ -5,7 +5,11 @@
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 
+#include <pthread.h>
+#include <unistd.h>  // gettid
+
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <condition_variable>
 #include <nlohmann/json.hpp>
@@ -17,6 +21,7 @@
 #include <thread>
 #include <utility>
 
+#include "run_context.h"
 #include "stoker/core/body_tracer.h"
 #include "stoker/core/detail/edges.h"
 #include "stoker/core/stage_error.h"
@@ -80,13 +85,20 @@ struct PipelineCore::Engine {
   // (The observer marks every thread that joins the arena as the pipeline's own.)
   Engine(int threads, const PipelineCore& core)
       : arena(std::max(threads, 2), /*reserved_for_masters=*/static_cast<unsigned>(std::max(threads, 2))),
-        own(arena, core) {
+        own(arena, core),
+        tids(static_cast<std::size_t>(threads)),
+        bodies(static_cast<std::size_t>(threads)) {
     arena.initialize();
     own.observe(true);
     arena.execute([&] { gate.emplace(group.defer([] {})); });  // keeps group.wait() from returning
     try {
       // A thread that waits in the arena runs its tasks, and sleeps when there are none.
-      for (int i = 0; i < threads; ++i) pool.emplace_back([this] { arena.execute([this] { group.wait(); }); });
+      for (std::size_t i = 0; i < tids.size(); ++i)
+        pool.emplace_back([this, i] {
+          tids[i].store(static_cast<int>(::gettid()), std::memory_order_relaxed);
+          slot_of_this_thread = {this, i};
+          arena.execute([this] { group.wait(); });
+        });
     } catch (...) {
       release();
       throw;
@@ -107,6 +119,42 @@ struct PipelineCore::Engine {
    private:
     const PipelineCore& core_;
   };
+
+  /// The CPU time the pipeline's threads have spent, all of them together; empty where the
+  /// system does not say.
+  std::optional<double> cpu_seconds() const noexcept {
+    double sum = 0;
+    for (auto& t : pool) {
+      clockid_t clock{};
+      timespec ts{};
+      if (pthread_getcpuclockid(const_cast<std::thread&>(t).native_handle(), &clock) != 0 ||
+          clock_gettime(clock, &ts) != 0)
+        return std::nullopt;
+      sum += static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+    }
+    return sum;
+  }
+
+  /// A stage body starts (+1) or ends (-1) on the calling thread, if it is one of the pool's.
+  void body_on_this_thread(int delta) noexcept {
+    if (slot_of_this_thread.engine == this)
+      bodies[slot_of_this_thread.index].fetch_add(delta, std::memory_order_relaxed);
+  }
+
+  /// How many of the pipeline's threads run a stage body and are runnable now (on a core, or
+  /// waiting for one) rather than asleep in it (a function that sleeps, or waits for I/O or a
+  /// device); empty where the system does not say. Any thread.
+  std::optional<int> runnable() const noexcept {
+    int n = 0;
+    for (std::size_t i = 0; i < tids.size(); ++i) {
+      const int id = tids[i].load(std::memory_order_relaxed);
+      if (id == 0 || bodies[i].load(std::memory_order_relaxed) <= 0) continue;  // idle: its state says nothing
+      const auto r = thread_runnable(id);
+      if (!r) return std::nullopt;
+      n += *r;
+    }
+    return n;
+  }
 
   // Bodies are enqueued rather than spawned: an enqueued task belongs to no isolated region, so
   // a stage function waiting for oneTBB work of its own (isolated, run_body) never runs a body
@@ -137,6 +185,13 @@ struct PipelineCore::Engine {
   Own own;
   tbb::task_group group;
   std::optional<tbb::task_handle> gate;
+  std::vector<std::atomic<int>> tids;    // of the pool's threads, once each has started
+  std::vector<std::atomic<int>> bodies;  // per pool thread: stage bodies running on it (nested ones too)
+  struct Slot {
+    const Engine* engine = nullptr;
+    std::size_t index = 0;
+  };
+  static thread_local Slot slot_of_this_thread;
   std::vector<std::thread> pool;
 };
 
@@ -144,6 +199,8 @@ void throw_fanout(std::uint64_t index, std::size_t made, std::size_t fanout) {
   throw std::logic_error("input " + std::to_string(index) + " gave " + std::to_string(made) +
                          " outputs, but the stage's fanout is " + std::to_string(fanout));
 }
+
+thread_local PipelineCore::Engine::Slot PipelineCore::Engine::slot_of_this_thread;
 
 // ---------------------------------------------------------------------------------------
 // StageBase
@@ -242,6 +299,7 @@ void StageBase::run_body(int slot) noexcept {
     blocked_mark = body.blocked;
   };
   Step last = Step::done;
+  core_->engine_->body_on_this_thread(+1);
   try {
     body_started();
     struct Trace {
@@ -274,6 +332,7 @@ void StageBase::run_body(int slot) noexcept {
     core_->fail(name_, std::current_exception());
   }
   count_busy();  // what a step that threw had done
+  core_->engine_->body_on_this_thread(-1);
   body_left(last, body.blocked);
 }
 
@@ -298,6 +357,7 @@ void StageBase::body_started() {
 void StageBase::body_left(Step why, std::chrono::nanoseconds blocked_inside) {
   std::lock_guard lock(idle_mutex_);
   blocked_ += blocked_inside / threads();  // thread-averaged, as busy % is
+  pool_wait_ += blocked_inside / threads();
   if (--running_ == 0) {
     idle_since_ = Clock::now();
     idle_reason_ = why;
@@ -315,6 +375,7 @@ StageStats StageBase::stats() const {
   std::lock_guard lock(idle_mutex_);
   s.starved = starved_;
   s.blocked = blocked_;
+  s.pool_wait = pool_wait_;
   if (running_ == 0 && idle_reason_) {  // still idle: count up to now
     const auto idle = Clock::now() - idle_since_;
     if (*idle_reason_ == Step::starved) s.starved += idle;
@@ -385,8 +446,17 @@ class PipelineCore::Monitor {
   /// Writes the occupancy log to `path` (none if empty) and the trace to `trace` (none if null).
   Monitor(const PipelineCore& core, const std::string& path, TraceFile* trace, std::chrono::milliseconds interval)
       : core_(core), trace_(trace) {
-    for (const auto& [key, value] : core.options().log_labels) labels_[key] = value;
-    if (!path.empty()) open_log(path);
+    if (!path.empty()) {
+      open_log(path);
+      // First, whose log it is: the program, the job and rank, the pipeline's threads and the
+      // machine's cores; the labels (PipelineOptions::log_labels) go here, not in every record.
+      nlohmann::json run = run_identity(core.options().log_labels);
+      run["type"] = "run";
+      run["t"] = 0.0;
+      run["threads"] = core.threads_;
+      run["cores"] = std::thread::hardware_concurrency();
+      write(std::move(run));
+    }
     if (trace_) start_timelines();
     try {
       ticker_.emplace(interval, /*at_start=*/true, "occupancy log or trace: a sample could not be written",
@@ -468,18 +538,27 @@ class PipelineCore::Monitor {
   void sample() {
     const auto now = Clock::now();
     const double t = std::chrono::duration<double>(now - born_).count();
+    if (logger_ && now >= next_state_read_) {  // a file read per thread: at most every kStateInterval
+      next_state_read_ = now + kStateInterval;
+      if (const auto n = core_.engine_->runnable()) {
+        runnable_sum_ += *n;
+        ++state_reads_;
+      } else {
+        state_reads_ = -1;  // not told: none written
+      }
+    }
     fills_.clear();
     for (const auto& e : core_.edges_) {
-      const std::size_t size = e->size();
+      // What the consumer could take now; what the producer holds waiting for room beside it.
+      const std::size_t size = e->takeable();
       fills_.emplace_back(e->name(), size);
       if (logger_) {
-        write({{"type", "sample"},
-               {"t", t},
-               {"queue", e->name()},
-               {"size", size},
-               {"capacity", e->capacity()},
-               {"producer", e->producer()},
-               {"consumer", e->consumer()}});
+        nlohmann::json record{{"type", "sample"},          {"t", t},
+                              {"queue", e->name()},        {"size", size},
+                              {"capacity", e->capacity()}, {"waiting", e->waiting()},
+                              {"producer", e->producer()}, {"consumer", e->consumer()}};
+        if (e->floor() != 0) record["floor"] = e->floor();
+        write(std::move(record));
       }
     }
     if (trace_) {
@@ -491,11 +570,19 @@ class PipelineCore::Monitor {
 
   void write_totals() {
     const auto summary = core_.summary();
-    // What the stages' threads share: the pipeline's threads, and the machine's cores.
-    write({{"type", "pipeline"},
-           {"t", seconds()},
-           {"threads", summary.threads},
-           {"cores", std::thread::hardware_concurrency()}});
+    // What the stages' threads share: the pipeline's threads, and the machine's cores; the CPU
+    // time its threads, the process and the machine spent, which tells stages that compute
+    // from stages that wait, and a machine other processes kept busy.
+    nlohmann::json pipeline{{"type", "pipeline"},
+                            {"t", seconds()},
+                            {"threads", summary.threads},
+                            {"cores", std::thread::hardware_concurrency()}};
+    if (const auto cpu = core_.engine_->cpu_seconds()) pipeline["cpu_s"] = *cpu;
+    // Thread-seconds its threads were runnable (on a core or waiting for one): against busy_s,
+    // whether the stages compute or wait; against cpu_s, how long they waited for a core.
+    if (state_reads_ > 0) pipeline["runnable_s"] = runnable_sum_ / state_reads_ * seconds();
+    add_cpu_fields(pipeline, cpu_at_start_, CpuTimes::now());
+    write(std::move(pipeline));
     for (const auto& s : summary.stages) {
       write({{"type", "stage"},
              {"t", seconds()},
@@ -506,7 +593,8 @@ class PipelineCore::Monitor {
              {"skipped", s.skipped},
              {"busy_s", to_s(s.busy)},
              {"starved_s", to_s(s.starved)},
-             {"blocked_s", to_s(s.blocked)}});
+             {"blocked_s", to_s(s.blocked)},
+             {"pool_wait_s", to_s(s.pool_wait)}});
     }
     // The training loop: how long it waited for its input.
     write({{"type", "consumer"},
@@ -521,16 +609,16 @@ class PipelineCore::Monitor {
     logger_->flush();
   }
 
-  // Every record goes out with the pipeline's labels (PipelineOptions::log_labels).
-  void write(nlohmann::json record) {
-    for (const auto& [key, value] : labels_.items()) record[key] = value;
-    logger_->info(record.dump());
-  }
+  void write(const nlohmann::json& record) { logger_->info(record.dump()); }
 
   const PipelineCore& core_;
   TraceFile* const trace_;
-  nlohmann::json labels_ = nlohmann::json::object();
   const Clock::time_point born_ = Clock::now();
+  const CpuTimes cpu_at_start_ = CpuTimes::now();
+  static constexpr auto kStateInterval = std::chrono::milliseconds(20);
+  Clock::time_point next_state_read_{};                     // the sampling thread's, as the two below
+  double runnable_sum_ = 0;                                 // runnable threads, summed over the reads
+  int state_reads_ = 0;                                     // -1 once a read failed
   std::vector<std::pair<std::string, std::size_t>> fills_;  // the sampling thread's
   std::vector<TimelineSource*> timelines_;                  // started; owned by the options
   std::vector<TimedSpan> timed_;                            // the sampling thread's
@@ -694,10 +782,10 @@ void PipelineCore::start(CoreOptions options) {
   if (trace_) consumer_track_ = &trace_->add_track("consumer (waiting)", "wait");
   for (auto& e : edges_) e->start(options_.deterministic, options_.seed);
   describe_for_resume();
+  threads_ = options_.threads == 0 ? tbb::info::default_concurrency() : options_.threads;
+  engine_ = std::make_unique<Engine>(threads_, *this);  // before the monitor, which reads its threads' states
   if (!options_.occupancy_log.empty() || trace_)
     monitor_ = std::make_unique<Monitor>(*this, options_.occupancy_log, trace_.get(), options_.sample_interval);
-  threads_ = options_.threads == 0 ? tbb::info::default_concurrency() : options_.threads;
-  engine_ = std::make_unique<Engine>(threads_, *this);
   started_ = Clock::now();
   if (options_.autotune) tuner_ = std::make_unique<Tuner>(*this, *options_.autotune);
 }
@@ -987,8 +1075,8 @@ PipelineSummary PipelineCore::summary() const {
   if (options_.counters) out.counters = options_.counters();
   for (const auto& e : edges_) {
     const auto st = e->stats();
-    out.queues.push_back({std::string(st.name), e->producer(), e->consumer(), st.capacity, st.size, st.time_empty,
-                          st.time_full, st.lifetime});
+    out.queues.push_back({std::string(st.name), e->producer(), e->consumer(), st.capacity, st.size, st.waiting,
+                          st.time_empty, st.time_full, st.lifetime});
   }
   return out;
 }

@@ -4,14 +4,18 @@
 //   shards        every rank's ShuffledShard pipeline over two epochs, gathered at rank 0:
 //                 each id exactly once per epoch, a new order every epoch, the same run again
 //   throw         rank 1 throws while the others wait at a barrier: all must end, promptly
-//   straggler DIR a data-parallel loop (an allreduce per batch) whose rank 1 has a slow input
-//                 stage; each rank writes DIR/run.rank<r>.jsonl for stoker-inspect to read
+//   straggler DIR SLOW  a data-parallel loop (an allreduce per batch, its wait counted) whose rank 1
+//                 has a slow training step (SLOW = step) or input stage (SLOW = input); each rank
+//                 writes DIR/run.rank<r>.jsonl for stoker-inspect to read
+//   straggler_remote DIR  a trainer and its remote workers, of which rank 1 is slow; each rank
+//                 writes DIR/run.rank<r>.jsonl
 //   remote        rank 0 trains on batches its workers (the other ranks) make from shards they
 //                 ask for: every id once per epoch, the capacity held, the slow worker helped
 //   remote_throw  the last worker's stage throws: the trainer's pipeline names its rank and stage
 //   remote_stop   the trainer stops mid-epoch; the workers, set to run forever, stop with it
 //   remote_epochs the workers run 1 epoch, the trainer wants 2: it fails, naming a worker
 //   remote_sizes  the last worker reads a data set of another size: refused, naming both ranks
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -117,16 +121,25 @@ void shards(Communicator& comm) {
 }
 
 // Rank 1's input stage takes 1 ms an item, the others' 20 us: every step waits for rank 1.
-void straggler(Communicator& comm, const std::string& dir) {
+// A data-parallel loop: every step ends in an allreduce that waits for every rank, and each rank
+// counts its time there in its log (exchange_wait_ns), as stoker-train does. Rank 1 is slow in
+// its training step (`slow` = "step": it sleeps before the exchange) or in its input ("input").
+void straggler(Communicator& comm, const std::string& dir, const std::string& slow) {
+  if (slow != "step" && slow != "input") throw Failed("straggler: SLOW must be step or input, not '" + slow + "'");
   const auto reader =
       std::make_shared<stoker::SyntheticSource>(stoker::SyntheticOptions{.shape = {1, 1, 2, 2, false}, .count = 1800});
   const auto rank = std::to_string(comm.rank());
-  const auto work = std::chrono::microseconds(comm.rank() == 1 ? 1000 : 20);
+  const bool slow_rank = comm.rank() == 1;
+  const auto work = std::chrono::microseconds(slow_rank && slow == "input" ? 3000 : 20);
+  std::atomic<std::uint64_t> exchange_ns{0};
   auto pipe = stoker::PipelineBuilder{}
                   .epochs(1)
                   .threads(1)
                   .occupancy_log(dir + "/run.rank" + rank + ".jsonl", std::chrono::milliseconds(10))
                   .log_label("rank", rank)
+                  .counters([&exchange_ns] {
+                    return std::vector<stoker::Counter>{{"exchange_wait_ns", exchange_ns.load()}};
+                  })
                   .source("read", stoker::ShuffledShard(reader, {.rank = static_cast<std::uint32_t>(comm.rank()),
                                                                  .world = static_cast<std::uint32_t>(comm.size())}))
                   .map("decode",
@@ -139,7 +152,11 @@ void straggler(Communicator& comm, const std::string& dir) {
   std::vector<float> gradients(1000, 1.0f);
   for (auto& batch : pipe.epoch()) {
     (void)batch;
-    comm.allreduce_sum(gradients);  // the step: every rank waits for the slowest
+    if (slow_rank && slow == "step") std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    const auto t0 = std::chrono::steady_clock::now();
+    comm.allreduce_sum(gradients);  // every rank waits for the slowest
+    exchange_ns += static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
   }
 }
 
@@ -225,6 +242,42 @@ void remote(Communicator& comm) {
   // load: under ThreadSanitizer, with 4 ranks on 2 cores, the fast ones lose most of their lead.
   for (std::size_t w = 0; w + 1 < stats.worker_samples.size(); ++w)
     require(stats.worker_samples[w] > stats.worker_samples.back(), "the slow worker took fewer shards than a fast one");
+}
+
+// A trainer (rank 0) and its remote workers, each rank writing its occupancy log labelled with
+// its rank and role; worker rank 1 takes 100 times as long per sample as the others.
+void straggler_remote(Communicator& comm, const std::string& dir) {
+  if (comm.size() < 3) throw Failed("mode straggler_remote needs at least 3 ranks");
+  const std::size_t workers = static_cast<std::size_t>(comm.size() - 1);
+  stoker::cluster::RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 2 * workers, .shard = 16});
+  const bool worker = edge.role() == stoker::cluster::RemoteRole::worker;
+  stoker::PipelineBuilder builder;
+  builder.epochs(1)
+      .threads(2)
+      .occupancy_log(dir + "/run.rank" + std::to_string(comm.rank()) + ".jsonl", std::chrono::milliseconds(10))
+      .log_label("rank", std::to_string(comm.rank()))
+      .log_label("role", worker ? "worker" : "trainer");
+  if (worker) {
+    const auto reader = std::make_shared<stoker::SyntheticSource>(
+        stoker::SyntheticOptions{.shape = {1, 1, 2, 2, false}, .count = kRemoteSamples});
+    const auto work = std::chrono::microseconds(comm.rank() == 1 ? 2000 : 20);
+    auto pipe = std::move(builder)
+                    .source("read", edge.shards(reader))
+                    .map("work",
+                         [work](stoker::Sample s) {
+                           std::this_thread::sleep_for(work);
+                           return s.id;
+                         })
+                    .batch("batch", 7)
+                    .map("ids", [](std::vector<std::uint64_t> ids) { return ids; })
+                    .build();
+    edge.serve(pipe);
+    return;
+  }
+  auto pipe = std::move(builder).source("batches", edge.receiver(), {.queue = 1}).build();
+  std::uint64_t samples = 0;
+  for (const auto& batch : pipe.epoch()) samples += batch.size();
+  require(samples == kRemoteSamples, "every sample of the epoch");
 }
 
 void remote_throw(Communicator& comm) {
@@ -357,8 +410,10 @@ int main(int argc, char** argv) {
       remote_epochs(comm);
     } else if (mode == "remote_sizes") {
       remote_sizes(comm);
-    } else if (mode == "straggler" && argc > 2) {
-      straggler(comm, argv[2]);
+    } else if (mode == "straggler" && argc > 3) {
+      straggler(comm, argv[2], argv[3]);
+    } else if (mode == "straggler_remote" && argc > 2) {
+      straggler_remote(comm, argv[2]);
     } else {
       throw Failed("unknown mode '" + mode +
                    "' (collectives, shards, throw, straggler DIR, remote, remote_throw, remote_stop, remote_epochs, "

@@ -7,15 +7,27 @@ set -euo pipefail
 mpiexec=$1 program=$2 ranks=$3 mode=$4
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 run=("$mpiexec" --oversubscribe -np "$ranks" "$program" "$mode")
-if [[ "$mode" == straggler ]]; then
-  # stoker-inspect, given every rank's log, must name rank 1, whose input is slow.
-  inspect=$5
+if [[ "$mode" == straggler* ]]; then
+  # stoker-inspect, given every rank's log, must name rank 1, which is slow, and say why, in its
+  # report and in its JSON.
+  #   mpi_test.sh MPIEXEC MPI_RANKS N straggler STOKER_INSPECT step|input
+  #   mpi_test.sh MPIEXEC MPI_RANKS N straggler_remote STOKER_INSPECT
+  inspect=$5 slow=${6:-} why=
+  case "$mode:$slow" in
+    straggler:step) why="its training step itself is slower" ;;
+    straggler:input) why="its input is slow" ;;
+    straggler_remote:) why="rank 1 sent" ;;
+    *) echo "mpi_test.sh: unknown straggler case '$mode' '$slow'" >&2; exit 2 ;;
+  esac
   dir=$(mktemp -d)
   trap 'rm -rf "$dir"' EXIT
-  "${run[@]}" "$dir"
+  "${run[@]}" "$dir" $slow
   report=$("$inspect" "$dir"/run.rank*.jsonl)
   sed -n '/^==== the job/,$p' <<<"$report"
   grep -q "^straggler:  rank 1$" <<<"$report" || { echo "FAIL: rank 1 was not named the straggler" >&2; exit 1; }
+  grep -q "$why" <<<"$report" || { echo "FAIL: the evidence does not say '$why'" >&2; exit 1; }
+  json=$("$inspect" --json "$dir"/run.rank*.jsonl | tail -n 1)
+  grep -q '"straggler":"rank 1"' <<<"$json" || { echo "FAIL: the JSON does not name rank 1: $json" >&2; exit 1; }
   exit 0
 fi
 if [[ "$mode" != throw ]]; then

@@ -44,7 +44,7 @@ inline inspect::OccupancyLog synthetic_log(const SyntheticRun& run) {
   inspect::OccupancyLog log;
   log.source = "synthetic.jsonl";
   for (std::size_t i = 0; i < std::size(kQueues); ++i)
-    log.queues.push_back({kQueues[i].name, stages[i], stages[i + 1], kQueues[i].capacity, {}});
+    log.queues.push_back({kQueues[i].name, stages[i], stages[i + 1], kQueues[i].capacity, 0, {}});
 
   const double epoch_length = run.epochs > 0 ? run.seconds / run.epochs : run.seconds;
   for (int e = 0; e < run.epochs; ++e) log.epochs.push_back({0.001 + e * epoch_length, static_cast<std::uint64_t>(e)});
@@ -62,7 +62,7 @@ inline inspect::OccupancyLog synthetic_log(const SyntheticRun& run) {
       double size = i < run.bottleneck ? (next() % 3 == 0 ? capacity / 2 + static_cast<double>(next() % 4) : capacity)
                                        : static_cast<double>(next() % 8 == 0);
       size = std::floor(size * ramp);
-      q.samples.push_back({t, static_cast<std::size_t>(size), std::min(1.0, size / capacity)});
+      q.samples.push_back({t, static_cast<std::size_t>(size), 0, std::min(1.0, size / capacity)});
     }
   }
 

@@ -615,14 +615,26 @@ TEST_SUITE("Pipeline") {
     std::set<std::string> queues, stages;
     std::vector<int> epochs;
     std::string line;
-    int samples = 0, counter_records = 0, consumer_records = 0, pipeline_records = 0;
+    int samples = 0, counter_records = 0, consumer_records = 0, pipeline_records = 0, run_records = 0;
     while (std::getline(in, line)) {
       const auto j = nlohmann::json::parse(line);  // throws, failing the test, if malformed
-      CHECK(j.at("rank") == "3");                  // the pipeline's label, on every record
+      if (run_records == 0) {                      // first, whose log it is, with the pipeline's label
+        ++run_records;
+        CHECK(j.at("type") == "run");
+        CHECK(j.at("rank") == "3");
+        CHECK(j.at("program") == "test_pipeline");
+        CHECK(!j.at("job").get<std::string>().empty());
+        CHECK(j.at("threads") == 3);
+        continue;
+      }
+      CHECK(j.at("type") != "run");
+      CHECK(!j.contains("rank"));  // the labels are the run record's
       if (j.at("type") == "sample") {
         ++samples;
         queues.insert(j.at("queue").get<std::string>());
         CHECK(j.at("size").get<std::size_t>() <= j.at("capacity").get<std::size_t>());
+        CHECK(j.contains("waiting"));
+        CHECK(j.value("floor", 0) == (j.at("queue") == "shuffle" ? 50 : 0));  // what a shuffle keeps back
         CHECK(j.contains("producer"));
         CHECK(j.contains("consumer"));
         CHECK(j.at("t").get<double>() >= 0.0);

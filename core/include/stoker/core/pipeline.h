@@ -76,7 +76,7 @@ struct PipelineOptions {
   bool deterministic = false;  ///< same output, in the same order, whatever the threads
   std::uint32_t epochs = 0;    ///< epochs to run; 0 = until stopped, or until an epoch yields nothing
   std::string occupancy_log;   ///< JSON Lines file of queue samples; empty = none
-  /// Fields added to every record of the occupancy log, e.g. {"rank", "1"} for one rank of a
+  /// Fields added to the occupancy log's `run` record, e.g. {"rank", "1"} for one rank of a
   /// job whose logs stoker-inspect reads together.
   std::map<std::string, std::string> log_labels;
   /// Chrome trace event file (Perfetto's UI, chrome://tracing) of the run; empty = none. A

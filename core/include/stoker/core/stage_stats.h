@@ -26,13 +26,17 @@ struct StageStats {
   /// for something downstream gives back (BlockedTime: a free buffer of a pool), averaged over
   /// its threads.
   std::chrono::nanoseconds blocked{0};
+  /// Of `blocked`, the time its function waited for a pool (BlockedTime), averaged over its
+  /// threads: a stage that waits for buffers the consumer or a device gives back, not for room.
+  std::chrono::nanoseconds pool_wait{0};
 };
 
 /// One queue of a pipeline, with the stages on either side.
 struct QueueReport {
   std::string name, producer, consumer;
   std::size_t capacity = 0;
-  std::size_t size = 0;
+  std::size_t size = 0;     ///< items held
+  std::size_t waiting = 0;  ///< items its producer holds at the entrance, waiting for room
   std::chrono::nanoseconds time_empty{0}, time_full{0}, lifetime{0};
 };
 

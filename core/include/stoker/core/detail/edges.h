@@ -174,12 +174,18 @@ class EdgeBase : public QueueMeter {
     wake_consumer();
   }
 
-  /// A producer that holds `n` items it could not push counts them here while it waits, so
-  /// that the occupancy shows the queue full rather than with room (QueueMeter).
-  void note_waiting(std::ptrdiff_t n) noexcept {
-    if (n > 0) count_in(static_cast<std::size_t>(n));
-    if (n < 0) count_out(static_cast<std::size_t>(-n));
+  /// A producer that holds `n` more (negative: fewer) items it could not push counts them here
+  /// while it waits: reported beside the queue's size, never in it (QueueMeter::waiting()).
+  void note_waiting(std::ptrdiff_t n) noexcept { count_waiting(n); }
+
+  /// Items a consumer could take now: all it holds once the epoch's input has ended, otherwise
+  /// those above the floor a shuffle keeps back. A recent value, read without the lock.
+  std::size_t takeable() const noexcept {
+    const std::size_t held = held_.load();
+    return ended_.load() ? held : held > floor_ ? held - floor_ : 0;
   }
+  /// What a shuffle keeps back while the epoch's input goes on (min_after_dequeue); 0 for a FIFO.
+  std::size_t floor() const noexcept { return floor_; }
 
  protected:
   /// start(): the seed, and a shuffle's window. Deterministic mode draws from the oldest items
@@ -199,11 +205,8 @@ class EdgeBase : public QueueMeter {
   /// The order in which a FIFO's `n` items go back at a resume after `taken` (put_back_shuffled).
   std::vector<std::size_t> put_back_order(std::size_t n, std::uint64_t taken) const;
 
-  // Under mutex_: items that may be taken now.
-  std::size_t poppable_locked() const noexcept {
-    const std::size_t held = held_.load();
-    return ended_.load() ? held : held > floor_ ? held - floor_ : 0;
-  }
+  // Under mutex_: items that may be taken now, exactly.
+  std::size_t poppable_locked() const noexcept { return takeable(); }
   // Under mutex_, after making items poppable: whether the consumer's thread waits for them.
   bool wake_consumer_locked() const noexcept { return consumer_waiting_ && ready(); }
   // The consumer's thread sleeps on `signal_` (a futex): lighter than a condition variable,

@@ -237,6 +237,7 @@ class StageBase {
   std::optional<Step> idle_reason_;
   std::chrono::steady_clock::time_point idle_since_;
   std::chrono::nanoseconds starved_{0}, blocked_{0};
+  std::chrono::nanoseconds pool_wait_{0};  // the part of blocked_ its function waited for a pool
 };
 
 struct CoreOptions {
