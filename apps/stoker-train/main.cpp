@@ -17,6 +17,7 @@
 #include <string>
 #include <unistd.h>
 
+#include "app_log.h"
 #include "app_main.h"
 #include "stoker/core/stage_error.h"
 #include "stoker/core/state.h"
@@ -417,6 +418,7 @@ int run(int argc, char** argv, cluster::Communicator& ranks) {
   };
 
   try {
+    apps::log_level_from_environment();
     // Before the data is read: a path that cannot be written is a bad argument, not a failed run.
     if (o.mode == "pipelined") {
       if (!o.occupancy_log.empty()) apps::prepare_output_file("--occupancy-log", o.occupancy_log);

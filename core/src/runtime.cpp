@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "stoker/core/stage_error.h"
+#include "stoker_log.h"
 
 // libtbb is not built with ThreadSanitizer, so the ordering it provides (a task runs after
 // the enqueue that made it) is invisible to TSan. These annotations state that edge; they
@@ -245,8 +246,8 @@ void StageBase::skipped(std::uint64_t index, const char* what) {
   constexpr std::uint64_t kLogged = 5;
   const auto n = skipped_.fetch_add(1) + 1;
   if (n <= kLogged)
-    spdlog::warn("stage '{}': skipped item {} of epoch {}: {}{}", name_, index, bodies_.front().ctx.epoch, what,
-                 n == kLogged ? " (further skips are only counted)" : "");
+    log::warn("stage '{}': skipped item {} of epoch {}: {}{}", name_, index, bodies_.front().ctx.epoch, what,
+              n == kLogged ? " (further skips are only counted)" : "");
 }
 
 void StageBase::body_started() {
@@ -321,9 +322,9 @@ class Ticker {
       try {
         tick_();
       } catch (const std::exception& e) {
-        spdlog::error("{}: {}", what_, e.what());
+        log::error("{}: {}", what_, e.what());
       } catch (...) {
-        spdlog::error("{}: an unknown error", what_);
+        log::error("{}: an unknown error", what_);
       }
       lock.lock();
       next += interval_;
@@ -378,15 +379,15 @@ class PipelineCore::Monitor {
       sample();
       if (logger_) write_totals();
     } catch (const std::exception& e) {
-      spdlog::error("occupancy log or trace: the final records could not be written: {}", e.what());
+      log::error("occupancy log or trace: the final records could not be written: {}", e.what());
     } catch (...) {
-      spdlog::error("occupancy log or trace: the final records could not be written");
+      log::error("occupancy log or trace: the final records could not be written");
     }
     stop_timelines();
     try {
       if (trace_) trace_->close();
     } catch (const std::exception& e) {
-      spdlog::error("{}", e.what());
+      log::error("{}", e.what());
     }
     {
       std::lock_guard lock(closing_);
@@ -594,7 +595,7 @@ class PipelineCore::Tuner {
     if (spare != nullptr)
       what += ", " + spare->stage->name() + " " + std::to_string(spare->stage->threads() + 1) + " -> " +
               std::to_string(spare->stage->threads());
-    spdlog::info("autotune: {} ({})", what, evidence);
+    log::info("autotune: {} ({})", what, evidence);
     if (core_.monitor_) core_.monitor_->note({{"type", "autotune"}, {"changes", changes}, {"evidence", evidence}});
   }
 

@@ -1,9 +1,10 @@
-// All of stoker in one include: the pipeline and its queues (core), samples, readers,
+// All of stoker in one include: the pipeline, its queues and its log (core), samples, readers,
 // transforms, batching and DLPack export (stages), the device path (gpu) and the ranks of a job
 // (cluster). Link stoker::stoker.
 #pragma once
 
 #include "stoker/core/bounded_queue.h"
+#include "stoker/core/log.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/core/random.h"
 #include "stoker/core/random_shuffle_queue.h"
