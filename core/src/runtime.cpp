@@ -246,7 +246,7 @@ void StageBase::skipped(std::uint64_t index, const char* what) {
   constexpr std::uint64_t kLogged = 5;
   const auto n = skipped_.fetch_add(1) + 1;
   if (n <= kLogged)
-    log::warn("stage '{}': skipped item {} of epoch {}: {}{}", name_, index, bodies_.front().ctx.epoch, what,
+    log::warn("stage '{}': skipped item {} of epoch {}: {}{}", name_, index, bodies_.front().ctx.epoch + 1, what,
               n == kLogged ? " (further skips are only counted)" : "");
 }
 
