@@ -20,6 +20,7 @@
 #include "app_log.h"
 #include "app_main.h"
 #include "stoker/core/stage_error.h"
+#include "stoker/core/stage_stats.h"
 #include "stoker/core/state.h"
 #include "stoker/cluster/communicator.h"
 #include "stoker/stages/reader.h"
@@ -32,8 +33,6 @@ using Json = nlohmann::ordered_json;
 
 using apps::fixed;
 using apps::one_line;
-
-std::string megabytes(std::uint64_t bytes) { return fixed(static_cast<double>(bytes) / 1e6, 1) + " MB"; }
 
 std::string layers(const TrainOptions& o) {
   std::string s = std::to_string(o.crop_size * o.crop_size);
@@ -448,15 +447,15 @@ int run(int argc, char** argv, cluster::Communicator& ranks) {
       print_summary(std::cout, *r.pipeline);
       std::cout << "\n";
     }
-    std::cout << "copies: " << r.transfers.h2d_copies << " host-to-device (" << megabytes(r.transfers.h2d_bytes)
-              << "), " << r.transfers.d2h_copies << " device-to-host (" << r.transfers.d2h_bytes
-              << " bytes): " << copies_expected(o, r) << "; one read-back per epoch\n"
+    std::cout << "copies: " << r.transfers.h2d_copies << " host-to-device (" << format_bytes(r.transfers.h2d_bytes)
+              << "), " << r.transfers.d2h_copies << " device-to-host (" << format_bytes(r.transfers.d2h_bytes)
+              << "): " << copies_expected(o, r) << "; one read-back per epoch\n"
               << "result: test accuracy " << fixed(r.test_accuracy(), 4) << " after "
               << apps::plural(r.epochs.size(), "epoch") << ", " << static_cast<long long>(r.samples_per_s())
               << " samples/s, starvation " << fixed(100 * r.starvation(), 1) << "% (" << r.mode << ", " << r.device
               << ")\n";
     if (r.remote_workers != 0)
-      std::cout << "remote: " << r.remote_workers << " workers sent " << megabytes(r.remote_bytes)
+      std::cout << "remote: " << r.remote_workers << " workers sent " << format_bytes(r.remote_bytes)
                 << " of batches; at most " << r.remote_peak << " were on their way at once\n";
     if (json) std::cout << to_json(o, r).dump() << std::endl;
     return 0;
