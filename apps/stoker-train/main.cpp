@@ -14,6 +14,7 @@
 #include <exception>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <string>
 #include <unistd.h>
 
@@ -251,7 +252,7 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
       ->capture_default_str()
       ->group("Model");
   app.add_option("--limit", o.limit, "Use only the first N training and N test images (0: all); for quick runs")
-      ->check(apps::in_range<std::size_t>(0, std::size_t{1} << 32))
+      ->check(apps::in_range<std::size_t>(0, std::numeric_limits<std::uint32_t>::max()))
       ->capture_default_str()
       ->group("Data");
   app.add_flag("--remote-workers", o.remote_workers,
@@ -363,16 +364,10 @@ int run(int argc, char** argv, cluster::Communicator& ranks) {
   add_options(app, o, json);
   if (const auto done = apps::parse_command_line(app, argc, argv)) return *done;
 
-  if (o.mode == "sync" && !o.occupancy_log.empty())
-    std::cerr << "stoker-train: warning: --occupancy-log is ignored in sync mode, which has no pipeline\n";
   if (o.autotune) {  // start small: the tuner adds threads where they are needed
     if (app.count("--crop-threads") == 0) o.crop_threads = 1;
     if (app.count("--collate-threads") == 0) o.collate_threads = 1;
   }
-  if (o.mode == "sync" && o.autotune)
-    std::cerr << "stoker-train: warning: --autotune is ignored in sync mode, which has no pipeline\n";
-  if (o.mode == "sync" && !o.trace.empty())
-    std::cerr << "stoker-train: warning: --trace is ignored in sync mode, which has no pipeline\n";
 
   // Under mpirun the launcher passes a signal on to every rank, which would each stop at another
   // step and leave the others waiting in a collective: there the default (the end) is better.
@@ -418,11 +413,12 @@ int run(int argc, char** argv, cluster::Communicator& ranks) {
 
   try {
     apps::log_level_from_environment();
-    // Before the data is read: a path that cannot be written is a bad argument, not a failed run.
-    if (o.mode == "pipelined") {
-      if (!o.occupancy_log.empty()) apps::prepare_output_file("--occupancy-log", o.occupancy_log);
-      if (!o.trace.empty()) apps::prepare_output_file("--trace", o.trace);
-    }
+    // Before the data is read: a bad combination or a path that cannot be written is a bad
+    // argument, not a failed run.
+    validate(o, ranks.size());
+    if (!o.occupancy_log.empty()) apps::prepare_output_file("--occupancy-log", o.occupancy_log);
+    if (!o.trace.empty()) apps::prepare_output_file("--trace", o.trace);
+    if (!o.checkpoint.empty()) apps::prepare_output_directory("--checkpoint", o.checkpoint);
     const TrainReport r = run_training(o, callbacks, &ranks);
     if (r.worker) return 0;  // rank 0 reports
     if (r.interrupted) {
