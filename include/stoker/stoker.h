@@ -1,8 +1,10 @@
 // All of stoker in one include: the pipeline, its queues and its log (core), samples, readers,
 // transforms, batching and DLPack export (stages), the device path (gpu) and the ranks of a job
-// (cluster). Link stoker::stoker.
+// (cluster); the version and what the build has (STOKER_VERSION, STOKER_HAS_CUDA, ...). Link
+// stoker::stoker.
 #pragma once
 
+#include "stoker/config.h"
 #include "stoker/core/bounded_queue.h"
 #include "stoker/core/log.h"
 #include "stoker/core/pipeline.h"
@@ -30,3 +32,4 @@
 #include "stoker/stages/sample.h"
 #include "stoker/stages/synthetic.h"
 #include "stoker/stages/transforms.h"
+#include "stoker/version.h"

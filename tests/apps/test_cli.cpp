@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "stoker/config.h"
+#include "stoker/version.h"
 #include "support.h"
 
 extern char** environ;
@@ -224,6 +226,21 @@ TEST_CASE("stoker-train says where the crops were made, and counts one epoch in 
   CHECK(out.find(", 1 epoch of 500 samples\n") != std::string::npos);
   CHECK(out.find(" after 1 epoch, ") != std::string::npos);
   CHECK(out.find("1 epochs") == std::string::npos);
+}
+
+TEST_CASE("every program says its version, its commit and what the build has with --version" * doctest::timeout(60)) {
+  const TempDir dir("cli");
+  for (const std::string& program : {kTrain, kInspect, std::string(STOKER_BENCH)}) {
+    const std::string name = fs::path(program).filename().string();
+    CAPTURE(name);
+    Child child({program, "--version"}, dir);
+    CHECK(child.wait() == 0);
+    const std::string out = child.out();
+    CHECK(out.find(name + " " STOKER_VERSION_STRING) == 0);
+    CHECK(out.find("\nbuilt with: " STOKER_BUILD_FEATURES "\n") != std::string::npos);
+    CHECK(out.find("license: Apache-2.0") != std::string::npos);
+    CHECK(child.err().empty());
+  }
 }
 
 TEST_CASE("stoker-train refuses in sync mode what only a pipeline has, before anything else" * doctest::timeout(60)) {
