@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds stoker into build/ (incrementally), runs every test, then installs it and proves that
 # the install works: every installed program starts (--help, --version), and tests/consumer
-# builds against it with find_package(stoker) and its components (every installed header,
-# README's example) and with pkg-config.
+# builds against it with find_package(stoker) and its components (every installed header, every
+# C++ block of README.md and docs/) and with pkg-config.
 #
 #   scripts/test.sh [--no-consumer]
 #
@@ -84,7 +84,7 @@ if ((consumer)); then
     echo "  ${version//$'\n'/; }"
   done
 
-  echo "test: building tests/consumer against $prefix (CMake components, every header, README's example)"
+  echo "test: building tests/consumer against $prefix (CMake components, every header, every docs block)"
   # --fresh: find_package must succeed from scratch every time, not from a cached stoker_DIR.
   # The package registry is off so that only the install prefix can satisfy it.
   cmake --fresh -S tests/consumer -B "$consumer_dir" -G Ninja \
@@ -92,7 +92,7 @@ if ((consumer)); then
     -DCMAKE_PREFIX_PATH="$prefix" \
     -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
   cmake --build "$consumer_dir" --parallel "${STOKER_JOBS:-$(nproc)}"
-  echo "test: running the consumer and README's example"
+  echo "test: running the consumer and the docs' programs"
   ctest --test-dir "$consumer_dir" --output-on-failure --no-tests=error
 
   echo "test: a component the install does not have fails find_package, naming it"
@@ -114,7 +114,7 @@ if ((consumer)); then
   read -r -a pc_cflags <<<"$(pkg-config --cflags stoker)"
   read -r -a pc_libs <<<"$(pkg-config --libs stoker)"
   pc_libdir="$(pkg-config --variable=libdir stoker)"
-  readme_example="$consumer_dir/readme_example.cpp"
+  readme_example="$(ls "$consumer_dir"/docs/readme_*.cpp | sort -t_ -k2 -n | head -1)"
   for source in tests/consumer/main.cpp "$readme_example"; do
     out="$consumer_dir/pkgconfig-$(basename "$source" .cpp)"
     "${CXX:-c++}" -std=c++20 -O1 "$source" "${pc_cflags[@]}" "${pc_libs[@]}" -Wl,-rpath,"$pc_libdir" -o "$out"
