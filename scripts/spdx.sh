@@ -17,7 +17,7 @@ check=0
 case "${1:-}" in
   --check) check=1 ;;
   "") ;;
-  -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
+  -h|--help) awk 'NR > 1 && /^#/ { if (!/^# SPDX-License-Identifier:/) { sub(/^# ?/, ""); print } next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
   *) echo "spdx.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
 esac
 

@@ -20,7 +20,7 @@ consumer=1
 for arg in "$@"; do
   case "$arg" in
     --no-consumer) consumer=0 ;;
-    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { if (!/^# SPDX-License-Identifier:/) { sub(/^# ?/, ""); print } next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "test.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
