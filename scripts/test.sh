@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds stoker into build/ (incrementally), runs every test, then proves that
-# find_package(stoker) works from an install prefix with the consumer in tests/consumer.
+# Builds stoker into build/ (incrementally), runs every test, then installs it and proves that
+# the install works: every installed program starts (--help, --version), and tests/consumer
+# builds against it with find_package(stoker) and its components (every installed header, every
+# C++ block of README.md and docs/) and with pkg-config.
 #
 #   scripts/test.sh [--no-consumer]
 #
@@ -18,7 +20,7 @@ consumer=1
 for arg in "$@"; do
   case "$arg" in
     --no-consumer) consumer=0 ;;
-    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { if (!/^# SPDX-License-Identifier:/) { sub(/^# ?/, ""); print } next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
     *) echo "test.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -29,7 +31,7 @@ export STOKER_BUILD_DIR="$build_dir"
 
 # libtorch's CPU build, for the example client (apps/stoker-torch-example), which is tested
 # when it is found; the demo does not need it.
-export STOKER_EXTRA_PACKAGES="${STOKER_EXTRA_PACKAGES:-} libtorch-dev chromium"
+export STOKER_EXTRA_PACKAGES="${STOKER_EXTRA_PACKAGES:-} libtorch-dev chromium pkgconf"
 bash "$root/scripts/build.sh"
 
 ctest_args=()
@@ -58,17 +60,41 @@ if ((consumer)); then
   rm -rf "$prefix"
   cmake --install "$build_dir" --prefix "$prefix"
 
-  echo "test: building tests/consumer against $prefix"
+  echo "test: every installed program starts from $prefix/bin (--help, --version)"
+  for program in stoker-train stoker-inspect stoker-bench; do
+    [[ -x "$prefix/bin/$program" ]] || { echo "test: $program was not installed in $prefix/bin" >&2; exit 1; }
+  done
+  for program in "$prefix"/bin/*; do
+    name="$(basename "$program")"
+    # The install must find its libraries by itself, not through the build tree's RUNPATH.
+    if readelf -d "$program" | grep -F "$build_dir" | grep -v -F "$prefix" >&2; then
+      echo "test: the installed $name still names the build tree in its RUNPATH" >&2
+      exit 1
+    fi
+    if ! env -u LD_LIBRARY_PATH "$program" --help >/dev/null 2>"$build_dir/program.err"; then
+      echo "test: the installed $name --help failed:" >&2
+      cat "$build_dir/program.err" >&2
+      exit 1
+    fi
+    version="$(env -u LD_LIBRARY_PATH "$program" --version)"
+    if [[ "$version" != "$name "[0-9]* ]]; then
+      echo "test: the installed $name --version printed '$version'" >&2
+      exit 1
+    fi
+    echo "  ${version//$'\n'/; }"
+  done
+
+  echo "test: building tests/consumer against $prefix (CMake components, every header, every docs block)"
   # --fresh: find_package must succeed from scratch every time, not from a cached stoker_DIR.
   # The package registry is off so that only the install prefix can satisfy it.
   cmake --fresh -S tests/consumer -B "$consumer_dir" -G Ninja \
     -DCMAKE_BUILD_TYPE=Release \
     -DCMAKE_PREFIX_PATH="$prefix" \
     -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
-  cmake --build "$consumer_dir"
-  "$consumer_dir/stoker-consumer"
-  echo "test: running README's example pipeline, as built against $prefix"
-  (cd "$consumer_dir" && ./stoker-readme-example)
+  cmake --build "$consumer_dir" --parallel "${STOKER_JOBS:-$(nproc)}"
+  echo "test: running the consumer and the docs' programs"
+  ctest --test-dir "$consumer_dir" --output-on-failure --no-tests=error
+
   # README says what stoker-inspect makes of the example's log: its training loop does nothing
   # and waits for nearly every batch, so the verdict names a part of the input, or none, and
   # never the training loop.
@@ -86,6 +112,32 @@ if ((consumer)); then
   else
     echo "test: stoker-inspect not built (STOKER_BUILD_APPS=OFF): README's example verdict not checked"
   fi
+
+  echo "test: a component the install does not have fails find_package, naming it"
+  missing_dir="$build_dir/consumer-missing"
+  rm -rf "$missing_dir" && mkdir -p "$missing_dir/src"
+  printf '%s\n' 'cmake_minimum_required(VERSION 3.25)' 'project(missing LANGUAGES CXX)' \
+    'find_package(stoker REQUIRED COMPONENTS core no_such_component)' >"$missing_dir/src/CMakeLists.txt"
+  if cmake -S "$missing_dir/src" -B "$missing_dir/build" -DCMAKE_PREFIX_PATH="$prefix" \
+      -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF >"$missing_dir/log" 2>&1 ||
+      ! grep -q "no component 'no_such_component'" "$missing_dir/log"; then
+    echo "test: find_package(stoker COMPONENTS no_such_component) did not fail as it should:" >&2
+    cat "$missing_dir/log" >&2
+    exit 1
+  fi
+
+  echo "test: building the consumer (and running it) and README's first example with pkg-config (stoker.pc)"
+  pc_file="$(find "$prefix" -name stoker.pc)"
+  export PKG_CONFIG_PATH="$(dirname "$pc_file")"
+  read -r -a pc_cflags <<<"$(pkg-config --cflags stoker)"
+  read -r -a pc_libs <<<"$(pkg-config --libs stoker)"
+  pc_libdir="$(pkg-config --variable=libdir stoker)"
+  readme_example="$(ls "$consumer_dir"/docs/readme_*.cpp | sort -t_ -k2 -n | head -1)"
+  for source in tests/consumer/main.cpp "$readme_example"; do
+    out="$consumer_dir/pkgconfig-$(basename "$source" .cpp)"
+    "${CXX:-c++}" -std=c++20 -O1 "$source" "${pc_cflags[@]}" "${pc_libs[@]}" -Wl,-rpath,"$pc_libdir" -o "$out"
+  done
+  "$consumer_dir/pkgconfig-main"
 fi
 
 echo "test.sh: PASSED ($([[ $consumer == 1 ]] && echo "tests and find_package consumer" || echo "tests") in ${build_dir#"$root"/})"

@@ -16,6 +16,7 @@
 
 #include "checks.h"
 #include "format.h"
+#include "version_text.h"
 
 namespace stoker::apps {
 
@@ -42,15 +43,29 @@ inline void prepare_output_file(const std::string& option, const std::string& pa
     throw UsageError(what + "cannot be written: " + std::strerror(errno));
 }
 
-/// Parses the command line. Returns the exit status when the program is done already: 0 after
-/// --help, 2 after a bad argument, reported on one line of stderr.
+/// Makes `dir`, given to `option`, ready for files to be written into before any work is done:
+/// creates it and its missing parents; throws UsageError naming the option when it is not a
+/// directory or cannot be written.
+inline void prepare_output_directory(const std::string& option, const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string what = option + " " + dir + ": ";
+  std::error_code error;
+  if (fs::exists(dir, error) && !fs::is_directory(dir, error)) throw UsageError(what + "is not a directory");
+  fs::create_directories(dir, error);
+  if (error) throw UsageError(what + "cannot be created: " + error.message());
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) throw UsageError(what + "cannot be written: " + std::strerror(errno));
+}
+
+/// Parses the command line, with --version added. Returns the exit status when the program is
+/// done already: 0 after --help or --version, 2 after a bad argument, reported on one line of
+/// stderr.
 inline std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv) {
+  app.set_version_flag("--version", version_text(app.get_name()),
+                       "Print the version, the commit and what this build has (CUDA, MPI, image decoders), and exit");
   try {
     app.parse(argc, argv);
     return std::nullopt;
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
+  } catch (const CLI::Success& e) {  // --help, --help-all, --version
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
     std::cerr << app.get_name() << ": " << one_line(e.what()) << " (see " << app.get_name() << " --help)\n";

@@ -12,6 +12,7 @@
 #include <thread>
 #include <unistd.h>
 
+#include "app_log.h"
 #include "app_main.h"
 #include "bench_suite.h"
 
@@ -162,6 +163,7 @@ int run(int argc, char** argv) {
   }
 
   if (const auto done = apps::parse_command_line(app, argc, argv)) return *done;
+  apps::log_level_from_environment();
 
   Json out;
   out["suite"] = chosen->name;

@@ -427,7 +427,8 @@ void Plot::write_marks(std::ostream& svg) const {
 
 std::vector<Plot::MarkGroup> Plot::marks() const {
   MarkGroup epochs{"epochs", "#333333", "4 3", stage_top(0) - 6, {}};
-  for (const EpochMark& e : log_.epochs) epochs.marks.push_back({e.t, "epoch " + std::to_string(e.epoch), ""});
+  for (const EpochMark& e : log_.epochs)
+    epochs.marks.push_back({e.t, "epoch " + std::to_string(e.epoch + 1), ""});  // the log counts from 0, people from 1
   MarkGroup moves{"moves", "#d95f02", "2 2", axis_y() - 4, {}};
   for (const TuningMove& m : log_.moves) moves.marks.push_back({m.t, "autotune", m.what + " (" + m.evidence + ")"});
   return {epochs, moves};

@@ -11,6 +11,7 @@
 #include <string>
 #include <thread>
 
+#include "app_log.h"
 #include "app_main.h"
 #include "example.h"
 #include "stoker/stages/reader.h"
@@ -113,6 +114,7 @@ int run(int argc, char** argv) {
   bool json = false;
   add_options(app, o, json);
   if (const auto done = apps::parse_command_line(app, argc, argv)) return *done;
+  apps::log_level_from_environment();
 
   ExampleCallbacks callbacks;
   callbacks.on_start = [&](const ExampleReport& r) {

@@ -14,11 +14,14 @@
 #include <exception>
 #include <iomanip>
 #include <iostream>
+#include <limits>
 #include <string>
 #include <unistd.h>
 
+#include "app_log.h"
 #include "app_main.h"
 #include "stoker/core/stage_error.h"
+#include "stoker/core/stage_stats.h"
 #include "stoker/core/state.h"
 #include "stoker/cluster/communicator.h"
 #include "stoker/stages/reader.h"
@@ -31,8 +34,6 @@ using Json = nlohmann::ordered_json;
 
 using apps::fixed;
 using apps::one_line;
-
-std::string megabytes(std::uint64_t bytes) { return fixed(static_cast<double>(bytes) / 1e6, 1) + " MB"; }
 
 std::string layers(const TrainOptions& o) {
   std::string s = std::to_string(o.crop_size * o.crop_size);
@@ -251,7 +252,7 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
       ->capture_default_str()
       ->group("Model");
   app.add_option("--limit", o.limit, "Use only the first N training and N test images (0: all); for quick runs")
-      ->check(apps::in_range<std::size_t>(0, std::size_t{1} << 32))
+      ->check(apps::in_range<std::size_t>(0, std::numeric_limits<std::uint32_t>::max()))
       ->capture_default_str()
       ->group("Data");
   app.add_flag("--remote-workers", o.remote_workers,
@@ -371,16 +372,10 @@ int run(int argc, char** argv, cluster::Communicator& ranks) {
   add_options(app, o, json);
   if (const auto done = apps::parse_command_line(app, argc, argv)) return *done;
 
-  if (o.mode == "sync" && !o.occupancy_log.empty())
-    std::cerr << "stoker-train: warning: --occupancy-log is ignored in sync mode, which has no pipeline\n";
   if (o.autotune) {  // start small: the tuner adds threads where they are needed
     if (app.count("--crop-threads") == 0) o.crop_threads = 1;
     if (app.count("--collate-threads") == 0) o.collate_threads = 1;
   }
-  if (o.mode == "sync" && o.autotune)
-    std::cerr << "stoker-train: warning: --autotune is ignored in sync mode, which has no pipeline\n";
-  if (o.mode == "sync" && !o.trace.empty())
-    std::cerr << "stoker-train: warning: --trace is ignored in sync mode, which has no pipeline\n";
 
   // Under mpirun the launcher passes a signal on to every rank, which would each stop at another
   // step and leave the others waiting in a collective: there the default (the end) is better.
@@ -425,11 +420,13 @@ int run(int argc, char** argv, cluster::Communicator& ranks) {
   };
 
   try {
-    // Before the data is read: a path that cannot be written is a bad argument, not a failed run.
-    if (o.mode == "pipelined") {
-      if (!o.occupancy_log.empty()) apps::prepare_output_file("--occupancy-log", o.occupancy_log);
-      if (!o.trace.empty()) apps::prepare_output_file("--trace", o.trace);
-    }
+    apps::log_level_from_environment();
+    // Before the data is read: a bad combination or a path that cannot be written is a bad
+    // argument, not a failed run.
+    validate(o, ranks.size());
+    if (!o.occupancy_log.empty()) apps::prepare_output_file("--occupancy-log", o.occupancy_log);
+    if (!o.trace.empty()) apps::prepare_output_file("--trace", o.trace);
+    if (!o.checkpoint.empty()) apps::prepare_output_directory("--checkpoint", o.checkpoint);
     const TrainReport r = run_training(o, callbacks, &ranks);
     if (r.worker) return 0;  // rank 0 reports
     if (r.interrupted) {
@@ -454,15 +451,15 @@ int run(int argc, char** argv, cluster::Communicator& ranks) {
       print_summary(std::cout, *r.pipeline);
       std::cout << "\n";
     }
-    std::cout << "copies: " << r.transfers.h2d_copies << " host-to-device (" << megabytes(r.transfers.h2d_bytes)
-              << "), " << r.transfers.d2h_copies << " device-to-host (" << r.transfers.d2h_bytes
-              << " bytes): " << copies_expected(o, r) << "; one read-back per epoch\n"
+    std::cout << "copies: " << r.transfers.h2d_copies << " host-to-device (" << format_bytes(r.transfers.h2d_bytes)
+              << "), " << r.transfers.d2h_copies << " device-to-host (" << format_bytes(r.transfers.d2h_bytes)
+              << "): " << copies_expected(o, r) << "; one read-back per epoch\n"
               << "result: test accuracy " << fixed(r.test_accuracy(), 4) << " after "
               << apps::plural(r.epochs.size(), "epoch") << ", " << static_cast<long long>(r.samples_per_s())
               << " samples/s, starvation " << fixed(100 * r.starvation(), 1) << "% (" << r.mode << ", " << r.device
               << ")\n";
     if (r.remote_workers != 0)
-      std::cout << "remote: " << r.remote_workers << " workers sent " << megabytes(r.remote_bytes)
+      std::cout << "remote: " << r.remote_workers << " workers sent " << format_bytes(r.remote_bytes)
                 << " of batches; at most " << r.remote_peak << " were on their way at once\n";
     if (json) std::cout << to_json(o, r).dump() << std::endl;
     return 0;

@@ -751,6 +751,11 @@ void validate(const TrainOptions& o, int ranks) {
       fail(std::string(which) + " needs --mode pipelined and --augment cpu");
   }
   if (o.checkpoint_every != 0 && o.checkpoint.empty()) fail("--checkpoint-every needs --checkpoint DIR");
+  if (o.mode == "sync") {  // what only a pipeline has, refused rather than silently left out
+    for (const auto& [option, given] : {std::pair{"--occupancy-log", !o.occupancy_log.empty()},
+                                        std::pair{"--trace", !o.trace.empty()}, std::pair{"--autotune", o.autotune}})
+      if (given) fail(std::string(option) + " needs --mode pipelined: sync mode runs no pipeline to record or tune");
+  }
   if (o.remote_workers) {
     if (ranks < 2)
       fail(

@@ -174,10 +174,10 @@ class MpiLink final : public Link {
     auto& epoch = epochs_[taking_];
     if (const auto p = gone(); epoch.items.empty() && p != peers_.end())
       throw ClusterError("remote edge '" + options_.name + "': worker rank " +
-                      std::to_string(options_.workers[static_cast<std::size_t>(p - peers_.begin())]) +
-                      " closed its end after " + std::to_string(p->epoch) + " epochs, and the trainer's pipeline " +
-                      "wants epoch " + std::to_string(taking_) +
-                      " (counted from 0): give both sides as many epochs, or stop the trainer first");
+                         std::to_string(options_.workers[static_cast<std::size_t>(p - peers_.begin())]) +
+                         " closed its end after " + std::to_string(p->epoch) + " epochs, and the trainer's pipeline " +
+                         "wants epoch " + std::to_string(taking_ + 1) +
+                         ": give both sides as many epochs, or stop the trainer first");
     if (epoch.items.empty()) {  // every worker has ended it
       epochs_.erase(taking_++);
       return std::nullopt;
@@ -351,8 +351,8 @@ class MpiLink final : public Link {
       const auto sent = unpack<std::uint64_t>(b);
       if (sent != peer.items)
         set_failure(ClusterError("remote edge '" + options_.name + "': worker rank " + std::to_string(from) +
-                              " ended epoch " + std::to_string(peer.epoch) + " having sent " + std::to_string(sent) +
-                              " items, but " + std::to_string(peer.items) + " arrived"));
+                                 " ended epoch " + std::to_string(peer.epoch + 1) + " having sent " +
+                                 std::to_string(sent) + " items, but " + std::to_string(peer.items) + " arrived"));
       std::lock_guard lock(mutex_);
       ++epochs_[peer.epoch].ended;
       ++peer.epoch;

@@ -25,6 +25,7 @@
 #include "stoker/core/body_tracer.h"
 #include "stoker/core/detail/edges.h"
 #include "stoker/core/stage_error.h"
+#include "stoker_log.h"
 #include "taken.h"
 #include "trace.h"
 
@@ -340,8 +341,8 @@ void StageBase::skipped(std::uint64_t index, const char* what) {
   constexpr std::uint64_t kLogged = 5;
   const auto n = skipped_.fetch_add(1) + 1;
   if (n <= kLogged)
-    spdlog::warn("stage '{}': skipped item {} of epoch {}: {}{}", name_, index, bodies_.front().ctx.epoch, what,
-                 n == kLogged ? " (further skips are only counted)" : "");
+    log::warn("stage '{}': skipped item {} of epoch {}: {}{}", name_, index, bodies_.front().ctx.epoch + 1, what,
+              n == kLogged ? " (further skips are only counted)" : "");
 }
 
 void StageBase::body_started() {
@@ -418,9 +419,9 @@ class Ticker {
       try {
         tick_();
       } catch (const std::exception& e) {
-        spdlog::error("{}: {}", what_, e.what());
+        log::error("{}: {}", what_, e.what());
       } catch (...) {
-        spdlog::error("{}: an unknown error", what_);
+        log::error("{}: an unknown error", what_);
       }
       lock.lock();
       next += interval_;
@@ -476,23 +477,40 @@ class PipelineCore::Monitor {
     write(std::move(record));
   }
 
-  // Takes a last sample, writes the per-stage counters, and closes the files. Called from a
-  // destructor: what fails is logged, not thrown.
-  void finish() noexcept {
+  // The run is over: takes a last sample and writes the records of the run (its stages and its
+  // consumer). The counters record waits for finish(): the consumer may still move them after
+  // the last batch (a final evaluation's read-back), and the log counts that too. Idempotent.
+  void end_run() noexcept {
     if (!ticker_->stop()) return;
     try {
       sample();
-      if (logger_) write_totals();
+      if (logger_) write_run_totals();
     } catch (const std::exception& e) {
-      spdlog::error("occupancy log or trace: the final records could not be written: {}", e.what());
+      log::error("occupancy log or trace: the final records could not be written: {}", e.what());
     } catch (...) {
-      spdlog::error("occupancy log or trace: the final records could not be written");
+      log::error("occupancy log or trace: the final records could not be written");
+    }
+  }
+
+  // Ends the run if it is not over yet, writes the counters as they stand and the device work
+  // the timelines recorded since, and closes the files. Called from stop() and the destructor:
+  // what fails is logged, not thrown. Idempotent.
+  void finish() noexcept {
+    end_run();
+    if (finished_.exchange(true)) return;
+    try {
+      if (trace_) write_trace(Clock::now());
+      if (logger_) write_counters();
+    } catch (const std::exception& e) {
+      log::error("occupancy log or trace: the final records could not be written: {}", e.what());
+    } catch (...) {
+      log::error("occupancy log or trace: the final records could not be written");
     }
     stop_timelines();
     try {
       if (trace_) trace_->close();
     } catch (const std::exception& e) {
-      spdlog::error("{}", e.what());
+      log::error("{}", e.what());
     }
     {
       std::lock_guard lock(closing_);
@@ -561,15 +579,18 @@ class PipelineCore::Monitor {
         write(std::move(record));
       }
     }
-    if (trace_) {
-      timed_.clear();
-      for (auto* t : timelines_) t->take(timed_);
-      trace_->write(now, fills_, timed_);
-    }
+    if (trace_) write_trace(now);
   }
 
-  void write_totals() {
-    const auto summary = core_.summary();
+  // The queues' fills as last sampled, and what the timelines recorded since the last call.
+  void write_trace(Clock::time_point now) {
+    timed_.clear();
+    for (auto* t : timelines_) t->take(timed_);
+    trace_->write(now, fills_, timed_);
+  }
+
+  void write_run_totals() {
+    const auto summary = core_.summary(/*counters=*/false);
     // What the stages' threads share: the pipeline's threads, and the machine's cores; the CPU
     // time its threads, the process and the machine spent, which tells stages that compute
     // from stages that wait, and a machine other processes kept busy.
@@ -601,11 +622,16 @@ class PipelineCore::Monitor {
            {"t", seconds()},
            {"items", summary.consumed},
            {"waited_s", to_s(summary.consumer_wait)}});
-    if (!summary.counters.empty()) {
-      nlohmann::json j{{"type", "counters"}, {"t", seconds()}};
-      for (const auto& c : summary.counters) j["counters"][c.name] = c.value;
-      write(std::move(j));
-    }
+    logger_->flush();
+  }
+
+  void write_counters() {
+    if (!core_.options().counters) return;
+    const auto counters = core_.options().counters();
+    if (counters.empty()) return;
+    nlohmann::json j{{"type", "counters"}, {"t", seconds()}};
+    for (const auto& c : counters) j["counters"][c.name] = c.value;
+    write(std::move(j));
     logger_->flush();
   }
 
@@ -624,6 +650,7 @@ class PipelineCore::Monitor {
   std::vector<TimedSpan> timed_;                            // the sampling thread's
   std::shared_ptr<spdlog::details::thread_pool> pool_;
   std::shared_ptr<spdlog::async_logger> logger_;
+  std::atomic<bool> finished_{false};
   std::mutex closing_;            // note(), from the consumer's thread, against finish() on a stopping one
   std::optional<Ticker> ticker_;  // started once the log is open
 };
@@ -718,7 +745,7 @@ class PipelineCore::Tuner {
     if (spare != nullptr)
       what += ", " + spare->stage->name() + " " + std::to_string(spare->stage->threads() + 1) + " -> " +
               std::to_string(spare->stage->threads());
-    spdlog::info("autotune: {} ({})", what, evidence);
+    log::info("autotune: {} ({})", what, evidence);
     if (core_.monitor_) core_.monitor_->note({{"type", "autotune"}, {"changes", changes}, {"evidence", evidence}});
   }
 
@@ -1065,14 +1092,22 @@ void PipelineCore::stop() noexcept {
   }
 }
 
-PipelineSummary PipelineCore::summary() const {
+void PipelineCore::end_run() noexcept {
+  if (stop_phase_.load() != StopPhase::running) return;
+  if (tuner_) tuner_->finish();
+  request_stop();
+  wait_idle();
+  if (monitor_) monitor_->end_run();
+}
+
+PipelineSummary PipelineCore::summary(bool counters) const {
   PipelineSummary out;
   out.wall = started_ == Clock::time_point{} ? std::chrono::nanoseconds{0} : Clock::now() - started_;
   out.consumer_wait = std::chrono::nanoseconds(consumer_wait_ns_.load(std::memory_order_relaxed));
   out.consumed = consumed_.load(std::memory_order_relaxed);
   out.threads = threads_;
   for (const auto& s : stages_) out.stages.push_back(s->stats());
-  if (options_.counters) out.counters = options_.counters();
+  if (counters && options_.counters) out.counters = options_.counters();
   for (const auto& e : edges_) {
     const auto st = e->stats();
     out.queues.push_back({std::string(st.name), e->producer(), e->consumer(), st.capacity, st.size, st.waiting,

@@ -77,7 +77,7 @@ void TraceFile::write(Clock::time_point t, const std::vector<std::pair<std::stri
                   {"pid", kPid},
                   {"tid", track.tid_},
                   {"s", "g"},
-                  {"name", "epoch " + std::to_string(e.value)},
+                  {"name", "epoch " + std::to_string(e.value + 1)},  // for people, from 1
                   {"ts", micros(e.begin)}}
                  .dump());
       }

@@ -215,7 +215,7 @@ std::string async_failure(const std::string& what);
 
 /// For a destructor that caught a failure while it waited for device work (a sticky CUDA error,
 /// the CUDA runtime unloading at exit): logs the first such failure of the process through
-/// spdlog, counts the later ones at debug level, and returns. Call it from a catch block.
+/// stoker's log, counts the later ones at debug level, and returns. Call it from a catch block.
 void log_teardown_failure(const char* where) noexcept;
 
 /// For a destructor: waits for the work issued to each of `streams` (null ones skipped), and

@@ -9,9 +9,8 @@
 #include <string>
 #include <utility>
 
-#include <spdlog/spdlog.h>
-
 #include "backends.h"
+#include "stoker_log.h"
 
 namespace stoker::gpu {
 
@@ -252,10 +251,10 @@ void log_teardown_failure(const char* where) noexcept {
     } catch (...) {
     }
     if (!logged.exchange(true))
-      spdlog::error("stoker::gpu: {} went on past a failure of device work (later ones are logged at debug level): {}",
-                    where, what);
+      log::error("stoker::gpu: {} went on past a failure of device work (later ones are logged at debug level): {}",
+                 where, what);
     else
-      spdlog::debug("stoker::gpu: {} went on past a failure of device work: {}", where, what);
+      log::debug("stoker::gpu: {} went on past a failure of device work: {}", where, what);
   } catch (...) {  // no memory to log with: the destructor goes on all the same
   }
 }

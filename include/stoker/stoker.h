@@ -1,12 +1,15 @@
-// All of stoker in one include: the pipeline and its queues (core), samples, readers, image
-// files, transforms, batching and DLPack export (stages), the device path (gpu) and the ranks of a job
-// (cluster). Link stoker::stoker.
+// All of stoker in one include: the pipeline, its queues and its log (core), samples, readers,
+// image files, transforms, batching and DLPack export (stages), the device path (gpu) and the
+// ranks of a job (cluster); the version and what the build has (STOKER_VERSION,
+// STOKER_HAS_CUDA, ...). Link stoker::stoker.
 #pragma once
 
 #include "stoker/cluster/communicator.h"
 #include "stoker/cluster/remote.h"
+#include "stoker/config.h"
 #include "stoker/core/body_tracer.h"
 #include "stoker/core/bounded_queue.h"
+#include "stoker/core/log.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/core/random.h"
 #include "stoker/core/random_shuffle_queue.h"
@@ -36,3 +39,4 @@
 #include "stoker/stages/synthetic.h"
 #include "stoker/stages/tar.h"
 #include "stoker/stages/transforms.h"
+#include "stoker/version.h"

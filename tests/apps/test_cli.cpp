@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "stoker/config.h"
+#include "stoker/version.h"
 #include "support.h"
 
 extern char** environ;
@@ -146,6 +148,7 @@ TEST_CASE("a bad number on the command line is refused with exit status 2 and on
       {train, {"--seed", "-5"}, "stoker-train: --seed: must be 0 or more, got -5"},
       {train, {"--hidden", "64,-1"}, "stoker-train: --hidden: must be 1 to 65536, got -1"},
       {train, {"--momentum", "1"}, "stoker-train: --momentum: must be 0 to 0.999, got 1"},
+      {train, {"--limit", "4294967296"}, "stoker-train: --limit: must be 0 to 4294967295, got 4294967296"},
       {pipeline, {"--queue", "0"}, "stoker-bench: --queue: must be 1 to 1048576, got 0"},
       {pipeline, {"--threads", "-3"}, "stoker-bench: --threads: must be 0 to 1024, got -3"},
       {pipeline, {"--overhead-items", "0"}, "stoker-bench: --overhead-items: must be at least 1, got 0"},
@@ -223,4 +226,101 @@ TEST_CASE("stoker-train says where the crops were made, and counts one epoch in 
   CHECK(out.find(", 1 epoch of 500 samples\n") != std::string::npos);
   CHECK(out.find(" after 1 epoch, ") != std::string::npos);
   CHECK(out.find("1 epochs") == std::string::npos);
+}
+
+TEST_CASE("every program says its version, its commit and what the build has with --version" * doctest::timeout(60)) {
+  const TempDir dir("cli");
+  for (const std::string& program : {kTrain, kInspect, std::string(STOKER_BENCH)}) {
+    const std::string name = fs::path(program).filename().string();
+    CAPTURE(name);
+    Child child({program, "--version"}, dir);
+    CHECK(child.wait() == 0);
+    const std::string out = child.out();
+    CHECK(out.find(name + " " STOKER_VERSION_STRING) == 0);
+    CHECK(out.find("\nbuilt with: " STOKER_BUILD_FEATURES "\n") != std::string::npos);
+    CHECK(out.find("license: Apache-2.0") != std::string::npos);
+    CHECK(child.err().empty());
+  }
+}
+
+TEST_CASE("stoker-train refuses in sync mode what only a pipeline has, before anything else" * doctest::timeout(60)) {
+  const TempDir dir("cli");
+  const fs::path file = dir / "run.out";
+  // An absent data set: were the option let through, the run would fail on it instead.
+  const std::vector<std::string> sync{kTrain, "--mode", "sync", "--data", (dir / "absent").string()};
+  const struct {
+    std::vector<std::string> args;
+    std::string option;
+  } cases[] = {{{"--occupancy-log", file.string()}, "--occupancy-log"},
+               {{"--trace", file.string()}, "--trace"},
+               {{"--autotune"}, "--autotune"}};
+  for (const auto& c : cases) {
+    std::vector<std::string> args = sync;
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    Child train(args, dir);
+    CAPTURE(c.option);
+    CHECK(train.wait() == 2);
+    CHECK(train.err() ==
+          "stoker-train: " + c.option + " needs --mode pipelined: sync mode runs no pipeline to record or tune\n");
+    CHECK_FALSE(fs::exists(file));
+  }
+}
+
+TEST_CASE("a --checkpoint directory that cannot be written is refused before the first sample" * doctest::timeout(60)) {
+  if (!have_fashion_mnist()) {
+    MESSAGE("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped");
+    return;
+  }
+  const TempDir dir("cli");
+  const fs::path file = dir / "a-file";
+  std::ofstream(file) << "not a directory";
+  // A short run: were the path let through, it would train, then fail writing the checkpoint.
+  const std::vector<std::string> train{kTrain, "--device", "cpu", "--limit", "500", "--epochs", "1"};
+  const struct {
+    std::string dir, says;
+  } cases[] = {{file.string(), "stoker-train: --checkpoint " + file.string() + ": is not a directory\n"},
+               {(file / "run").string(),
+                "stoker-train: --checkpoint " + (file / "run").string() + ": cannot be created: Not a directory\n"}};
+  for (const auto& c : cases) {
+    std::vector<std::string> args = train;
+    args.insert(args.end(), {"--checkpoint", c.dir});
+    Child program(args, dir);
+    CAPTURE(c.says);
+    CHECK(program.wait() == 2);
+    CHECK(program.err() == c.says);
+    CHECK(program.out().find("epoch") == std::string::npos);  // nothing trained
+  }
+}
+
+TEST_CASE("a log level from the environment that names none is a bad argument, naming the variable" *
+          doctest::timeout(60)) {
+  const TempDir dir("cli");
+  const std::vector<std::string> train{kTrain, "--data", (dir / "absent").string()};
+  const struct {
+    const char* variable;
+    const char* value;
+    std::string says;  // empty: not stoker's to judge, the run goes on (to the absent data set)
+  } cases[] = {
+      {"STOKER_LOG_LEVEL", "loud", "stoker-train: STOKER_LOG_LEVEL: 'loud' is not a log level"},
+      {"SPDLOG_LEVEL", "loud", "stoker-train: SPDLOG_LEVEL: 'loud' is not a log level"},
+      {"SPDLOG_LEVEL", "other=info,stoker=loud", "stoker-train: SPDLOG_LEVEL: 'loud' is not a log level"},
+      {"SPDLOG_LEVEL", "other=loud,stoker=warn", ""},
+      {"STOKER_LOG_LEVEL", "Debug", ""},
+  };
+  for (const auto& c : cases) {
+    CAPTURE(c.variable);
+    CAPTURE(c.value);
+    ::setenv(c.variable, c.value, 1);
+    Child program(train, dir);
+    const int status = program.wait();
+    ::unsetenv(c.variable);
+    const std::string err = program.err();
+    CAPTURE(err);
+    CHECK(status == 2);
+    CHECK(std::count(err.begin(), err.end(), '\n') == 1);
+    if (!c.says.empty())
+      CHECK(err.find(c.says) == 0);
+    else
+      CHECK(err.find("absent") != std::string::npos);  // the data set, not the level
+  }
 }

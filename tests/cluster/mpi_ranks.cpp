@@ -357,7 +357,7 @@ void remote_epochs(Communicator& comm) {
     std::printf("remote_epochs: the trainer got: %s\n", e.what());
     const std::string what = e.what();
     require(epochs == 1 && what.find("closed its end after 1 epochs") != std::string::npos &&
-                what.find("wants epoch 1") != std::string::npos,
+                what.find("wants epoch 2") != std::string::npos,  // its second, counted from 1
             "the trainer's first epoch is whole, and its second fails naming a worker and the epochs");
   }
 }

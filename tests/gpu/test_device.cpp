@@ -3,9 +3,6 @@
 // CUDA half says so when it is skipped). test_augment covers the kernels.
 #include <doctest/doctest.h>
 
-#include <spdlog/sinks/ostream_sink.h>
-#include <spdlog/spdlog.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -24,6 +21,7 @@
 #include <vector>
 
 #include "gpu/stream_tools.h"
+#include "stoker/core/log.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/gpu/device.h"
 #include "stoker/gpu/dlpack.h"
@@ -96,27 +94,29 @@ std::string device_error_of(F&& f) {
   return {};
 }
 
-// What spdlog logs while it lives, at every level.
+// What stoker logs while it lives, at every level.
 class LogCapture {
  public:
-  LogCapture() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(text_)), level_(spdlog::get_level()) {
-    spdlog::default_logger()->sinks().push_back(sink_);
-    spdlog::set_level(spdlog::level::trace);
+  LogCapture() : level_(stoker::log_level()) {
+    stoker::set_log_handler([this](stoker::LogLevel level, std::string_view text) {
+      static constexpr const char* kNames[] = {"trace", "debug", "info", "warning", "error", "critical", "off"};
+      ((text_ += '[') += kNames[static_cast<int>(level)]) += "] ";
+      (text_ += text) += '\n';
+    });
+    stoker::set_log_level(stoker::LogLevel::trace);
   }
   ~LogCapture() {
-    auto& sinks = spdlog::default_logger()->sinks();
-    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink_), sinks.end());
-    spdlog::set_level(level_);
+    stoker::set_log_handler({});
+    stoker::set_log_level(level_);
   }
   std::string text() {
-    sink_->flush();
-    return text_.str();
+    stoker::set_log_handler({});  // waits for a call under way
+    return text_;
   }
 
  private:
-  std::ostringstream text_;
-  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
-  spdlog::level::level_enum level_;
+  std::string text_;  // the handler's calls are serialized
+  stoker::LogLevel level_;
 };
 
 }  // namespace

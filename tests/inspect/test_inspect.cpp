@@ -527,7 +527,7 @@ TEST_SUITE("stoker-inspect") {
     // One mark per epoch across the lanes, labelled, and the counters.
     const std::string epochs = group(svg, "epochs");
     CHECK(count(epochs, "<line") == 3);
-    for (const char* label : {">epoch 0<", ">epoch 1<", ">epoch 2<"}) CHECK(epochs.find(label) != std::string::npos);
+    for (const char* label : {">epoch 1<", ">epoch 2<", ">epoch 3<"}) CHECK(epochs.find(label) != std::string::npos);
     CHECK(svg.find(">counters: </tspan>") != std::string::npos);
     CHECK(svg.find("h2d_bytes 1652747624 (1.65 GB)") != std::string::npos);
     CHECK(svg.find("h2d_copies 2356") != std::string::npos);
@@ -551,7 +551,7 @@ TEST_SUITE("stoker-inspect") {
     const nlohmann::json& epochs = data.at("marks").at(0);
     CHECK(epochs.at("cls") == "epochs");
     CHECK(epochs.at("marks").size() == 3);
-    CHECK(epochs.at("marks").at(1).at(1) == "epoch 1");
+    CHECK(epochs.at("marks").at(1).at(1) == "epoch 2");  // the second, counted from 1 for people
     CHECK(data.at("marks").at(1).at("marks").empty());  // no autotune moves
     const std::size_t bins = data.at("bins");
     CHECK(bins == 1200);  // as many as the samples: nothing to merge yet

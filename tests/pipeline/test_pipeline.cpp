@@ -667,6 +667,41 @@ TEST_SUITE("Pipeline") {
     CHECK(stages == std::set<std::string>{"read", "decode", "batch"});
   }
 
+  TEST_CASE("the occupancy log's counters count what the consumer did after the last item" * doctest::timeout(60)) {
+    // A trainer reads its counters back from the device after the last batch: the log says so,
+    // as the trainer's own count does.
+    const TempDir dir("pipeline");
+    const auto path = dir / "occupancy.jsonl";
+    std::atomic<std::uint64_t> copies{0};
+    {
+      auto pipe = PipelineBuilder{}
+                      .epochs(1)
+                      .occupancy_log(path.string(), 5ms)
+                      .counters([&] {
+                        return std::vector<Counter>{{"d2h_copies", copies.load()}};
+                      })
+                      .source("read", CountUpTo{100})
+                      .build();
+      for (auto& x : pipe.epoch()) copies += x == 99;  // one copy with the last item
+      REQUIRE(pipe.finished());
+      copies += 1;  // and one after it
+    }
+    std::ifstream in(path);
+    REQUIRE(in);
+    std::vector<std::string> types;
+    std::uint64_t logged = 0;
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line);
+      types.push_back(j.at("type").get<std::string>());
+      if (types.back() == "counters") logged = j.at("counters").at("d2h_copies").get<std::uint64_t>();
+    }
+    CHECK(logged == 2);
+    // The run's records (its consumer's among them) still come before the counters.
+    REQUIRE(types.size() >= 2);
+    CHECK(types.back() == "counters");
+    CHECK(std::count(types.begin(), types.end(), "consumer") == 1);
+  }
+
   TEST_CASE("stop() from another thread while the consumer crosses epochs leaves a whole log" * doctest::timeout(60)) {
     // Epochs of 3 items: the consumer writes an epoch record to the log as the stopper closes it.
     const TempDir dir("pipeline");
@@ -709,7 +744,7 @@ TEST_SUITE("Pipeline") {
     auto pipe = PipelineBuilder{}
                     .epochs(1)
                     .counters([] {
-                      return std::vector<Counter>{{"h2d_copies", 4}};
+                      return std::vector<Counter>{{"h2d_copies", 4}, {"h2d_bytes", 1'234'567}};
                     })
                     .source("read", CountUpTo{100})
                     .flat_map<int>("twice",
@@ -732,8 +767,24 @@ TEST_SUITE("Pipeline") {
     print_summary(table, s);
     CHECK(table.str().find("twice") != std::string::npos);
     CHECK(table.str().find("batch->consumer") != std::string::npos);
-    REQUIRE(s.counters.size() == 1);
+    REQUIRE(s.counters.size() == 2);
     CHECK(table.str().find("h2d_copies") != std::string::npos);
+    CHECK(table.str().find("1234567 (1.23 MB)") != std::string::npos);  // bytes, and their size for people
+    CHECK(table.str().find("4 (") == std::string::npos);                // a count is only a count
+    CHECK(table.str().find("size") == std::string::npos);  // a queue's size at the end, always 0, is not shown
+  }
+
+  TEST_CASE("sizes for people: three significant digits in decimal units") {
+    CHECK(format_bytes(0) == "0 B");
+    CHECK(format_bytes(999) == "999 B");
+    CHECK(format_bytes(1000) == "1.00 kB");
+    CHECK(format_bytes(1'536) == "1.54 kB");
+    CHECK(format_bytes(99'949) == "99.9 kB");
+    CHECK(format_bytes(999'949) == "1.00 MB");  // 999.949 kB rounds to 1000 kB: the next unit says it
+    CHECK(format_bytes(588'240) == "588 kB");
+    CHECK(format_bytes(123'456'789) == "123 MB");
+    CHECK(format_bytes(2'050'000'000) == "2.05 GB");
+    CHECK(format_bytes(18'446'744'073'709'551'615ull) == "18.4 EB");
   }
 
   TEST_CASE("impossible configurations are rejected with the option named") {

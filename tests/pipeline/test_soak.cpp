@@ -21,7 +21,6 @@
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/parallel_for.h>
 #include <optional>
-#include <spdlog/spdlog.h>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -29,6 +28,7 @@
 #include <vector>
 
 #include "pipeline/pipeline_support.h"
+#include "stoker/core/log.h"
 
 using namespace stoker;
 using namespace stoker::test;
@@ -435,7 +435,7 @@ TEST_CASE("soak: random pipelines deliver exactly once, within the bound, and en
   const auto seconds = env_or("STOKER_SOAK_SECONDS", 10);
   const auto first = env_or("STOKER_SOAK_SEED", static_cast<std::uint64_t>(Clock::now().time_since_epoch().count()));
   MESSAGE("soak: " << seconds << " s from seed " << first << " (set STOKER_SOAK_SEED to replay)");
-  spdlog::set_level(spdlog::level::err);  // skips are expected by the thousand
+  stoker::set_log_level(stoker::LogLevel::error);  // skips are expected by the thousand
   // A run that hangs is reported with its seed, then the process ends: a hang is a failure.
   constexpr auto kRunLimit = std::chrono::seconds(60);
   std::atomic<std::uint64_t> current{first};

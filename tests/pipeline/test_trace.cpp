@@ -146,7 +146,7 @@ TEST_SUITE("Pipeline trace") {
       CHECK(counters[q].size() >= 2);
       CHECK(std::is_sorted(counters[q].begin(), counters[q].end()));
     }
-    CHECK(epochs == std::vector<std::string>{"epoch 0", "epoch 1", "epoch 2"});
+    CHECK(epochs == std::vector<std::string>{"epoch 1", "epoch 2", "epoch 3"});  // for people, from 1
   }
 
   TEST_CASE("a trace file that cannot be opened is refused at build(), naming the file") {

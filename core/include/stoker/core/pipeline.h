@@ -514,7 +514,7 @@ class Pipeline {
     core_->end_epoch();
     if (epochs_ != 0 ? epoch_ >= epochs_ : empty) {
       finished_ = true;
-      core_->stop();
+      core_->end_run();
       return;
     }
     core_->wait_idle();

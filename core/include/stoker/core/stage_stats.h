@@ -35,12 +35,13 @@ struct StageStats {
 struct QueueReport {
   std::string name, producer, consumer;
   std::size_t capacity = 0;
-  std::size_t size = 0;     ///< items held
+  std::size_t size = 0;     ///< items held when the summary was taken: 0 once the run is over
   std::size_t waiting = 0;  ///< items its producer holds at the entrance, waiting for room
   std::chrono::nanoseconds time_empty{0}, time_full{0}, lifetime{0};
 };
 
-/// A named count that something outside the graph keeps, such as a device's copies.
+/// A named count that something outside the graph keeps, such as a device's copies. A count of
+/// bytes is named `..._bytes`: the summary table shows its size in kB, MB or GB beside it.
 struct Counter {
   std::string name;
   std::uint64_t value = 0;
@@ -57,10 +58,16 @@ struct PipelineSummary {
   std::vector<Counter> counters;  ///< from PipelineOptions::counters
 };
 
-/// A fixed-width table: one row per stage, then one per queue.
 /// Reads counters kept outside the graph; called from any thread.
 using CounterSource = std::function<std::vector<Counter>()>;
 
+/// A fixed-width table: a row per stage (threads, items, busy, starved and blocked shares of
+/// the run), a row per queue (capacity, shares of its life spent empty and full), a row per
+/// counter, then the consumer's line.
 void print_summary(std::ostream& out, const PipelineSummary& summary);
+
+/// `bytes` for people, in decimal units with three significant digits: "512 B", "1.50 kB",
+/// "123 MB", "2.05 GB".
+std::string format_bytes(std::uint64_t bytes);
 
 }  // namespace stoker

@@ -86,12 +86,14 @@ struct Normalization {
 
 /// A validated Normalization with what it needs precomputed: a lookup table for uint8 inputs,
 /// whose entries are computed with the same float expression, so both paths agree bit for bit.
-/// Immutable after construction: safe to share between threads.
+/// Immutable after construction: safe to share between threads. Wherever one is taken, a
+/// Normalization converts to it (`Collate{.normalize = fashion}`), so that a user writes only
+/// Normalizations.
 class Normalizer {
  public:
   /// Throws std::invalid_argument for a zero or non-finite scale or std, or mean and std of
   /// different lengths (other than one of them having a single value), or none at all.
-  explicit Normalizer(Normalization n);
+  Normalizer(Normalization n);  // NOLINT(google-explicit-constructor): the one type users write
 
   /// (x / scale - mean[c]) / std[c].
   float operator()(float x, std::size_t channel) const noexcept {

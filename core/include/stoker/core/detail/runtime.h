@@ -318,11 +318,17 @@ class PipelineCore {
   /// threads (a stage function, or oneTBB work a stage function waits for), which such a wait
   /// would deadlock, it stops the stages and returns. The threads go with the destructor.
   void stop() noexcept;
+  /// The last epoch was delivered: stops every stage and waits as stop() does, and ends the
+  /// occupancy log's sampling; its counters record and the trace's last device spans wait for
+  /// stop() or the destructor, so that they count what the consumer does after the last item.
+  /// From the consumer's thread.
+  void end_run() noexcept;
 
   /// The consumer's thread waited for the last queue from `begin` to `end`.
   void consumer_waited(std::chrono::steady_clock::time_point begin, std::chrono::steady_clock::time_point end);
   void count_consumed(std::uint64_t n = 1) { add(consumed_, n); }
-  PipelineSummary summary() const;
+  /// Without `counters`, leaves PipelineOptions::counters uncalled (and the field empty).
+  PipelineSummary summary(bool counters = true) const;
 
  private:
   friend class StageBase;
