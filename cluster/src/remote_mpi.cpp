@@ -174,10 +174,10 @@ class MpiLink final : public Link {
     auto& epoch = epochs_[taking_];
     if (const auto p = gone(); epoch.items.empty() && p != peers_.end())
       throw ClusterError("remote edge '" + options_.name + "': worker rank " +
-                      std::to_string(options_.workers[static_cast<std::size_t>(p - peers_.begin())]) +
-                      " closed its end after " + std::to_string(p->epoch) + " epochs, and the trainer's pipeline " +
-                      "wants epoch " + std::to_string(taking_) +
-                      " (counted from 0): give both sides as many epochs, or stop the trainer first");
+                         std::to_string(options_.workers[static_cast<std::size_t>(p - peers_.begin())]) +
+                         " closed its end after " + std::to_string(p->epoch) + " epochs, and the trainer's pipeline " +
+                         "wants epoch " + std::to_string(taking_) +
+                         " (counted from 0): give both sides as many epochs, or stop the trainer first");
     if (epoch.items.empty()) {  // every worker has ended it
       epochs_.erase(taking_++);
       return std::nullopt;
@@ -320,9 +320,10 @@ class MpiLink final : public Link {
         samples_ = samples;
         samples_from_ = from;
       } else if (*samples_ != samples) {
-        set_failure(ClusterError("remote edge '" + options_.name + "': worker rank " + std::to_string(from) + " reads " +
-                              std::to_string(samples) + " samples, worker rank " + std::to_string(samples_from_) + " " +
-                              std::to_string(*samples_) + ": every worker must read the same data set"));
+        set_failure(ClusterError("remote edge '" + options_.name + "': worker rank " + std::to_string(from) +
+                                 " reads " + std::to_string(samples) + " samples, worker rank " +
+                                 std::to_string(samples_from_) + " " + std::to_string(*samples_) +
+                                 ": every worker must read the same data set"));
         return;
       }
       std::uint64_t& next = handed_[epoch];
@@ -351,8 +352,8 @@ class MpiLink final : public Link {
       const auto sent = unpack<std::uint64_t>(b);
       if (sent != peer.items)
         set_failure(ClusterError("remote edge '" + options_.name + "': worker rank " + std::to_string(from) +
-                              " ended epoch " + std::to_string(peer.epoch) + " having sent " + std::to_string(sent) +
-                              " items, but " + std::to_string(peer.items) + " arrived"));
+                                 " ended epoch " + std::to_string(peer.epoch) + " having sent " + std::to_string(sent) +
+                                 " items, but " + std::to_string(peer.items) + " arrived"));
       std::lock_guard lock(mutex_);
       ++epochs_[peer.epoch].ended;
       ++peer.epoch;
@@ -373,7 +374,7 @@ class MpiLink final : public Link {
       peer.bye = true;
     } else {
       throw ClusterError("remote edge '" + options_.name + "': an unknown message (tag " + std::to_string(tag) +
-                      ") from rank " + std::to_string(from));
+                         ") from rank " + std::to_string(from));
     }
   }
 
@@ -414,7 +415,7 @@ class MpiLink final : public Link {
         outbox_.clear();  // never sent: the trainer takes nothing more
       } else {
         throw ClusterError("remote edge '" + options_.name + "': an unknown message (tag " +
-                        std::to_string(status.MPI_TAG) + ") from the trainer");
+                           std::to_string(status.MPI_TAG) + ") from the trainer");
       }
       changed_.notify_all();
     }
@@ -432,7 +433,7 @@ class MpiLink final : public Link {
   void isend(int to, int tag, Bytes&& bytes) {
     if (bytes.size() > static_cast<std::size_t>(INT_MAX))
       throw ClusterError("remote edge '" + options_.name + "': an item of " + std::to_string(bytes.size()) +
-                      " bytes, more than MPI's int count holds");
+                         " bytes, more than MPI's int count holds");
     Sending& s = sending_.emplace_back(Sending{MPI_REQUEST_NULL, std::move(bytes)});
     check(MPI_Isend(s.bytes.data(), static_cast<int>(s.bytes.size()), MPI_BYTE, to, tag, comm_, &s.request),
           "MPI_Isend");
@@ -460,7 +461,7 @@ class MpiLink final : public Link {
     int length = 0;
     MPI_Error_string(code, text, &length);
     throw ClusterError("rank " + std::to_string(rank_) + ": remote edge '" + options_.name + "': " + call +
-                    " failed: " + std::string(text, static_cast<std::size_t>(length)));
+                       " failed: " + std::string(text, static_cast<std::size_t>(length)));
   }
   [[noreturn]] void fail_open(const std::string& why) {
     MPI_Comm_free(&comm_);

@@ -4,6 +4,12 @@
 //   shards        every rank's ShuffledShard pipeline over two epochs, gathered at rank 0:
 //                 each id exactly once per epoch, a new order every epoch, the same run again
 //   throw         rank 1 throws while the others wait at a barrier: all must end, promptly
+//   agree         rank 1 has another value of one fact: every rank refuses, naming it
+//   idle_wait     rank 1 comes to an allreduce 2 s late: the others wait asleep (CPU time)
+//   stopped       rank 1 stops itself (SIGSTOP) before a collective; the others give up after
+//                 the 2 s timeout, naming it as not answering (mpi_test.sh checks the message)
+//   stuck         rank 1 never comes to a collective, its main thread asleep; the others give
+//                 up after 2 s, naming it and what it said it was doing
 //   straggler DIR a data-parallel loop (an allreduce per batch) whose rank 1 has a slow input
 //                 stage; each rank writes DIR/run.rank<r>.jsonl for stoker-inspect to read
 //   remote        rank 0 trains on batches its workers (the other ranks) make from shards they
@@ -13,8 +19,10 @@
 //   remote_epochs the workers run 1 epoch, the trainer wants 2: it fails, naming a worker
 //   remote_sizes  the last worker reads a data set of another size: refused, naming both ranks
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -22,9 +30,9 @@
 #include <thread>
 #include <vector>
 
-#include "stoker/core/pipeline.h"
 #include "stoker/cluster/communicator.h"
 #include "stoker/cluster/remote.h"
+#include "stoker/core/pipeline.h"
 #include "stoker/stages/shard.h"
 #include "stoker/stages/synthetic.h"
 
@@ -148,6 +156,61 @@ void throws(Communicator& comm) {
   if (comm.rank() == 1) throw std::runtime_error("stage 'read' failed: a deliberate failure of rank 1");
   comm.barrier();  // rank 1 never comes: only the abort ends this
   throw Failed("a barrier returned without rank 1");
+}
+
+void agreement(Communicator& comm) {
+  if (comm.size() < 3) throw Failed("mode agree needs at least 3 ranks");
+  stoker::cluster::agree(comm, {{"data set", "1003 samples"}, {"steps", "7"}});  // the same: returns
+  const std::string steps = comm.rank() == 1 ? "8" : "7";
+  try {
+    stoker::cluster::agree(comm, {{"data set", "1003 samples"}, {"steps", steps}});
+    throw Failed("agree() returned though rank 1 differs");
+  } catch (const stoker::cluster::RankMismatch& e) {
+    const std::string want =
+        "the ranks differ: steps: " + std::string(comm.size() == 3 ? "ranks 0, 2" : "ranks 0, 2, 3") +
+        " have '7', rank 1 has '8'";
+    require(e.what() == want,
+            "every rank's error names the fact, the ranks and their values: " + std::string(e.what()));
+  }
+  if (comm.rank() == 0) std::printf("agree: every rank refused, naming rank 1's steps\n");
+}
+
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
+// A rank that waits 2 s for a late one must not spin: Open MPI's blocking collectives do.
+void idle_wait(Communicator& comm) {
+  if (comm.size() < 2) throw Failed("mode idle_wait needs at least 2 ranks");
+  comm.barrier();
+  std::vector<float> gradients(200'000, 1.0f);
+  if (comm.rank() == 1) std::this_thread::sleep_for(std::chrono::seconds(2));
+  const double cpu = cpu_seconds();
+  const auto t0 = std::chrono::steady_clock::now();
+  comm.allreduce_sum(gradients);
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double used = cpu_seconds() - cpu;
+  require(gradients[0] == static_cast<float>(comm.size()), "the late allreduce sums");
+  std::printf("idle_wait: rank %d waited %.2f s in the allreduce and used %.3f s of CPU\n", comm.rank(), wall, used);
+  if (comm.rank() != 1) require(wall > 1.5 && used < 0.1 * wall, "a waiting rank sleeps rather than spins");
+}
+
+// Rank 1 stops (SIGSTOP) or sleeps, saying where, before the collective its peers give up on.
+void stopped_or_stuck(Communicator& comm, bool stop) {
+  if (comm.size() < 2) throw Failed("modes stopped and stuck need at least 2 ranks");
+  comm.set_timeout(std::chrono::seconds(2));
+  comm.barrier();
+  if (comm.rank() == 1) {
+    comm.set_status("epoch 1, step 34: waiting for its pipeline's next batch");
+    if (stop) std::raise(SIGSTOP);
+    std::this_thread::sleep_for(std::chrono::seconds(60));
+  }
+  std::vector<float> gradients(1000, 1.0f);
+  comm.set_status("epoch 1, step 35: in the gradient allreduce");
+  comm.allreduce_sum(gradients);
+  throw Failed("an allreduce returned without rank 1");
 }
 
 // Remote edges: rank 0 is the trainer, the other ranks its workers. Items are batches of ids.
@@ -347,6 +410,12 @@ int main(int argc, char** argv) {
       shards(comm);
     } else if (mode == "throw") {
       throws(comm);
+    } else if (mode == "agree") {
+      agreement(comm);
+    } else if (mode == "idle_wait") {
+      idle_wait(comm);
+    } else if (mode == "stopped" || mode == "stuck") {
+      stopped_or_stuck(comm, mode == "stopped");
     } else if (mode == "remote") {
       remote(comm);
     } else if (mode == "remote_throw") {
@@ -361,7 +430,8 @@ int main(int argc, char** argv) {
       straggler(comm, argv[2]);
     } else {
       throw Failed("unknown mode '" + mode +
-                   "' (collectives, shards, throw, straggler DIR, remote, remote_throw, remote_stop, remote_epochs, "
+                   "' (collectives, shards, throw, agree, idle_wait, stopped, stuck, straggler DIR, remote, "
+                   "remote_throw, remote_stop, remote_epochs, "
                    "remote_sizes)");
     }
     if (comm.rank() == 0)

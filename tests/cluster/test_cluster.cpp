@@ -1,6 +1,7 @@
 // The communicator of one process: what code written for many ranks gets when run alone.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
@@ -22,7 +23,8 @@ TEST_CASE("a world of one: collectives leave the data as it is") {
   comm->allreduce_mean(v);
   CHECK(v == std::vector<float>{1.5f, -2.0f});
   CHECK(comm->gather("record") == std::vector<std::string>{"record"});
-  CHECK_THROWS_WITH_AS(comm->gather("record", 1), doctest::Contains("root 1 is not a rank of a world of 1"), ClusterError);
+  CHECK_THROWS_WITH_AS(comm->gather("record", 1), doctest::Contains("root 1 is not a rank of a world of 1"),
+                       ClusterError);
 }
 
 TEST_CASE("run_world: a world of one passes an exception on to its caller") {
@@ -47,11 +49,86 @@ class Unreachable final : public Communicator {
   void broadcast(std::span<std::byte>, int) override {}
   void allreduce_sum(std::span<float>) override {}
   std::vector<std::string> gather(std::string_view, int) override { return {}; }
+  void set_timeout(std::chrono::milliseconds) override {}
+  void set_status(std::string_view) override {}
   [[noreturn]] void abort(const std::string&) noexcept override { std::abort(); }
 
  private:
   int size_;
 };
+
+// Rank 0 of a world whose other ranks' records are given: what agree() makes of them.
+class Gathered final : public Communicator {
+ public:
+  explicit Gathered(std::vector<Facts> others) : others_(std::move(others)) {}
+  int rank() const noexcept override { return 0; }
+  int size() const noexcept override { return static_cast<int>(others_.size()) + 1; }
+  std::string engine() const override { return "none"; }
+  void barrier() override {}
+  void broadcast(std::span<std::byte>, int) override {}
+  void allreduce_sum(std::span<float>) override {}
+  std::vector<std::string> gather(std::string_view record, int) override {
+    std::vector<std::string> all{std::string(record)};
+    // The others' records as agree() encodes its own: gathered from a world of one each.
+    for (const auto& facts : others_) {
+      Recorder one;
+      try {
+        agree(one, facts);
+      } catch (...) {
+      }
+      all.push_back(one.record);
+    }
+    return all;
+  }
+  void set_timeout(std::chrono::milliseconds) override {}
+  void set_status(std::string_view) override {}
+  [[noreturn]] void abort(const std::string&) noexcept override { std::abort(); }
+
+ private:
+  // A world of two whose gather keeps this rank's record and stops there.
+  struct Recorder final : Communicator {
+    std::string record;
+    int rank() const noexcept override { return 1; }
+    int size() const noexcept override { return 2; }
+    std::string engine() const override { return "none"; }
+    void barrier() override {}
+    void broadcast(std::span<std::byte>, int) override { throw std::runtime_error("recorded"); }
+    void allreduce_sum(std::span<float>) override {}
+    std::vector<std::string> gather(std::string_view r, int) override {
+      record = r;
+      return {};
+    }
+    void set_timeout(std::chrono::milliseconds) override {}
+    void set_status(std::string_view) override {}
+    [[noreturn]] void abort(const std::string&) noexcept override { std::abort(); }
+  };
+  std::vector<Facts> others_;
+};
+
+TEST_CASE("agree: the facts that differ, each with the ranks that have each value") {
+  const Facts mine{{"data", "2000 images"}, {"steps", "40"}, {"model", "676-10"}};
+  const auto verdict = [&](std::vector<Facts> others) {
+    Gathered comm(std::move(others));
+    try {
+      agree(comm, mine);
+    } catch (const RankMismatch& e) {
+      return std::string(e.what());
+    }
+    return std::string("(agreed)");
+  };
+  CHECK(verdict({mine, mine}) == "(agreed)");
+  CHECK(verdict({{{"data", "1000 images"}, {"steps", "20"}, {"model", "676-10"}}, mine, mine}) ==
+        "the ranks differ: data: ranks 0, 2, 3 have '2000 images', rank 1 has '1000 images'; steps: ranks 0, 2, 3 "
+        "have '40', rank 1 has '20'");
+  CHECK(verdict({mine, {{"data", "2000 images"}, {"model", "676-10"}}}) ==
+        "the ranks differ: steps: ranks 0, 1 have '40', rank 2 has nothing");
+  CHECK(verdict({mine, {{"data", "2000 images"}, {"steps", "40"}, {"model", "676-10"}, {"extra", "x"}}}) ==
+        "the ranks differ: extra: ranks 0, 1 have nothing, rank 2 has 'x'");
+  const Facts odd{{"data", "2000 images"}, {"steps", "41"}, {"model", "676-10"}};
+  CHECK(verdict({mine, mine, mine, odd, mine}) == "the ranks differ: steps: ranks 0-3, 5 have '40', rank 4 has '41'");
+  // One rank alone agrees with itself.
+  CHECK_NOTHROW(agree(*single_process(), mine));
+}
 
 TEST_CASE("a remote edge names the option that cannot work") {
   using Edge = RemoteEdge<std::vector<float>>;

@@ -15,10 +15,10 @@
 #include <utility>
 #include <vector>
 
+#include "stoker/cluster/communicator.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/core/stage.h"
 #include "stoker/core/stage_error.h"
-#include "stoker/cluster/communicator.h"
 #include "stoker/stages/reader.h"
 #include "stoker/stages/shard.h"
 
@@ -124,7 +124,7 @@ struct Codec<T> {
   static T decode(Bytes&& b) {
     if (b.size() != sizeof(T))
       throw ClusterError("an item of " + std::to_string(b.size()) + " bytes arrived where one of " +
-                      std::to_string(sizeof(T)) + " was expected");
+                         std::to_string(sizeof(T)) + " was expected");
     T v;
     std::memcpy(&v, b.data(), sizeof(T));
     return v;
@@ -142,7 +142,7 @@ struct Codec<std::vector<U>> {
   static std::vector<U> decode(Bytes&& b) {
     if (b.size() % sizeof(U) != 0)
       throw ClusterError("an item of " + std::to_string(b.size()) + " bytes is not a whole number of elements of " +
-                      std::to_string(sizeof(U)) + " bytes");
+                         std::to_string(sizeof(U)) + " bytes");
     std::vector<U> v(b.size() / sizeof(U));
     if (!v.empty()) std::memcpy(v.data(), b.data(), b.size());
     return v;
