@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -13,15 +14,18 @@
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 #include <utility>
+
+#include <sched.h>
 
 #include "checkpoint.h"
 #include "mlp.h"
+#include "stoker/cluster/communicator.h"
+#include "stoker/cluster/remote.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/core/random.h"
 #include "stoker/core/random_shuffle_queue.h"
-#include "stoker/cluster/communicator.h"
-#include "stoker/cluster/remote.h"
 #include "stoker/gpu/augment.h"
 #include "stoker/gpu/staging.h"
 #include "stoker/stages/batch.h"
@@ -77,12 +81,14 @@ TestSet upload_test_set(std::shared_ptr<const IdxDataset> data, const TrainOptio
 // bookkeeping. One training step per device batch, issued to the compute stream.
 class Trainer {
  public:
-  // `ranks`: the ranks whose gradients are averaged every step; null for one process.
+  // `ranks`: the ranks whose gradients are averaged every step; null for one process. `world`:
+  // the job's ranks, told where this one stands (Communicator::set_status).
   Trainer(const TrainOptions& o, const TrainCallbacks& callbacks, std::shared_ptr<gpu::Device> device,
-          std::uint64_t samples_per_epoch, cluster::Communicator* ranks)
+          std::uint64_t samples_per_epoch, cluster::Communicator* ranks, cluster::Communicator* world)
       : o_(o),
         callbacks_(callbacks),
         ranks_(ranks && ranks->size() > 1 ? ranks : nullptr),
+        world_(world && world->size() > 1 ? world : nullptr),
         device_(std::move(device)),
         compute_(device_->make_stream()),
         model_(*device_, *compute_, model_options(o)),
@@ -140,6 +146,15 @@ class Trainer {
   bool stopped() const { return stopped_; }
   /// The epoch under way, as far as it went.
   const EpochReport& current() const { return current_; }
+  /// Tells the other ranks what this one is doing for its next step ("epoch 2, step 341:
+  /// waiting for its pipeline's batch"), for their timeout messages.
+  void say(const char* doing) {
+    if (!world_) return;
+    char text[160];
+    std::snprintf(text, sizeof text, "epoch %u, step %llu: %s", current_.epoch,
+                  static_cast<unsigned long long>(step_ + 1), doing);
+    world_->set_status(text);
+  }
 
   gpu::Device& device() { return *device_; }
   const std::shared_ptr<gpu::Device>& device_ptr() { return device_; }
@@ -274,6 +289,7 @@ class Trainer {
   const TrainOptions& o_;
   const TrainCallbacks& callbacks_;
   cluster::Communicator* ranks_;
+  cluster::Communicator* world_;
   std::vector<float> host_gradients_;
   const Mlp::Reduce average_gradients_ = [this](gpu::Stream& s, float* g, std::size_t n) { average(s, g, n); };
   std::shared_ptr<gpu::Device> device_;
@@ -366,14 +382,20 @@ void train_from(Pipeline<gpu::DeviceBatch>& pipe, const TrainOptions& o, Trainer
         stopped = true;
         break;
       }
+      trainer.say("waiting for its pipeline's batch");
       const auto t0 = Clock::now();
       std::optional<gpu::DeviceBatch> batch = pipe.next();
       trainer.add_input_wait(seconds_since(t0));
       if (!batch) break;
+      trainer.say("training");
       trainer.step(*batch);
-      if (o.checkpoint_every != 0 && trainer.steps() % o.checkpoint_every == 0) trainer.checkpoint(pipe.state());
+      if (o.checkpoint_every != 0 && trainer.steps() % o.checkpoint_every == 0) {
+        trainer.say("writing a checkpoint before it");
+        trainer.checkpoint(pipe.state());
+      }
     }
     if (stopped) break;
+    trainer.say("evaluating the epoch before it");
     report.epochs.push_back(trainer.end_epoch(test));
   }
   if (!o.checkpoint.empty()) trainer.checkpoint(pipe.state());
@@ -432,15 +454,9 @@ struct UnpackBatch {
 };
 
 // A worker: reader (shards from rank 0) -> crops -> shuffle -> batch -> collate -> pack ==> rank 0.
-void make_remote_batches(const TrainOptions& o, cluster::RemoteEdge<cluster::Bytes>& edge) {
-  std::shared_ptr<IdxReader> reader;
-  try {
-    reader = std::make_shared<IdxReader>(std::make_shared<const IdxDataset>(load(o, "train")),
-                                         ReaderOptions{.pool = BufferPool::create()});
-  } catch (const std::exception& e) {  // data this rank cannot read: rank 0 must hear of it
-    edge.fail(e);
-    throw;
-  }
+void make_remote_batches(const TrainOptions& o, std::shared_ptr<const IdxDataset> data,
+                         cluster::RemoteEdge<cluster::Bytes>& edge) {
+  auto reader = std::make_shared<IdxReader>(std::move(data), ReaderOptions{.pool = BufferPool::create()});
   auto pipe = PipelineBuilder{}
                   .threads(o.threads)
                   .seed(o.seed)
@@ -457,8 +473,8 @@ void make_remote_batches(const TrainOptions& o, cluster::RemoteEdge<cluster::Byt
 }
 
 // Rank 0 with remote workers: ==> batches -> unpack into pinned staging -> copy -> trainer.
-void train_remote(const TrainOptions& o, cluster::RemoteEdge<cluster::Bytes>& edge, Trainer& trainer, const TestSet& test,
-                  TrainReport& report) {
+void train_remote(const TrainOptions& o, cluster::RemoteEdge<cluster::Bytes>& edge, Trainer& trainer,
+                  const TestSet& test, TrainReport& report) {
   const gpu::ToDevice to_device(trainer.device_ptr(), to_device_options(o));
   auto pipe = pipeline_builder(o, trainer)
                   .source("batches", edge.receiver(), {.queue = o.batch_queue})
@@ -707,6 +723,8 @@ void validate(const TrainOptions& o, int ranks) {
       fail(std::string(which) + " needs --mode pipelined and --augment cpu");
   }
   if (o.checkpoint_every != 0 && o.checkpoint.empty()) fail("--checkpoint-every needs --checkpoint DIR");
+  if (!(o.rank_timeout >= 0 && std::isfinite(o.rank_timeout)))
+    fail("--rank-timeout must be 0 (wait as long as it takes) or more seconds");
   if (o.remote_workers) {
     if (ranks < 2)
       fail(
@@ -725,6 +743,12 @@ void validate(const TrainOptions& o, int ranks) {
       fail("--batch-size " + std::to_string(o.batch_size) + " does not divide among " + std::to_string(ranks) +
            " ranks, which take equal shares of a step: give a multiple of " + std::to_string(ranks) + job);
   }
+}
+
+std::size_t default_batch_for(std::size_t batch_size, int ranks) {
+  if (ranks < 2) return batch_size;
+  const auto n = static_cast<std::size_t>(ranks);
+  return std::max<std::size_t>(1, (batch_size + n / 2) / n) * n;
 }
 
 std::string device_for_rank(const std::string& device, std::optional<int> local_rank, int ranks, int cuda_devices) {
@@ -796,48 +820,209 @@ void gather_ranks(cluster::Communicator& ranks, Trainer& trainer, TrainReport& r
 
 }  // namespace
 
+namespace {
+
+// A hash of every byte of the data set, images and labels: ranks that read different copies
+// (a host with a partial one) differ in it.
+std::string content_hash(const IdxDataset& d) {
+  std::uint64_t h = derive_seed(d.size(), d.images.height, d.images.width);
+  const auto add = [&](const void* data, std::size_t bytes) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    std::size_t i = 0;
+    for (; i + 8 <= bytes; i += 8) {
+      std::uint64_t word = 0;
+      std::memcpy(&word, p + i, 8);
+      h = mix64(h ^ word);
+    }
+    for (; i < bytes; ++i) h = mix64(h ^ p[i]);
+  };
+  add(d.images.pixels.data(), d.images.pixels.size());
+  add(d.labels.data(), d.labels.size() * sizeof(d.labels[0]));
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return std::to_string(d.size()) + " images of " + d.shape().str() + ", content hash " + hex;
+}
+
+// What every rank of a job reads, opens and checks before the first step.
+struct Setup {
+  std::shared_ptr<const IdxDataset> train, test;  // test: trainers only
+  std::shared_ptr<gpu::Device> device;            // trainers only
+  std::optional<Checkpoint> checkpoint;           // --resume
+};
+
+Setup set_up(const TrainOptions& options, int world, int trainers, bool trainer) {
+  validate(options, world);
+  Setup s;
+  if (trainer)  // before the data: a device that cannot be had is the first thing to hear of
+    s.device = open_device(device_for_rank(options.device, local_rank(), trainers, gpu::cuda_device_count()));
+  s.train = std::make_shared<const IdxDataset>(load(options, "train"));
+  if (s.train->size() == 0) throw DataError(options.data, "the training set is empty");
+  if (options.crop_size > s.train->images.height || options.crop_size > s.train->images.width)
+    throw std::invalid_argument("--crop-size " + std::to_string(options.crop_size) + " does not fit the " +
+                                s.train->shape().str() + " images");
+  if (trainer) {
+    s.test = std::make_shared<const IdxDataset>(load(options, "t10k"));
+    if (s.test->size() == 0) throw DataError(options.data, "the test set is empty");
+  }
+  if (!options.resume.empty()) {
+    s.checkpoint = Checkpoint::load(options.resume);
+    s.checkpoint->check_options(options, options.resume);
+  }
+  return s;
+}
+
+// What must be the same on every rank for the job's collectives to line up and its replicas
+// to stay one model: `problem` is what this rank could not do (empty when nothing).
+cluster::Facts job_facts(const TrainOptions& o, const Setup& s, int trainers, const std::string& problem) {
+  cluster::Facts facts{{"its setup", problem.empty() ? "ok" : problem}};
+  const auto option = [&](const char* name, const auto& value) {
+    std::ostringstream out;
+    out << value;
+    facts.emplace_back(name, out.str());
+  };
+  for (const auto& [name, value] : Checkpoint::options_of(o)) facts.emplace_back(name, value);
+  option("--batch-size", o.batch_size);
+  option("--crops", o.crops);
+  option("--seed", o.seed);
+  option("--shuffle-capacity", o.shuffle_capacity);
+  option("--min-after-dequeue", o.min_after_dequeue);
+  option("--mode", o.mode);
+  option("--augment", o.augment);
+  option("--limit", o.limit);
+  option("--remote-workers", o.remote_workers ? "on" : "off");
+  option("--deterministic", o.deterministic ? "on" : "off");
+  option("--checkpoint", o.checkpoint.empty() ? "none" : "given");  // rank 0 writes it
+  option("--checkpoint-every", o.checkpoint_every);
+  if (s.train) {
+    facts.emplace_back("training data", content_hash(*s.train));
+    const std::uint64_t samples =
+        s.train->size() / static_cast<std::uint64_t>(trainers) * static_cast<std::uint64_t>(o.crops);
+    const std::size_t batch = o.batch_size / static_cast<std::size_t>(trainers);
+    option("steps per epoch", (samples + batch - 1) / batch);
+  }
+  if (s.checkpoint)
+    facts.emplace_back("the checkpoint resumed", "step " + std::to_string(s.checkpoint->step) + " of a job of " +
+                                                     std::to_string(s.checkpoint->pipelines.size()) + " ranks");
+  return facts;
+}
+
+// The ranks on this rank's machine, as the MPI launcher (Open MPI, MPICH) or Slurm tells it; 0
+// when none does.
+int local_ranks() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
+    if (const char* value = std::getenv(name)) {
+      const long n = std::strtol(value, nullptr, 10);
+      if (n > 0 && n <= std::numeric_limits<int>::max()) return static_cast<int>(n);
+    }
+  return 0;
+}
+
+}  // namespace
+
+std::string binding_record(int cpus, int cores, int local_ranks) {
+  return std::to_string(cpus) + " " + std::to_string(cores) + " " + std::to_string(local_ranks);
+}
+
+std::string binding_advice(const std::vector<std::string>& records, int threads) {
+  struct Seen {
+    int cpus = 0, cores = 0, local = 0;
+  };
+  std::vector<Seen> seen(records.size());
+  std::vector<int> squeezed, shared;
+  for (std::size_t r = 0; r < records.size(); ++r) {
+    Seen& x = seen[r];
+    std::istringstream(records[r]) >> x.cpus >> x.cores >> x.local;
+    if (x.cpus <= 0 || x.cores <= 0 || x.local <= 0) continue;  // not known: nothing to say
+    const int share = std::max(1, x.cores / x.local);
+    if (x.cpus < share)
+      squeezed.push_back(static_cast<int>(r));
+    else if ((threads > 0 ? threads : x.cpus) > share)
+      shared.push_back(static_cast<int>(r));
+  }
+  if (squeezed.empty() && shared.empty()) return {};
+  const Seen& example = seen[static_cast<std::size_t>(squeezed.empty() ? shared.front() : squeezed.front())];
+  const int share = std::max(1, example.cores / example.local);
+  const std::string cores_each = "--map-by ppr:" + std::to_string(example.local) + ":node:pe=" + std::to_string(share);
+  if (!squeezed.empty())
+    return cluster::rank_list(squeezed) + " may run on " + std::to_string(example.cpus) + " of the " +
+           std::to_string(example.cores) + " cores of a machine of " + std::to_string(example.local) +
+           " ranks (the launcher bound them): each pipeline gets " + std::to_string(example.cpus) +
+           " threads where it could have " + std::to_string(share) + "; launch with " + cores_each +
+           ", or --bind-to none and give --threads " + std::to_string(share) + " (docs/scale-out.md)";
+  const int others = example.local - 1;
+  return cluster::rank_list(shared) + " each run a pipeline of " +
+         std::to_string(threads > 0 ? threads : example.cpus) + " threads on cores they share with " +
+         std::to_string(others) + " other rank" + (others == 1 ? "" : "s") + " (a machine of " +
+         std::to_string(example.cores) + " cores): give --threads " + std::to_string(share) + ", or launch with " +
+         cores_each + " (docs/scale-out.md)";
+}
+
+namespace {
+
+// binding_advice() of every rank's CPU set, gathered at rank 0 (a collective).
+std::string gather_binding_advice(cluster::Communicator& world, int threads) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+  const auto records =
+      world.gather(binding_record(cpus, static_cast<int>(std::thread::hardware_concurrency()), local_ranks()));
+  return world.rank() == 0 ? binding_advice(records, threads) : std::string();
+}
+
+}  // namespace
+
 TrainReport run_training(const TrainOptions& options, const TrainCallbacks& callbacks, cluster::Communicator* ranks) {
   const int world = ranks ? ranks->size() : 1;
-  validate(options, world);
+  const int trainers = options.remote_workers ? 1 : world;
+  const bool trains = !options.remote_workers || !ranks || ranks->rank() == 0;
+  const auto t_load = Clock::now();
+  Setup setup;
+  if (world == 1) {
+    setup = set_up(options, world, trainers, trains);
+  } else {
+    ranks->set_timeout(std::chrono::milliseconds(static_cast<std::int64_t>(options.rank_timeout * 1000)));
+    ranks->set_status("setting up: reading its data, opening its device");
+    // What a rank cannot do is one of its facts: every rank stops together, rather than one
+    // leaving the others waiting at the first collective.
+    std::exception_ptr problem;
+    std::string what;
+    try {
+      setup = set_up(options, world, trainers, trains);
+    } catch (const std::exception& e) {
+      problem = std::current_exception();
+      what = e.what();
+    }
+    cluster::agree(*ranks, job_facts(options, setup, trainers, what));
+    if (problem) std::rethrow_exception(problem);  // the same on every rank: rank 0 reports it
+  }
   TrainReport report;
+  if (world > 1) report.binding = gather_binding_advice(*ranks, options.threads);
   // Remote workers: rank 0 alone trains, on whole steps; the others make its batches.
   std::optional<cluster::RemoteEdge<cluster::Bytes>> edge;
   if (options.remote_workers) {
     // Room for a queue of batches per worker on their way to rank 0.
     edge.emplace(*ranks, cluster::RemoteOptions{.name = "batches",
-                                             .trainer = 0,
-                                             .capacity = options.batch_queue * static_cast<std::size_t>(world - 1)});
+                                                .trainer = 0,
+                                                .capacity = options.batch_queue * static_cast<std::size_t>(world - 1)});
     if (edge->role() == cluster::RemoteRole::worker) {
-      make_remote_batches(options, *edge);
+      make_remote_batches(options, std::move(setup.train), *edge);
       report.worker = true;
       return report;
     }
   }
-  const int trainers = edge ? 1 : world;
   TrainOptions o = options;  // this rank's: its share of each step
   o.batch_size /= static_cast<std::size_t>(trainers);
   report.mode = o.mode;
-  // Before the data: a device that cannot be had is the first thing to hear of.
-  auto device = open_device(device_for_rank(o.device, local_rank(), trainers, gpu::cuda_device_count()));
-  const auto t_load = Clock::now();
-  auto train_data = std::make_shared<const IdxDataset>(load(o, "train"));
-  auto test_data = std::make_shared<const IdxDataset>(load(o, "t10k"));
-  if (train_data->size() == 0 || test_data->size() == 0) throw DataError(o.data, "the train or the test set is empty");
-  if (o.crop_size > train_data->images.height || o.crop_size > train_data->images.width)
-    throw std::invalid_argument("--crop-size " + std::to_string(o.crop_size) + " does not fit the " +
-                                train_data->shape().str() + " images");
+  auto train_data = std::move(setup.train);
+  auto test_data = std::move(setup.test);
   report.train_images = train_data->size();
   report.test_images = test_data->size();
 
   // A rank's share of an epoch (ShuffledShard leaves out the remainder); all of it alone.
   const std::uint64_t samples_per_epoch =
       train_data->size() / static_cast<std::uint64_t>(trainers) * static_cast<std::uint64_t>(o.crops);
-  Trainer trainer(o, callbacks, std::move(device), samples_per_epoch, edge ? nullptr : ranks);
-  if (!o.resume.empty()) {
-    const Checkpoint c = Checkpoint::load(o.resume);
-    c.check_options(options, o.resume);  // the job's options, not this rank's share of them
-    trainer.resume(c, o.resume);
-  }
+  Trainer trainer(o, callbacks, std::move(setup.device), samples_per_epoch, edge ? nullptr : ranks, ranks);
+  if (setup.checkpoint) trainer.resume(*setup.checkpoint, o.resume);
   const TestSet test = upload_test_set(test_data, o, trainer.device(), trainer.compute());
   report.device = gpu::backend_name(trainer.device().backend());
   report.device_name = trainer.device().name();

@@ -10,9 +10,6 @@
 
 namespace stoker::cluster {
 
-/// "rank 3", "ranks 0, 2", "ranks 0-3, 5": ascending ranks, for a person.
-std::string rank_list(const std::vector<int>& ranks);
-
 /// Runs `main`; an exception out of it, with more than one rank, aborts them all, naming this one.
 int run_guarded(Communicator& comm, const std::function<int(Communicator&)>& main);
 

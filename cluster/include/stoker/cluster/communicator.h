@@ -76,6 +76,9 @@ class Communicator {
 /// A communicator of one rank: collectives return at once, leaving the data as it is.
 std::unique_ptr<Communicator> single_process();
 
+/// "rank 3", "ranks 0, 2", "ranks 0-3, 5": ascending ranks, for a person.
+std::string rank_list(const std::vector<int>& ranks);
+
 /// Named facts that must be the same on every rank, e.g. {"training data", fingerprint}.
 using Facts = std::vector<std::pair<std::string, std::string>>;
 

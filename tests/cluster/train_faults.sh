@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# mpirun stoker-train when a rank differs or hangs: ranks with different data are refused before
+# the first step, naming the ranks and what differs; a rank stopped (SIGSTOP) mid-training ends
+# the job after --rank-timeout, naming it.
+#   train_faults.sh MPIEXEC STOKER_TRAIN        (exit 77, skipped, without Fashion-MNIST)
+set -euo pipefail
+mpiexec=$1 train=$2
+if [[ ! -d /usr/share/datasets/fashion-mnist ]]; then
+  echo "Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped"
+  exit 77
+fi
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+common=(--device cpu --batch-size 252)
+
+# A host with a partial copy of the data: rank 1 reads 1,000 images, rank 0 2,000. Without the
+# agreement the ranks' steps differ, MPI's allreduces mismatch and the heap is corrupted.
+status=0
+errors=$(timeout 60 "$mpiexec" --oversubscribe -np 1 "$train" --limit 2000 "${common[@]}" --epochs 2 : \
+  -np 1 "$train" --limit 1000 "${common[@]}" --epochs 2 2>&1 >/dev/null) || status=$?
+echo "rank 1 with half the data: exit status $status: $errors" | head -n 1
+[[ $status -ne 0 && $status -ne 124 ]] || { echo "FAIL: the job did not fail promptly ($status)" >&2; exit 1; }
+for fact in "--limit: rank 0 has '2000', rank 1 has '1000'" "training data: rank 0 has '2000 images" \
+  "steps per epoch: rank 0 has '40', rank 1 has '20'"; do
+  grep -qF -- "$fact" <<<"$errors" || { echo "FAIL: the refusal does not say: $fact" >&2; exit 1; }
+done
+[[ $(grep -c "^stoker-train: the ranks differ" <<<"$errors") == 1 ]] ||
+  { echo "FAIL: the refusal is not said once, by rank 0" >&2; exit 1; }
+
+# Rank 1 stopped mid-training: rank 0 gives up after --rank-timeout 3, naming it.
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+timeout 90 "$mpiexec" --oversubscribe -np 2 "$train" --limit 2000 "${common[@]}" --epochs 1000 --rank-timeout 3 \
+  >"$work/out" 2>&1 &
+job=$!
+# Where the ranks stand when one stops does not matter: every collective gives up alike.
+victim=
+for _ in $(seq 100); do  # until both ranks run (10 s at most)
+  if [[ $(pgrep -f -c "^$train --limit 2000 .*--rank-timeout 3$") == 2 ]]; then
+    victim=$(pgrep -f -n "^$train --limit 2000 .*--rank-timeout 3$")
+    break
+  fi
+  sleep 0.1
+done
+[[ -n $victim ]] || { echo "FAIL: no rank to stop" >&2; exit 1; }
+sleep 3
+kill -STOP "$victim"
+stopped=$SECONDS
+status=0
+wait "$job" || status=$?
+took=$((SECONDS - stopped))
+grep -v "^\s*$" "$work/out" | grep -E "rank [0-9]" | head -n 4
+echo "a rank stopped: the job ended $took s later, exit status $status"
+[[ $status -ne 0 && $status -ne 124 ]] || { echo "FAIL: the job did not end by itself ($status)" >&2; exit 1; }
+grep -qE "gave up after 3\.[0-9] s \(the rank timeout\)" "$work/out" ||
+  { echo "FAIL: no rank gave up after the timeout" >&2; exit 1; }
+grep -qE "rank [01] did not answer within 2 s" "$work/out" ||
+  { echo "FAIL: the stopped rank is not named" >&2; exit 1; }
