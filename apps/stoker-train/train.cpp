@@ -22,6 +22,7 @@
 #include "checkpoint.h"
 #include "mlp.h"
 #include "stoker/cluster/communicator.h"
+#include "stoker/cluster/elastic.h"
 #include "stoker/cluster/remote.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/core/random.h"
@@ -102,30 +103,81 @@ class Trainer {
 
   // Checkpoints.
   /// Writes o.checkpoint/checkpoint with every rank's pipeline state (gathered at rank 0, which
-  /// writes it: the ranks' models are the same). Every rank calls it at the same step.
+  /// writes it: the ranks' models are the same) and the plan of their epoch. Every rank calls it
+  /// at the same step.
   void checkpoint(const PipelineState& pipeline) {
     std::vector<std::string> states{pipeline.to_json()};
     if (ranks_) states = ranks_->gather(states.front());
     if (ranks_ && ranks_->rank() != 0) return;
-    Checkpoint c{step_, current_.samples, current_.batches, Checkpoint::options_of(o_), {}, model_.save(*compute_)};
+    Checkpoint c{step_, current_.samples,       current_.batches,        Checkpoint::options_of(o_),
+                 {},    model_.save(*compute_), plan_for(pipeline.epoch)};
     for (const auto& s : states) c.pipelines.push_back(PipelineState::from_json(s));
     c.save(o_.checkpoint);
   }
-  /// Goes on from `c`, inside the epoch its pipeline states are in.
+  /// Goes on from `c`, inside the epoch its pipeline states are in: on as many ranks, each from
+  /// its own state; on another number, each with its share of what the states left of the epoch.
   void resume(const Checkpoint& c, const std::filesystem::path& from) {
     const auto shard = this->shard();
-    const PipelineState& mine = c.pipeline(static_cast<int>(shard.rank), static_cast<int>(shard.world), from);
+    const auto then = static_cast<std::uint32_t>(c.pipelines.size());
+    const std::uint32_t epoch = c.pipelines.front().epoch;
+    const cluster::EpochPlan plan_then = c.plan ? *c.plan : fresh_plan(epoch, then);
     model_.restore(*compute_, c.model);
     step_ = c.step;
     current_ = EpochReport{};
-    current_.epoch = mine.epoch + 1;
-    current_.samples = current_.resumed_samples = c.samples;
+    current_.epoch = epoch + 1;
+    // Per rank: the samples of the epoch trained before, the job's shared among this one's ranks.
+    current_.samples = current_.resumed_samples = c.samples * then / shard.world;
     current_.batches = current_.resumed_batches = c.batches;
     started_ = Clock::now();
-    resume_ = mine;
+    if (then == shard.world) {
+      resume_ = c.pipelines[shard.rank];
+      if (!plan_then.is_fresh()) plan_ = plan_then;
+      return;
+    }
+    const auto& states = c.pipelines;
+    if (states.front().deterministic) {
+      // Which batches each rank had taken follows from its count alone only at its own world
+      // size; at an epoch's edge there is nothing to share out.
+      const std::uint64_t steps =
+          (plan_then.units() / then + o_.batch_size * shard.world / then - 1) / (o_.batch_size * shard.world / then);
+      const bool edge = plan_then.is_fresh() && std::all_of(states.begin(), states.end(), [&](const auto& s) {
+                          return s.epoch == epoch && (s.consumed == 0 || s.consumed == steps);
+                        });
+      if (!edge)
+        throw std::invalid_argument(
+            "--resume " + from.string() + ": the checkpoint is of a deterministic job of " + std::to_string(then) +
+            " ranks, taken mid-epoch, and this job has " + std::to_string(shard.world) +
+            ": a deterministic state does not list which samples its rank took, so it goes on mid-epoch only on as "
+            "many ranks (resume a checkpoint taken without --deterministic, or at an epoch's end, on another number)");
+      blank_epoch_ = states.front().consumed == 0 ? epoch : epoch + 1;
+      current_.epoch = *blank_epoch_ + 1;
+      current_.samples = current_.resumed_samples = 0;
+      current_.batches = current_.resumed_batches = 0;
+      return;
+    }
+    plan_ = cluster::EpochPlan::of_rest(epoch, data_size_, units_per_sample(), plan_then.rest(states), shard.world,
+                                        o_.batch_size);
+    blank_epoch_ = epoch;
   }
-  /// Where the pipeline goes on from, after resume().
-  const std::optional<PipelineState>& resume_point() const { return resume_; }
+  /// Where the pipeline goes on from, after resume(), given `blank`: the state of a pipeline of
+  /// the same stages, not resumed (needed when blank_needed()).
+  std::optional<PipelineState> resume_point(const std::optional<PipelineState>& blank) const {
+    if (!blank_epoch_) return resume_;
+    PipelineState s = blank.value();
+    if (plan_ && plan_->epoch() == *blank_epoch_) return plan_->resume_state(shard().rank, std::move(s));
+    s.epoch = *blank_epoch_;  // the start of an epoch
+    return s;
+  }
+  bool resumed() const { return resume_ || blank_epoch_; }
+  bool blank_needed() const { return blank_epoch_.has_value(); }
+  /// This rank's share of the epoch a resumed run starts in, when it is a share of a rest (for
+  /// cluster::ElasticShard); nullopt when ShuffledShard's.
+  std::optional<std::pair<std::uint32_t, cluster::Share>> first_share() const {
+    if (!plan_) return std::nullopt;
+    return std::pair{plan_->epoch(), plan_->share(shard().rank)};
+  }
+  /// The size of the training set, which the plans of its epochs share out.
+  void set_data_size(std::uint64_t samples) { data_size_ = samples; }
   /// This rank's share of the data.
   ShardOptions shard() const {
     if (!ranks_) return {};
@@ -271,6 +323,16 @@ class Trainer {
     captured_step_->run();
   }
 
+  std::uint64_t units_per_sample() const { return static_cast<std::uint64_t>(o_.crops); }
+  cluster::EpochPlan fresh_plan(std::uint32_t epoch, std::uint32_t world) const {
+    return cluster::EpochPlan::fresh(epoch, data_size_, units_per_sample(), world);
+  }
+  // The plan of the epoch a state is in: a resumed epoch's, or ShuffledShard's.
+  cluster::EpochPlan plan_for(std::uint32_t epoch) const {
+    if (plan_ && plan_->epoch() == epoch) return *plan_;
+    return fresh_plan(epoch, shard().world);
+  }
+
   // Cosine decay from the initial rate to zero over the whole run.
   float learning_rate() const {
     const double progress = static_cast<double>(step_) / static_cast<double>(std::max<std::uint64_t>(total_steps_, 1));
@@ -301,9 +363,12 @@ class Trainer {
   gpu::Memory step_input_;                      // where the captured step reads its batch
   std::unique_ptr<gpu::Replay> captured_step_;  // made at the first full batch
   std::uint64_t samples_per_epoch_, total_steps_;
-  std::uint64_t step_ = 0;    // of the run: the learning rate's schedule
-  std::uint64_t issued_ = 0;  // by this process: which event a step records
-  std::optional<PipelineState> resume_;
+  std::uint64_t step_ = 0;                    // of the run: the learning rate's schedule
+  std::uint64_t issued_ = 0;                  // by this process: which event a step records
+  std::optional<PipelineState> resume_;       // this rank's own, when resumed on as many ranks
+  std::optional<std::uint32_t> blank_epoch_;  // resumed on another number: the epoch it starts in
+  std::optional<cluster::EpochPlan> plan_;    // a resumed epoch's shares of its rest
+  std::uint64_t data_size_ = 0;
   EpochReport current_;
   Clock::time_point started_;
   bool stopped_ = false;
@@ -332,7 +397,7 @@ gpu::ToDeviceOptions to_device_options(const TrainOptions& o) {
           .device_buffers = output_sizing(o, 1).buffers()};
 }
 
-PipelineBuilder pipeline_builder(const TrainOptions& o, Trainer& trainer) {
+PipelineBuilder pipeline_builder(const TrainOptions& o, Trainer& trainer, const std::optional<PipelineState>& resume) {
   PipelineBuilder builder;
   builder.threads(o.threads).seed(o.seed).epochs(o.epochs).counters(gpu::transfer_counters(trainer.device_ptr()));
   // A job's ranks write a file each, the rank in its name (run.rank1.jsonl), and label their log
@@ -350,7 +415,7 @@ PipelineBuilder pipeline_builder(const TrainOptions& o, Trainer& trainer) {
   if (!o.trace.empty()) builder.trace(per_rank(o.trace)).timeline(gpu::device_timeline(trainer.device_ptr()));
   if (o.autotune) builder.autotune();  // the pipeline's threads are the budget
   if (o.deterministic) builder.deterministic();
-  if (trainer.resume_point()) builder.resume_from(*trainer.resume_point());
+  if (resume) builder.resume_from(*resume);
   return builder;
 }
 
@@ -370,7 +435,7 @@ void train_from(Pipeline<gpu::DeviceBatch>& pipe, const TrainOptions& o, Trainer
     return;
   }
   for (std::uint32_t epoch = first; epoch <= o.epochs; ++epoch) {
-    if (epoch != first || !trainer.resume_point())
+    if (epoch != first || !trainer.resumed())
       trainer.begin_epoch(epoch);
     else
       trainer.start_clock();
@@ -406,15 +471,30 @@ void train_from(Pipeline<gpu::DeviceBatch>& pipe, const TrainOptions& o, Trainer
 void train_pipelined(const TrainOptions& o, std::shared_ptr<const IdxDataset> data, Trainer& trainer,
                      const TestSet& test, TrainReport& report) {
   const gpu::ToDevice to_device(trainer.device_ptr(), to_device_options(o));
+  const auto reader = std::make_shared<IdxReader>(std::move(data), ReaderOptions{.pool = BufferPool::create()});
+  const auto source = [&] { return cluster::ElasticShard(reader, trainer.shard(), trainer.first_share()); };
+  const StageOptions crops{.threads = o.crop_threads, .fanout = static_cast<std::size_t>(o.crops)};
+  std::optional<PipelineState> blank;
+  if (trainer.blank_needed()) {
+    // Resumed on another number of ranks: the state to resume from is made from the state of a
+    // pipeline of the same stages, not resumed, before its first item. Its last two stages have
+    // the names and kinds of the real ones, and no pinned or device memory to hold.
+    PipelineBuilder probe;
+    probe.seed(o.seed).epochs(o.epochs).deterministic(o.deterministic).threads(1);
+    blank = std::move(probe)
+                .source("read", source(), {.queue = 1})
+                .flat_map<DeferredCrop>("crops", random_crops(o), crops)
+                .shuffle("shuffle", shuffle_options(o))
+                .batch("batch", o.batch_size, {.queue = 1})
+                .map("collate", [](std::vector<DeferredCrop> b) { return b; })
+                .map("h2d", [](std::vector<DeferredCrop> b) { return b; })
+                .build()
+                .state();
+  }
   auto pipe =
-      pipeline_builder(o, trainer)
-          .source(
-              "read",
-              ShuffledShard(std::make_shared<IdxReader>(std::move(data), ReaderOptions{.pool = BufferPool::create()}),
-                            trainer.shard()),
-              {.queue = o.read_queue})
-          .flat_map<DeferredCrop>("crops", random_crops(o),
-                                  {.threads = o.crop_threads, .fanout = static_cast<std::size_t>(o.crops)})
+      pipeline_builder(o, trainer, trainer.resume_point(blank))
+          .source("read", source(), {.queue = o.read_queue})
+          .flat_map<DeferredCrop>("crops", random_crops(o), crops)
           .shuffle("shuffle", shuffle_options(o))
           .batch("batch", o.batch_size, {.queue = o.batch_queue})
           .map("collate", Collate{.pool = to_device.staging(), .normalize = Normalizer(fashion_normalization())},
@@ -476,7 +556,7 @@ void make_remote_batches(const TrainOptions& o, std::shared_ptr<const IdxDataset
 void train_remote(const TrainOptions& o, cluster::RemoteEdge<cluster::Bytes>& edge, Trainer& trainer,
                   const TestSet& test, TrainReport& report) {
   const gpu::ToDevice to_device(trainer.device_ptr(), to_device_options(o));
-  auto pipe = pipeline_builder(o, trainer)
+  auto pipe = pipeline_builder(o, trainer, trainer.resume_point(std::nullopt))
                   .source("batches", edge.receiver(), {.queue = o.batch_queue})
                   .map("unpack", UnpackBatch{to_device.staging(), Shape{1, 1, o.crop_size, o.crop_size, false}},
                        {.threads = o.collate_threads, .queue = o.batch_queue})
@@ -527,7 +607,7 @@ void train_pipelined_gpu(const TrainOptions& o, std::shared_ptr<const IdxDataset
   report.resident = augment.is_resident();
   const StageOptions augment_stage{.threads = 1, .queue = o.batch_queue, .autotune = false};
   if (augment.is_resident()) {
-    auto pipe = pipeline_builder(o, trainer)
+    auto pipe = pipeline_builder(o, trainer, trainer.resume_point(std::nullopt))
                     .source("ids", IdSource(IdxReader(data)), {.queue = o.read_queue})
                     .shuffle("shuffle", shuffle_options(o))
                     .batch("batch", o.image_batch, {.queue = o.batch_queue})
@@ -536,7 +616,7 @@ void train_pipelined_gpu(const TrainOptions& o, std::shared_ptr<const IdxDataset
     return train_from(pipe, o, trainer, test, report);
   }
   auto pipe =
-      pipeline_builder(o, trainer)
+      pipeline_builder(o, trainer, trainer.resume_point(std::nullopt))
           .source("read", IdxReader(std::move(data), {.pool = BufferPool::create()}), {.queue = o.read_queue})
           .shuffle("shuffle", shuffle_options(o))
           .batch("batch", o.image_batch, {.queue = o.batch_queue})
@@ -1022,6 +1102,7 @@ TrainReport run_training(const TrainOptions& options, const TrainCallbacks& call
   const std::uint64_t samples_per_epoch =
       train_data->size() / static_cast<std::uint64_t>(trainers) * static_cast<std::uint64_t>(o.crops);
   Trainer trainer(o, callbacks, std::move(setup.device), samples_per_epoch, edge ? nullptr : ranks, ranks);
+  trainer.set_data_size(train_data->size());
   if (setup.checkpoint) trainer.resume(*setup.checkpoint, o.resume);
   const TestSet test = upload_test_set(test_data, o, trainer.device(), trainer.compute());
   report.device = gpu::backend_name(trainer.device().backend());

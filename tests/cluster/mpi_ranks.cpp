@@ -10,6 +10,11 @@
 //                 the 2 s timeout, naming it as not answering (mpi_test.sh checks the message)
 //   stuck         rank 1 never comes to a collective, its main thread asleep; the others give
 //                 up after 2 s, naming it and what it said it was doing
+//   elastic_save DIR    the ranks take 20 batches of epoch 0 of a 3-unit-per-sample pipeline and
+//                       rank 0 writes their states, the epoch's plan and the units taken to DIR
+//   elastic_resume DIR  the ranks (any number) resume what DIR says is left of epoch 0, and
+//                       epoch 1: every unit of epoch 0 once (taken before or now), but the few
+//                       the plans leave out, and every unit of epoch 1 once
 //   straggler DIR a data-parallel loop (an allreduce per batch) whose rank 1 has a slow input
 //                 stage; each rank writes DIR/run.rank<r>.jsonl for stoker-inspect to read
 //   remote        rank 0 trains on batches its workers (the other ranks) make from shards they
@@ -23,6 +28,7 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -30,7 +36,9 @@
 #include <thread>
 #include <vector>
 
+#include "cluster/elastic_pipeline.h"
 #include "stoker/cluster/communicator.h"
+#include "stoker/cluster/elastic.h"
 #include "stoker/cluster/remote.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/stages/shard.h"
@@ -211,6 +219,94 @@ void stopped_or_stuck(Communicator& comm, bool stop) {
   comm.set_status("epoch 1, step 35: in the gradient allreduce");
   comm.allreduce_sum(gradients);
   throw Failed("an allreduce returned without rank 1");
+}
+
+// Elastic resume over MPI: the pipeline of tests/cluster/elastic_pipeline.h, 3 units a sample.
+// A batch of 24 units per step in all, whatever the ranks (1,003 samples: 3,009 units).
+constexpr std::size_t kElasticStep = 24;
+
+std::string units_text(const std::vector<std::uint64_t>& units) {
+  std::ostringstream out;
+  for (const auto u : units) out << u << ' ';
+  return out.str();
+}
+std::vector<std::uint64_t> units_from(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::uint64_t> units;
+  for (std::uint64_t u; in >> u;) units.push_back(u);
+  return units;
+}
+
+void elastic_save(Communicator& comm, const std::string& dir) {
+  const auto world = static_cast<std::uint32_t>(comm.size()), rank = static_cast<std::uint32_t>(comm.rank());
+  auto pipe = elastic_test::pipeline(rank, world, kElasticStep / world);
+  std::vector<std::uint64_t> taken;
+  for (int step = 0; step < 20; ++step) {
+    auto batch = pipe.next();
+    require(batch.has_value(), "20 batches of epoch 0");
+    taken.insert(taken.end(), batch->begin(), batch->end());
+  }
+  const auto states = comm.gather(pipe.state().to_json());
+  const auto units = comm.gather(units_text(taken));
+  if (rank != 0) return;
+  std::ofstream out(dir + "/elastic");
+  out << stoker::cluster::EpochPlan::fresh(0, elastic_test::kSamples, elastic_test::kFanout, world).to_json() << '\n';
+  for (const auto& s : states) out << s << '\n';
+  for (const auto& u : units) out << u;
+  out << '\n';
+  require(static_cast<bool>(out), "the checkpoint written");
+  std::printf("elastic_save: %u ranks took 20 batches each, %zu units in all\n", world, 20 * kElasticStep);
+}
+
+void elastic_resume(Communicator& comm, const std::string& dir) {
+  const auto world = static_cast<std::uint32_t>(comm.size()), rank = static_cast<std::uint32_t>(comm.rank());
+  std::ifstream in(dir + "/elastic");
+  std::string line;
+  std::getline(in, line);
+  const auto then = stoker::cluster::EpochPlan::from_json(line, "checkpoint");
+  std::vector<stoker::PipelineState> states;
+  for (std::uint32_t r = 0; r < then.world(); ++r) {
+    std::getline(in, line);
+    states.push_back(stoker::PipelineState::from_json(line));
+  }
+  std::getline(in, line);
+  const auto before = units_from(line);
+  const std::size_t batch = kElasticStep / world;
+  const auto plan = stoker::cluster::EpochPlan::of_rest(0, elastic_test::kSamples, elastic_test::kFanout,
+                                                        then.rest(states), world, batch);
+  auto pipe = elastic_test::pipeline(rank, world, batch, std::pair{0u, plan.share(rank)},
+                                     elastic_test::resume_state(plan, rank, batch));
+  std::vector<std::uint64_t> epochs[2];
+  std::size_t steps = 0;
+  for (auto epoch : pipe.epochs())
+    for (const auto& b : epoch) {
+      epochs[pipe.current_epoch()].insert(epochs[pipe.current_epoch()].end(), b.begin(), b.end());
+      steps += pipe.current_epoch() == 0;
+    }
+  const auto rest = comm.gather(units_text(epochs[0]));
+  const auto next = comm.gather(units_text(epochs[1]));
+  const auto step_counts = comm.gather(std::to_string(steps));
+  if (rank != 0) return;
+  for (const auto& s : step_counts) require(s == step_counts.front(), "every rank took as many steps of epoch 0");
+  std::map<std::uint64_t, int> seen;
+  for (const auto u : before) ++seen[u];
+  for (const auto& r : rest)
+    for (const auto u : units_from(r)) ++seen[u];
+  for (const auto& [u, n] : seen) require(n == 1, "no unit of epoch 0 twice");
+  const std::uint64_t left_out = then.left_out() + plan.left_out();
+  require(seen.size() + left_out == elastic_test::kSamples * elastic_test::kFanout,
+          "every unit of epoch 0 once, but those the plans leave out");
+  require(plan.left_out() < world, "fewer than a unit per rank left out of the rest");
+  std::map<std::uint64_t, int> after;
+  for (const auto& r : next)
+    for (const auto u : units_from(r)) ++after[u];
+  for (const auto& [u, n] : after) require(n == 1, "no unit of epoch 1 twice");
+  require(after.size() == elastic_test::kSamples / world * world * elastic_test::kFanout, "every unit of epoch 1");
+  std::printf(
+      "elastic_resume: %u ranks went on from %u: %zu units of epoch 0 once each (%zu before, %llu left out), "
+      "%s steps each; epoch 1 whole\n",
+      world, then.world(), seen.size(), before.size(), static_cast<unsigned long long>(left_out),
+      step_counts.front().c_str());
 }
 
 // Remote edges: rank 0 is the trainer, the other ranks its workers. Items are batches of ids.
@@ -426,11 +522,16 @@ int main(int argc, char** argv) {
       remote_epochs(comm);
     } else if (mode == "remote_sizes") {
       remote_sizes(comm);
+    } else if (mode == "elastic_save" && argc > 2) {
+      elastic_save(comm, argv[2]);
+    } else if (mode == "elastic_resume" && argc > 2) {
+      elastic_resume(comm, argv[2]);
     } else if (mode == "straggler" && argc > 2) {
       straggler(comm, argv[2]);
     } else {
       throw Failed("unknown mode '" + mode +
-                   "' (collectives, shards, throw, agree, idle_wait, stopped, stuck, straggler DIR, remote, "
+                   "' (collectives, shards, throw, agree, idle_wait, stopped, stuck, elastic_save DIR, elastic_resume "
+                   "DIR, straggler DIR, remote, "
                    "remote_throw, remote_stop, remote_epochs, "
                    "remote_sizes)");
     }

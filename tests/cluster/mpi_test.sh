@@ -7,6 +7,16 @@ set -euo pipefail
 mpiexec=$1 program=$2 ranks=$3 mode=$4
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 run=("$mpiexec" --oversubscribe -np "$ranks" "$program" "$mode")
+if [[ "$mode" == elastic ]]; then
+  # $ranks ranks take part of an epoch; 2 and 4 ranks go on from there, each from the same state.
+  dir=$(mktemp -d)
+  trap 'rm -rf "$dir"' EXIT
+  "$mpiexec" --oversubscribe -np "$ranks" "$program" elastic_save "$dir"
+  for resumed in 2 4; do
+    "$mpiexec" --oversubscribe -np "$resumed" "$program" elastic_resume "$dir"
+  done
+  exit 0
+fi
 if [[ "$mode" == straggler ]]; then
   # stoker-inspect, given every rank's log, must name rank 1, whose input is slow.
   inspect=$5

@@ -3,7 +3,8 @@
 # every rank, and ends with the same weights on every rank (stoker-train checks that itself,
 # and fails when they differ); the default batch divides among 2 and 3 ranks, and a step
 # given that does not divide among the ranks is refused once;
-# a job killed mid-epoch resumes exactly on as many ranks, and is refused on another number;
+# a job killed mid-epoch resumes exactly on as many ranks, and a deterministic one is refused on
+# another number, while one in free order goes on at any number, every sample once;
 # with --remote-workers, rank 0 trains on every sample of every epoch, which the others made.
 #   train_ranks.sh MPIEXEC STOKER_TRAIN        (exit 77, skipped, without Fashion-MNIST)
 set -euo pipefail
@@ -72,27 +73,58 @@ echo "np 2, --batch-size 255: exit status $status: $errors"
   { echo "FAIL: the refusal is not said once, by rank 0" >&2; exit 1; }
 
 # Two ranks killed (SIGKILL) mid-epoch and resumed on two ranks end with the checkpoint, byte for
-# byte, of the job that was never stopped; on three ranks the checkpoint is refused.
+# byte, of the job that was never stopped; on three ranks the deterministic checkpoint is
+# refused (its states do not say which samples each rank took).
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# Kills the job of "$@" (mpirun's arguments) once it has written DIR/checkpoint, mid-epoch.
+kill_mid_epoch() {
+  local dir=$1 pid status=0 consumed
+  shift
+  "$mpiexec" "$@" >/dev/null 2>&1 &
+  pid=$!
+  await_checkpoint "$dir/checkpoint"
+  pkill -KILL -f "^$train .*--checkpoint $dir " || { echo "FAIL: the ranks had ended before the kill" >&2; exit 1; }
+  wait "$pid" || status=$?
+  consumed=$(head -n 1 "$dir/checkpoint" | sed -E 's/.*"consumed":([0-9]+).*/\1/')
+  echo "the ranks killed (mpirun exit status $status); the last checkpoint stands at batch $consumed of an epoch"
+  [[ $status -ne 0 && $consumed -ne 0 ]] || { echo "FAIL: not killed mid-epoch" >&2; exit 1; }
+}
+# 40 steps an epoch: no checkpoint every 7 steps falls on an epoch's end.
 job=(--oversubscribe -np 2 "$train" "${common[@]}" --epochs 6 --batch-size 256 --deterministic)
 "$mpiexec" "${job[@]}" --checkpoint "$work/whole" >/dev/null
-"$mpiexec" "${job[@]}" --checkpoint "$work/run" --checkpoint-every 7 >/dev/null 2>&1 &
-pid=$!
-await_checkpoint "$work/run/checkpoint"
-pkill -KILL -f "^$train .*--checkpoint $work/run" || { echo "FAIL: the ranks had ended before the kill" >&2; exit 1; }
-status=0
-wait "$pid" || status=$?
-consumed=$(head -n 1 "$work/run/checkpoint" | sed -E 's/.*"consumed":([0-9]+).*/\1/')
-echo "both ranks killed (mpirun exit status $status); the last checkpoint stands at batch $consumed of an epoch"
-[[ $status -ne 0 && $consumed -ne 0 ]] || { echo "FAIL: not killed mid-epoch" >&2; exit 1; }
+kill_mid_epoch "$work/run" "${job[@]}" --checkpoint "$work/run" --checkpoint-every 7
+cp -r "$work/run" "$work/mid"
 "$mpiexec" "${job[@]}" --checkpoint "$work/run" --checkpoint-every 7 --resume "$work/run" >/dev/null
 cmp "$work/whole/checkpoint" "$work/run/checkpoint" ||
   { echo "FAIL: the resumed job's final checkpoint differs from the uninterrupted job's" >&2; exit 1; }
 echo "resumed on 2 ranks: the final checkpoints are byte for byte the same"
 status=0
 errors=$("$mpiexec" --oversubscribe -np 3 "$train" "${common[@]}" --epochs 6 --batch-size 255 --deterministic \
-  --resume "$work/run" 2>&1 >/dev/null) || status=$?
+  --resume "$work/mid" 2>&1 >/dev/null) || status=$?
 echo "resumed on 3 ranks: exit status $status: $errors"
-grep -q "the checkpoint is of a job of 2 ranks, this one has 3" <<<"$errors" ||
-  { echo "FAIL: a checkpoint of 2 ranks was not refused on 3" >&2; exit 1; }
+grep -q "the checkpoint is of a deterministic job of 2 ranks, taken mid-epoch, and this job has 3" <<<"$errors" ||
+  { echo "FAIL: a deterministic checkpoint of 2 ranks taken mid-epoch was not refused on 3" >&2; exit 1; }
+
+# Elastic: 3 ranks killed mid-epoch (free order) go on at 2 and at 4. Every sample of the cut
+# epoch not trained before is trained now, once (fewer than a sample per rank may be left out
+# when the rest does not divide among the ranks), and then every epoch after at 2 or 4 ranks.
+# 42 steps an epoch: no checkpoint every 5 steps falls on an epoch's end.
+job=(--oversubscribe -np 3 "$train" "${common[@]}" --epochs 2 --batch-size 240)
+kill_mid_epoch "$work/at3" "${job[@]}" --checkpoint "$work/at3" --checkpoint-every 5
+header=$(head -n 1 "$work/at3/checkpoint")
+epoch=$(grep -o '"epoch":[0-9]*' <<<"$header" | head -n 1 | cut -d: -f2)  # from 0
+before=$(($(sed -E 's/.*"samples":([0-9]+).*/\1/' <<<"$header") * 3))  # of it, by the 3 ranks
+for ranks in 2 4; do
+  json=$("$mpiexec" --oversubscribe -np "$ranks" "$train" "${common[@]}" --epochs 2 --batch-size 240 \
+    --resume "$work/at3" | tail -n 1)
+  trained=$(field trained_samples "$json")
+  accuracy=$(field test_accuracy "$json")
+  first=$((2000 / 3 * 3 * 5 - before))  # what the cut epoch had left at 3 ranks
+  second=$(((1 - epoch) * 2000 / ranks * ranks * 5))
+  echo "3 ranks cut after $before samples of epoch $((epoch + 1)), resumed on $ranks: $trained samples trained," \
+    "test accuracy $accuracy"
+  ((trained <= first + second && trained > first + second - ranks)) ||
+    { echo "FAIL: $trained samples trained, $((first + second)) expected (less fewer than $ranks)" >&2; exit 1; }
+  awk -v a="$accuracy" 'BEGIN { exit !(a > 0.6) }' || { echo "FAIL: accuracy $accuracy, chance is 0.1" >&2; exit 1; }
+done
