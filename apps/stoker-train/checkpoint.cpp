@@ -34,7 +34,8 @@ std::map<std::string, std::string> Checkpoint::options_of(const TrainOptions& o)
           {"--weight-decay", text(o.weight_decay)},
           {"--hidden", hidden},
           {"--crop-size", text(o.crop_size)},
-          {"--mirror-p", text(o.mirror_p)}};
+          {"--mirror-p", text(o.mirror_p)},
+          {"--remote-workers", o.remote_workers ? "on" : "off"}};
 }
 
 void Checkpoint::check_options(const TrainOptions& o, const std::filesystem::path& from) const {
@@ -86,6 +87,7 @@ Checkpoint Checkpoint::load(const std::filesystem::path& dir) {
     c.samples = h.at("samples").get<std::uint64_t>();
     c.batches = h.at("batches").get<std::uint64_t>();
     c.options = h.at("options").get<std::map<std::string, std::string>>();
+    if (h.at("version") == 1) c.options.emplace("--remote-workers", "off");  // which version 1 could not be
     for (const auto& p : h.at("pipelines")) c.pipelines.push_back(PipelineState::from_json(p.dump(), name));
     if (c.pipelines.empty()) throw StateError(name + ": no pipeline state in the checkpoint");
     if (h.contains("plan") && !h.at("plan").is_null())

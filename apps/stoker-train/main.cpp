@@ -341,6 +341,7 @@ Json to_json(const TrainOptions& o, const TrainReport& r) {
     out["remote_workers"] = r.remote_workers;
     out["remote_bytes"] = r.remote_bytes;
     out["remote_peak_in_flight"] = r.remote_peak;
+    out["remote_lost"] = r.remote_lost;
   }
   if (!r.ranks.empty()) {
     Json ranks = Json::array();
@@ -475,7 +476,11 @@ int run(int argc, char** argv, cluster::Communicator& ranks) {
               << ")\n";
     if (r.remote_workers != 0)
       std::cout << "remote: " << r.remote_workers << " workers sent " << megabytes(r.remote_bytes)
-                << " of batches; at most " << r.remote_peak << " were on their way at once\n";
+                << " of batches; at most " << r.remote_peak << " were on their way at once"
+                << (r.remote_lost.empty() ? std::string()
+                                          : "; " + cluster::rank_list(r.remote_lost) +
+                                                " lost (silent for --rank-timeout): the others made their work")
+                << "\n";
     if (json) std::cout << to_json(o, r).dump() << std::endl;
     return 0;
   } catch (const std::exception& e) {

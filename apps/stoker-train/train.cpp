@@ -109,8 +109,8 @@ class Trainer {
     std::vector<std::string> states{pipeline.to_json()};
     if (ranks_) states = ranks_->gather(states.front());
     if (ranks_ && ranks_->rank() != 0) return;
-    Checkpoint c{step_, current_.samples,       current_.batches,        Checkpoint::options_of(o_),
-                 {},    model_.save(*compute_), plan_for(pipeline.epoch)};
+    Checkpoint c{step_, current_.samples,       current_.batches,  Checkpoint::options_of(o_),
+                 {},    model_.save(*compute_), plan_for(pipeline)};
     for (const auto& s : states) c.pipelines.push_back(PipelineState::from_json(s));
     c.save(o_.checkpoint);
   }
@@ -178,6 +178,9 @@ class Trainer {
   }
   /// The size of the training set, which the plans of its epochs share out.
   void set_data_size(std::uint64_t samples) { data_size_ = samples; }
+  /// With remote workers: the plan a checkpoint keeps, given the trainer's pipeline state (what
+  /// the edge says is left of its epoch); none: the ranks' plans.
+  void set_remote_plan(std::function<cluster::EpochPlan(const PipelineState&)> plan) { remote_plan_ = std::move(plan); }
   /// This rank's share of the data.
   ShardOptions shard() const {
     if (!ranks_) return {};
@@ -327,10 +330,12 @@ class Trainer {
   cluster::EpochPlan fresh_plan(std::uint32_t epoch, std::uint32_t world) const {
     return cluster::EpochPlan::fresh(epoch, data_size_, units_per_sample(), world);
   }
-  // The plan of the epoch a state is in: a resumed epoch's, or ShuffledShard's.
-  cluster::EpochPlan plan_for(std::uint32_t epoch) const {
-    if (plan_ && plan_->epoch() == epoch) return *plan_;
-    return fresh_plan(epoch, shard().world);
+  // The plan of the epoch `state` is in: with remote workers, what the edge says is left of it;
+  // a resumed epoch's shares of its rest; ShuffledShard's.
+  cluster::EpochPlan plan_for(const PipelineState& state) const {
+    if (remote_plan_) return remote_plan_(state);
+    if (plan_ && plan_->epoch() == state.epoch) return *plan_;
+    return fresh_plan(state.epoch, shard().world);
   }
 
   // Cosine decay from the initial rate to zero over the whole run.
@@ -369,6 +374,7 @@ class Trainer {
   std::optional<std::uint32_t> blank_epoch_;  // resumed on another number: the epoch it starts in
   std::optional<cluster::EpochPlan> plan_;    // a resumed epoch's shares of its rest
   std::uint64_t data_size_ = 0;
+  std::function<cluster::EpochPlan(const PipelineState&)> remote_plan_;
   EpochReport current_;
   Clock::time_point started_;
   bool stopped_ = false;
@@ -536,37 +542,56 @@ struct UnpackBatch {
 // A worker: reader (shards from rank 0) -> crops -> shuffle -> batch -> collate -> pack ==> rank 0.
 void make_remote_batches(const TrainOptions& o, std::shared_ptr<const IdxDataset> data,
                          cluster::RemoteEdge<cluster::Bytes>& edge) {
-  auto reader = std::make_shared<IdxReader>(std::move(data), ReaderOptions{.pool = BufferPool::create()});
-  auto pipe = PipelineBuilder{}
-                  .threads(o.threads)
-                  .seed(o.seed)
-                  .epochs(o.epochs)
-                  .source("read", edge.shards(std::move(reader)), {.queue = o.read_queue})
-                  .flat_map<DeferredCrop>("crops", random_crops(o), {.threads = o.crop_threads})
-                  .shuffle("shuffle", shuffle_options(o))
-                  .batch("batch", o.batch_size, {.queue = o.batch_queue})
-                  .map("collate", Collate{.normalize = Normalizer(fashion_normalization())},
-                       {.threads = o.collate_threads, .queue = o.batch_queue})
-                  .map("pack", PackBatch{}, {.queue = o.batch_queue})
-                  .build();
-  edge.serve(pipe);
+  // Free order (the edge reads which crops each batch carries off the pipeline's states), and
+  // the crop stage's fanout given: a worker that takes another's work over makes of an image
+  // only the crops that did not arrive.
+  edge.serve(std::make_shared<IdxReader>(std::move(data), ReaderOptions{.pool = BufferPool::create()}),
+             [&](cluster::RemoteShards shards, std::optional<PipelineState> resume) {
+               PipelineBuilder builder;
+               builder.threads(o.threads).seed(o.seed).epochs(o.epochs);
+               if (resume) builder.resume_from(std::move(*resume));
+               return std::move(builder)
+                   .source("read", std::move(shards), {.queue = o.read_queue})
+                   .flat_map<DeferredCrop>("crops", random_crops(o),
+                                           {.threads = o.crop_threads, .fanout = static_cast<std::size_t>(o.crops)})
+                   .shuffle("shuffle", shuffle_options(o))
+                   .batch("batch", o.batch_size, {.queue = o.batch_queue})
+                   .map("collate", Collate{.normalize = Normalizer(fashion_normalization())},
+                        {.threads = o.collate_threads, .queue = o.batch_queue})
+                   .map("pack", PackBatch{}, {.queue = o.batch_queue})
+                   .build();
+             });
 }
 
 // Rank 0 with remote workers: ==> batches -> unpack into pinned staging -> copy -> trainer.
+// A checkpoint keeps the trainer's pipeline state and the crops of its epoch not yet trained
+// (the edge's progress); a resumed trainer's pipeline starts that epoch afresh, and the workers
+// make what is left.
 void train_remote(const TrainOptions& o, cluster::RemoteEdge<cluster::Bytes>& edge, Trainer& trainer,
                   const TestSet& test, TrainReport& report) {
   const gpu::ToDevice to_device(trainer.device_ptr(), to_device_options(o));
-  auto pipe = pipeline_builder(o, trainer, trainer.resume_point(std::nullopt))
+  trainer.set_remote_plan([&edge](const PipelineState& state) {
+    const auto p = edge.progress(state);
+    return cluster::EpochPlan::of_rest(p.epoch, p.samples, p.fanout, p.left, 1, 1);
+  });
+  std::optional<PipelineState> resume = trainer.resume_point(std::nullopt);
+  if (resume) {
+    resume->consumed = 0;
+    resume->taken = PipelineState::Taken{resume->taken.value().queue, 0, {}};
+  }
+  auto pipe = pipeline_builder(o, trainer, resume)
                   .source("batches", edge.receiver(), {.queue = o.batch_queue})
                   .map("unpack", UnpackBatch{to_device.staging(), Shape{1, 1, o.crop_size, o.crop_size, false}},
                        {.threads = o.collate_threads, .queue = o.batch_queue})
                   .map("h2d", to_device, {.queue = o.batch_queue, .autotune = false})
                   .build();
   train_from(pipe, o, trainer, test, report);
+  trainer.set_remote_plan({});
   const auto stats = edge.stats();
   report.remote_workers = static_cast<std::uint32_t>(edge.options().workers.size());
   report.remote_bytes = stats.bytes;
   report.remote_peak = stats.peak_in_flight;
+  report.remote_lost = stats.lost;
 }
 
 // --augment gpu: whole images go to the device, which crops, shuffles and batches them.
@@ -810,10 +835,10 @@ void validate(const TrainOptions& o, int ranks) {
       fail(
           "--remote-workers needs 2 or more ranks (mpirun -np N stoker-train --remote-workers): rank 0 trains, "
           "the others make its batches");
-    if (!o.checkpoint.empty() || !o.resume.empty() || o.deterministic)
+    if (o.deterministic)
       fail(
-          "--remote-workers cannot be combined with --deterministic, --checkpoint or --resume: which worker took "
-          "which shard is not recorded");
+          "--remote-workers cannot be combined with --deterministic: the order the batches arrive in depends on how "
+          "fast each worker makes them");
   }
   if (ranks > 1) {
     const std::string job = " (a job of " + std::to_string(ranks) + " ranks)";
@@ -969,7 +994,6 @@ cluster::Facts job_facts(const TrainOptions& o, const Setup& s, int trainers, co
   option("--mode", o.mode);
   option("--augment", o.augment);
   option("--limit", o.limit);
-  option("--remote-workers", o.remote_workers ? "on" : "off");
   option("--deterministic", o.deterministic ? "on" : "off");
   option("--checkpoint", o.checkpoint.empty() ? "none" : "given");  // rank 0 writes it
   option("--checkpoint-every", o.checkpoint_every);
@@ -1081,9 +1105,17 @@ TrainReport run_training(const TrainOptions& options, const TrainCallbacks& call
   std::optional<cluster::RemoteEdge<cluster::Bytes>> edge;
   if (options.remote_workers) {
     // Room for a queue of batches per worker on their way to rank 0.
-    edge.emplace(*ranks, cluster::RemoteOptions{.name = "batches",
-                                                .trainer = 0,
-                                                .capacity = options.batch_queue * static_cast<std::size_t>(world - 1)});
+    std::optional<cluster::RemoteProgress> progress;
+    if (setup.checkpoint && setup.checkpoint->plan) {
+      const auto& plan = *setup.checkpoint->plan;
+      progress = cluster::RemoteProgress{plan.epoch(), plan.samples(), plan.fanout(), plan.units_of(0)};
+    }
+    edge.emplace(*ranks, cluster::RemoteOptions{
+                             .name = "batches",
+                             .trainer = 0,
+                             .capacity = options.batch_queue * static_cast<std::size_t>(world - 1),
+                             .lease = std::chrono::milliseconds(static_cast<std::int64_t>(options.rank_timeout * 1000)),
+                             .resume = std::move(progress)});
     if (edge->role() == cluster::RemoteRole::worker) {
       make_remote_batches(options, std::move(setup.train), *edge);
       report.worker = true;

@@ -57,7 +57,8 @@ struct TrainOptions {
   std::uint64_t checkpoint_every = 0;  ///< training steps between checkpoints; 0 = only at the end
   std::string resume;                  ///< checkpoint directory to go on from; empty = from the start
   /// Rank 0 trains; every other rank runs read -> crops -> shuffle -> batch -> collate on
-  /// shards it asks rank 0 for, and sends it the batches (a remote edge, docs/scale-out.md).
+  /// shards it asks rank 0 for, and sends it the batches (a remote edge, docs/scale-out.md). A
+  /// worker silent for --rank-timeout loses its work to the others.
   bool remote_workers = false;
   /// Seconds a rank waits for the others (a collective, a worker's batches, rank 0's answers)
   /// before it ends the job naming the rank that stopped answering; 0: as long as it takes.
@@ -172,6 +173,7 @@ struct TrainReport {
   std::uint32_t remote_workers = 0;  ///< at rank 0: the ranks that made its batches
   std::uint64_t remote_bytes = 0;    ///< at rank 0: what they sent
   std::size_t remote_peak = 0;       ///< at rank 0: the most batches sent and not yet taken at once
+  std::vector<int> remote_lost;      ///< at rank 0: workers whose lease ran out (their work went to others)
   /// The epoch the run was stopped in (TrainCallbacks::stop_requested), as far as it went; not
   /// in `epochs`, and not evaluated.
   std::optional<EpochReport> interrupted;

@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
 
 #include "communicator_impl.h"
 
@@ -118,6 +119,24 @@ void agree(Communicator& comm, const Facts& facts) {
   verdict.resize(length);
   comm.broadcast(std::as_writable_bytes(std::span(verdict.data(), verdict.size())), 0);
   if (!verdict.empty()) throw RankMismatch(verdict);
+}
+
+namespace {
+std::mutex unresponsive_mutex;
+std::vector<int> unresponsive_ranks;
+}  // namespace
+
+void note_unresponsive(int rank) {
+  std::lock_guard lock(unresponsive_mutex);
+  if (std::find(unresponsive_ranks.begin(), unresponsive_ranks.end(), rank) == unresponsive_ranks.end()) {
+    unresponsive_ranks.push_back(rank);
+    std::sort(unresponsive_ranks.begin(), unresponsive_ranks.end());
+  }
+}
+
+std::vector<int> unresponsive() {
+  std::lock_guard lock(unresponsive_mutex);
+  return unresponsive_ranks;
 }
 
 int run_guarded(Communicator& comm, const std::function<int(Communicator&)>& main) {

@@ -79,53 +79,63 @@ std::uint64_t EpochPlan::left_out() const noexcept {
   return rest_ ? unit_count(*rest_) - bounds_.back() : samples_ % world_ * fanout_;
 }
 
-Share EpochPlan::share(std::uint32_t rank) const {
+UnitRanges EpochPlan::units_of(std::uint32_t rank) const {
   if (rank >= world_)
     throw std::out_of_range("EpochPlan: rank " + std::to_string(rank) + " is not of a world of " +
                             std::to_string(world_));
+  UnitRanges out;
+  if (!rest_) {
+    for (std::uint64_t c = 0; c < samples_ / world_; ++c) {
+      const std::uint64_t position = c * world_ + rank;
+      out.emplace_back(position * fanout_, (position + 1) * fanout_);
+    }
+    return out;
+  }
+  // The units [lo, hi) of the rest, in unit order.
+  const std::uint64_t lo = bounds_[rank], hi = bounds_[rank + 1];
+  std::uint64_t seen = 0;
+  for (const auto& [begin, end] : *rest_) {
+    const std::uint64_t n = end - begin;
+    const std::uint64_t from = std::max(lo, seen), to = std::min(hi, seen + n);
+    if (from < to) out.emplace_back(begin + (from - seen), begin + (to - seen));
+    seen += n;
+    if (seen >= hi) break;
+  }
+  return out;
+}
+
+Share EpochPlan::share(std::uint32_t rank) const {
   Share s;
   if (!rest_) {
-    const std::uint64_t calls = samples_ / world_;
-    s.positions.reserve(calls);
-    for (std::uint64_t c = 0; c < calls; ++c) s.positions.push_back(c * world_ + rank);
+    for (const auto& [begin, end] : units_of(rank)) s.positions.push_back(begin / fanout_);
     return s;
   }
-  // The units [lo, hi) of the rest, in unit order, grouped by sample.
-  const std::uint64_t lo = bounds_[rank], hi = bounds_[rank + 1];
-  std::vector<std::uint64_t> partial_positions, whole_positions;
+  // Grouped by sample: those with only some of their units first, in order of position.
+  std::vector<std::uint64_t> whole;
   std::vector<std::vector<std::uint64_t>> partial_units;
-  std::uint64_t seen = 0, current = UINT64_MAX;
+  std::uint64_t current = UINT64_MAX;
   std::vector<std::uint64_t> units_of_current;
   const auto close_sample = [&] {
     if (current == UINT64_MAX) return;
     if (units_of_current.size() == fanout_) {
-      whole_positions.push_back(current);
+      whole.push_back(current);
     } else {
-      partial_positions.push_back(current);
+      s.positions.push_back(current);
       partial_units.push_back(units_of_current);
     }
     units_of_current.clear();
   };
-  for (const auto& [begin, end] : *rest_) {
-    if (seen + (end - begin) <= lo) {
-      seen += end - begin;
-      continue;
-    }
-    for (std::uint64_t u = begin + (lo > seen ? lo - seen : 0); u < end && seen + (u - begin) < hi; ++u) {
-      const std::uint64_t position = u / fanout_;
-      if (position != current) {
+  for (const auto& [begin, end] : units_of(rank))
+    for (std::uint64_t u = begin; u < end; ++u) {
+      if (u / fanout_ != current) {
         close_sample();
-        current = position;
+        current = u / fanout_;
       }
       units_of_current.push_back(u % fanout_);
     }
-    seen += end - begin;
-    if (seen >= hi) break;
-  }
   close_sample();
-  s.partial = partial_positions.size();
-  s.positions = std::move(partial_positions);
-  s.positions.insert(s.positions.end(), whole_positions.begin(), whole_positions.end());
+  s.partial = s.positions.size();
+  s.positions.insert(s.positions.end(), whole.begin(), whole.end());
   for (std::uint64_t c = 0; c < partial_units.size(); ++c)
     for (const std::uint64_t j : partial_units[c]) s.make.push_back(c * fanout_ + j);
   return s;

@@ -21,6 +21,7 @@
 #include <numeric>
 #include <sstream>
 #include <thread>
+#include <utility>
 
 #include "communicator_impl.h"
 
@@ -131,6 +132,17 @@ class Mpi final : public Communicator {
   void set_status(std::string_view status) override {
     std::lock_guard lock(mutex_);
     status_.assign(status);
+  }
+  // Every rank's last collective, on the responder's communicator (a rank that ends while the
+  // others still call collectives does not meet theirs), with the timeout of the others: a rank
+  // that ends early waits here, not in MPI_Finalize, where an MPI_Abort of another rank (one
+  // that stopped answering) leaves Open MPI 4.1's mpirun hanging or crashing in its teardown in
+  // about half the runs.
+  void final_barrier() {
+    MPI_Request r = MPI_REQUEST_NULL;
+    begin("MPI_Barrier", "at the end of the job");
+    check(MPI_Ibarrier(control_, &r), "MPI_Ibarrier");
+    wait(r);
   }
   [[noreturn]] void abort(const std::string& why) noexcept override {
     std::fprintf(stderr, "rank %d of %d: %s\n", rank_, size_, why.c_str());
@@ -362,10 +374,26 @@ int run_world(int argc, char** argv, const std::function<int(Communicator&)>& ma
   if (MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
     throw ClusterError("MPI_Init_thread failed");
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  // Under Open MPI's --enable-recovery a rank that died does not hold MPI_Finalize back, and
+  // MPI_Abort ends only the rank that calls it.
+  const char* recovery_option = std::getenv("OMPI_MCA_orte_enable_recovery");
+  const bool recovery = recovery_option && std::string(recovery_option) == "1";
   int status = 0;
   {
     Mpi comm;
     status = run_guarded(comm, main);
+    // A rank that never said its last word (stopped, or stuck in its pipeline) would hold
+    // MPI_Finalize back for ever: end the job here, with this rank's status.
+    if (const auto silent = unresponsive(); !silent.empty() && !recovery) {
+      std::fprintf(stderr,
+                   "rank %d of %d: %s did not answer at the end: the job ends here (MPI_Abort), as MPI_Finalize would "
+                   "wait for it\n",
+                   comm.rank(), comm.size(), rank_list(silent).c_str());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, status);
+    }
+    // A rank that failed ends now: mpirun ends the others when it sees its exit status.
+    if (!recovery && comm.size() > 1 && status == 0) comm.final_barrier();
   }
   MPI_Finalize();
   return status;

@@ -23,6 +23,13 @@
 //   remote_stop   the trainer stops mid-epoch; the workers, set to run forever, stop with it
 //   remote_epochs the workers run 1 epoch, the trainer wants 2: it fails, naming a worker
 //   remote_sizes  the last worker reads a data set of another size: refused, naming both ranks
+//   remote_stuck, remote_stopped, remote_killed
+//                 the last worker stops answering (a stage that sleeps for ever, SIGSTOP, SIGKILL):
+//                 its lease runs out, the others make its work, every id of each epoch once
+//   remote_save DIR, remote_resume DIR
+//                 the trainer checkpoints mid-epoch; a job of any number of workers goes on from
+//                 there, every id of the epoch once
+#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -311,42 +318,63 @@ void elastic_resume(Communicator& comm, const std::string& dir) {
 
 // Remote edges: rank 0 is the trainer, the other ranks its workers. Items are batches of ids.
 using Ids = std::vector<std::uint64_t>;
+using stoker::cluster::RemoteEdge;
+using stoker::cluster::RemoteRole;
 constexpr std::uint64_t kRemoteSamples = 1003;
 
-// A worker's pipeline: shards of 1,003 samples, a stage that takes `work` per sample (and
-// calls `check` on each id), batches of 7.
-template <class Check>
-stoker::Pipeline<Ids> worker_pipeline(stoker::cluster::RemoteEdge<Ids>& edge, std::uint32_t epochs,
-                                      std::chrono::microseconds work, Check check,
-                                      std::uint64_t samples = kRemoteSamples) {
-  const auto reader = std::make_shared<stoker::SyntheticSource>(
+std::shared_ptr<const stoker::Reader> remote_reader(std::uint64_t samples = kRemoteSamples) {
+  return std::make_shared<stoker::SyntheticSource>(
       stoker::SyntheticOptions{.shape = {1, 1, 2, 2, false}, .count = samples});
-  return stoker::PipelineBuilder{}
-      .seed(11)
-      .epochs(epochs)
-      .threads(2)
-      .source("read", edge.shards(reader))
-      .map("work",
-           [work, check](stoker::Sample s) {
-             std::this_thread::sleep_for(work);
-             check(s.id);
-             return s.id;
-           })
-      .batch("batch", 7)
-      .map("ids", [](std::vector<std::uint64_t> ids) { return ids; })
-      .build();
+}
+
+// A worker's pipelines: a stage that takes `work` per sample and calls `check(id)`, batches
+// of 7; `epochs` 0: until stopped.
+template <class Check>
+auto worker_pipeline(std::uint32_t epochs, std::chrono::microseconds work, Check check) {
+  return [=](stoker::cluster::RemoteShards shards, std::optional<stoker::PipelineState> resume) {
+    stoker::PipelineBuilder b;
+    b.seed(11).epochs(epochs).threads(2);
+    if (resume) b.resume_from(std::move(*resume));
+    return std::move(b)
+        .source("read", std::move(shards))
+        .map("work",
+             [work, check](stoker::Sample s) {
+               std::this_thread::sleep_for(work);
+               check(s.id);
+               return s.id;
+             })
+        .batch("batch", 7)
+        .map("ids", [](Ids ids) { return ids; })
+        .build();
+  };
+}
+
+// The trainer's epochs: every id of each exactly once. Returns the epochs taken.
+std::size_t take_every_id(stoker::Pipeline<Ids>& pipe) {
+  std::size_t epochs = 0;
+  for (auto epoch : pipe.epochs()) {
+    std::vector<int> seen(kRemoteSamples, 0);
+    for (const auto& batch : epoch)
+      for (const auto id : batch) {
+        require(id < kRemoteSamples, "ids of the data set");
+        ++seen[id];
+      }
+    for (std::uint64_t id = 0; id < kRemoteSamples; ++id)
+      require(seen[id] == 1, "id " + std::to_string(id) + " exactly once in epoch " + std::to_string(epochs) +
+                                 ", not " + std::to_string(seen[id]) + " times");
+    ++epochs;
+  }
+  return epochs;
 }
 
 void remote(Communicator& comm) {
   if (comm.size() < 3) throw Failed("mode remote needs at least 3 ranks");
   const std::size_t workers = static_cast<std::size_t>(comm.size() - 1), capacity = 2 * workers;
-  stoker::cluster::RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = capacity, .shard = 16});
-  if (edge.role() == stoker::cluster::RemoteRole::worker) {
+  RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = capacity, .shard = 16});
+  if (edge.role() == RemoteRole::worker) {
     // The last worker is 100 times slower than the others.
     const auto work = std::chrono::microseconds(comm.rank() == comm.size() - 1 ? 2000 : 20);
-    auto pipe = worker_pipeline(edge, 2, work, [](std::uint64_t) {});
-    edge.serve(pipe);
-    require(pipe.finished(), "a worker's pipeline runs its two epochs");
+    edge.serve(remote_reader(), worker_pipeline(2, work, [](std::uint64_t) {}));
     require(edge.stats().peak_in_flight <= capacity / workers, "a worker never has more items out than its credits");
     require(edge.stats().shards > 0 || comm.rank() == comm.size() - 1, "a fast worker counts the shards it got");
     return;
@@ -356,26 +384,22 @@ void remote(Communicator& comm) {
   while (edge.stats().peak_in_flight < capacity && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   std::this_thread::sleep_for(std::chrono::milliseconds(100));  // time to send more, were it allowed
-  require(edge.stats().peak_in_flight == capacity,
-          "the workers filled the capacity, and no more, while the trainer waited");
-  auto pipe = stoker::PipelineBuilder{}.epochs(2).source("batches", edge.receiver(), {.queue = 1}).build();
-  std::size_t epochs = 0;
-  for (auto epoch : pipe.epochs()) {
-    std::vector<int> seen(kRemoteSamples, 0);
-    for (const auto& batch : epoch)
-      for (const auto id : batch) {
-        require(id < kRemoteSamples, "ids of the data set");
-        ++seen[id];
-      }
-    for (const int times : seen) require(times == 1, "every id exactly once in an epoch");
-    ++epochs;
+  {
+    const auto stats = edge.stats();
+    std::string handed;
+    for (const auto n : stats.worker_samples) handed += " " + std::to_string(n);
+    require(stats.peak_in_flight == capacity,
+            "the workers filled the capacity, and no more, while the trainer waited (peak " +
+                std::to_string(stats.peak_in_flight) + ", samples handed to each worker:" + handed + ")");
   }
-  require(epochs == 2, "two epochs");
+  auto pipe = stoker::PipelineBuilder{}.epochs(2).source("batches", edge.receiver(), {.queue = 1}).build();
+  require(take_every_id(pipe) == 2, "two epochs");
   const auto stats = edge.stats();
   std::printf("remote: %zu workers, capacity %zu: peak in flight %zu, %llu items, %llu shards\n", workers, capacity,
               stats.peak_in_flight, static_cast<unsigned long long>(stats.items),
               static_cast<unsigned long long>(stats.shards));
   require(stats.peak_in_flight == capacity, "no more items in flight than the capacity while the trainer trained");
+  require(stats.lost.empty(), "no worker lost");
   std::printf("samples per worker:");
   for (const auto n : stats.worker_samples) std::printf(" %llu", static_cast<unsigned long long>(n));
   std::printf("\n");
@@ -386,17 +410,48 @@ void remote(Communicator& comm) {
     require(stats.worker_samples[w] > stats.worker_samples.back(), "the slow worker took fewer shards than a fast one");
 }
 
+// The last worker stops answering at its 100th sample, 3 ways: `stuck`, its stage sleeps for
+// ever; `stopped`, it stops itself (SIGSTOP); `killed`, it kills itself (SIGKILL; run under
+// mpirun --enable-recovery, mpi_test.sh). The trainer's lease of 2 s runs out, the others make
+// its work, and every id of both epochs arrives once.
+void remote_lost(Communicator& comm, const std::string& how) {
+  if (comm.size() < 3) throw Failed("modes remote_stuck, _stopped and _killed need at least 3 ranks");
+  const int lost = comm.size() - 1;
+  RemoteEdge<Ids> edge(comm, {.name = "batches",
+                              .capacity = 2 * static_cast<std::size_t>(comm.size() - 1),
+                              .shard = 16,
+                              .lease = std::chrono::seconds(2)});
+  if (edge.role() == RemoteRole::worker) {
+    std::atomic<int> calls{0};
+    edge.serve(remote_reader(), worker_pipeline(2, std::chrono::microseconds(200), [&, r = comm.rank()](std::uint64_t) {
+                 if (r != lost || ++calls != 100) return;
+                 if (how == "stopped") std::raise(SIGSTOP);
+                 if (how == "killed") std::raise(SIGKILL);
+                 std::this_thread::sleep_for(std::chrono::hours(1));
+               }));
+    return;
+  }
+  auto pipe = stoker::PipelineBuilder{}.epochs(2).source("batches", edge.receiver()).build();
+  require(take_every_id(pipe) == 2, "two epochs");
+  const auto stats = edge.stats();
+  require(stats.lost == std::vector<int>{lost}, "the last worker was lost, and no other");
+  require(stats.restarts >= 1, "a worker took its work over");
+  std::printf(
+      "remote_%s: worker rank %d lost, its work made by the others (%llu restarts): every id of both epochs "
+      "once\n",
+      how.c_str(), lost, static_cast<unsigned long long>(stats.restarts));
+}
+
 void remote_throw(Communicator& comm) {
   if (comm.size() < 3) throw Failed("mode remote_throw needs at least 3 ranks");
   const int failing = comm.size() - 1;
-  stoker::cluster::RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 4, .shard = 16});
-  if (edge.role() == stoker::cluster::RemoteRole::worker) {
-    std::size_t calls = 0;
-    auto pipe = worker_pipeline(edge, 0, std::chrono::microseconds(0), [&, r = comm.rank()](std::uint64_t) {
-      if (r == failing && ++calls == 40) throw std::runtime_error("a deliberate failure");
-    });
+  RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 4, .shard = 16});
+  if (edge.role() == RemoteRole::worker) {
+    std::atomic<std::size_t> calls{0};
     try {
-      edge.serve(pipe);
+      edge.serve(remote_reader(), worker_pipeline(0, std::chrono::microseconds(0), [&, r = comm.rank()](std::uint64_t) {
+                   if (r == failing && ++calls == 40) throw std::runtime_error("a deliberate failure");
+                 }));
       require(comm.rank() != failing, "the failing worker's serve() throws");
     } catch (const stoker::StageError& e) {
       require(comm.rank() == failing && e.stage() == "work", "the failing worker's serve() rethrows its error");
@@ -427,11 +482,10 @@ void remote_throw(Communicator& comm) {
 
 void remote_stop(Communicator& comm) {
   if (comm.size() < 3) throw Failed("mode remote_stop needs at least 3 ranks");
-  stoker::cluster::RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 6, .shard = 16});
-  if (edge.role() == stoker::cluster::RemoteRole::worker) {
-    auto pipe = worker_pipeline(edge, 0, std::chrono::microseconds(50), [](std::uint64_t) {});  // until stopped
-    edge.serve(pipe);
-    require(pipe.finished(), "the trainer's stop stopped the worker's pipeline");
+  RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 6, .shard = 16});
+  if (edge.role() == RemoteRole::worker) {
+    edge.serve(remote_reader(),
+               worker_pipeline(0, std::chrono::microseconds(50), [](std::uint64_t) {}));  // until stopped
     return;
   }
   {
@@ -445,10 +499,9 @@ void remote_stop(Communicator& comm) {
 
 void remote_epochs(Communicator& comm) {
   if (comm.size() < 3) throw Failed("mode remote_epochs needs at least 3 ranks");
-  stoker::cluster::RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 4, .shard = 64});
-  if (edge.role() == stoker::cluster::RemoteRole::worker) {
-    auto pipe = worker_pipeline(edge, 1, std::chrono::microseconds(0), [](std::uint64_t) {});
-    edge.serve(pipe);
+  RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 4, .shard = 64});
+  if (edge.role() == RemoteRole::worker) {
+    edge.serve(remote_reader(), worker_pipeline(1, std::chrono::microseconds(0), [](std::uint64_t) {}));
     return;  // the edge's destructor tells the trainer this worker is done
   }
   auto pipe = stoker::PipelineBuilder{}.epochs(2).source("batches", edge.receiver()).build();
@@ -470,14 +523,12 @@ void remote_epochs(Communicator& comm) {
 
 void remote_sizes(Communicator& comm) {
   if (comm.size() < 3) throw Failed("mode remote_sizes needs at least 3 ranks");
-  stoker::cluster::RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 4, .shard = 16});
-  if (edge.role() == stoker::cluster::RemoteRole::worker) {
+  RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 4, .shard = 16});
+  if (edge.role() == RemoteRole::worker) {
     const bool odd = comm.rank() == comm.size() - 1;
-    auto pipe = worker_pipeline(
-        edge, 0, std::chrono::microseconds(odd ? 0 : 200), [](std::uint64_t) {},
-        odd ? kRemoteSamples + 1 : kRemoteSamples);
-    edge.serve(pipe);  // until the trainer, failed, stops the edge
-    return;
+    edge.serve(remote_reader(odd ? kRemoteSamples + 1 : kRemoteSamples),
+               worker_pipeline(0, std::chrono::microseconds(odd ? 0 : 200), [](std::uint64_t) {}));
+    return;  // until the trainer, failed, stops the edge
   }
   auto pipe = stoker::PipelineBuilder{}.source("batches", edge.receiver()).build();
   try {
@@ -493,6 +544,69 @@ void remote_sizes(Communicator& comm) {
     require(what.find("worker rank " + odd) != std::string::npos, "the error names the odd worker's rank");
     require(what.find("every worker must read the same data set") != std::string::npos, "the error says what to do");
   }
+}
+
+// Remote checkpoints: the trainer takes 30 batches of epoch 0 and writes where it stands (the
+// edge's progress, its pipeline's state, the ids it took) to DIR; a job of any number of
+// workers goes on from there: every id of epoch 0 once, before or after, then epoch 1 whole.
+void remote_save(Communicator& comm, const std::string& dir) {
+  RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 4, .shard = 16});
+  if (edge.role() == RemoteRole::worker) {
+    edge.serve(remote_reader(), worker_pipeline(2, std::chrono::microseconds(100), [](std::uint64_t) {}));
+    return;
+  }
+  auto pipe = stoker::PipelineBuilder{}.epochs(2).source("batches", edge.receiver()).build();
+  std::vector<std::uint64_t> taken;
+  for (int i = 0; i < 30; ++i) {
+    auto batch = pipe.next();
+    require(batch.has_value(), "30 batches of epoch 0");
+    taken.insert(taken.end(), batch->begin(), batch->end());
+  }
+  const auto state = pipe.state();
+  const auto progress = edge.progress(state);
+  const auto plan =
+      stoker::cluster::EpochPlan::of_rest(progress.epoch, progress.samples, progress.fanout, progress.left, 1, 1);
+  std::ofstream out(dir + "/remote");
+  out << plan.to_json() << '\n' << state.to_json() << '\n' << units_text(taken) << '\n';
+  require(static_cast<bool>(out), "the checkpoint written");
+  std::printf("remote_save: %zu workers; the trainer took 30 batches, %zu ids, and %llu units are left\n",
+              edge.options().workers.size(), taken.size(),
+              static_cast<unsigned long long>(stoker::cluster::unit_count(progress.left)));
+}
+
+void remote_resume(Communicator& comm, const std::string& dir) {
+  std::ifstream in(dir + "/remote");
+  std::string plan_text, state_text, taken_text;
+  std::getline(in, plan_text);
+  std::getline(in, state_text);
+  std::getline(in, taken_text);
+  const auto plan = stoker::cluster::EpochPlan::from_json(plan_text, "checkpoint");
+  const stoker::cluster::RemoteProgress progress{plan.epoch(), plan.samples(), plan.fanout(), plan.units_of(0)};
+  RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 4, .shard = 16, .resume = progress});
+  if (edge.role() == RemoteRole::worker) {
+    edge.serve(remote_reader(), worker_pipeline(2, std::chrono::microseconds(100), [](std::uint64_t) {}));
+    return;
+  }
+  // The trainer's pipeline goes on from the start of its epoch: the workers make what is left.
+  auto state = stoker::PipelineState::from_json(state_text);
+  state.consumed = 0;
+  state.taken = stoker::PipelineState::Taken{state.taken->queue, 0, {}};
+  auto pipe = stoker::PipelineBuilder{}.epochs(2).resume_from(state).source("batches", edge.receiver()).build();
+  std::vector<int> seen(kRemoteSamples, 0);
+  for (const auto id : units_from(taken_text)) ++seen[id];
+  std::size_t epochs = 0;
+  for (auto epoch : pipe.epochs()) {
+    if (epochs == 1) seen.assign(kRemoteSamples, 0);
+    for (const auto& batch : epoch)
+      for (const auto id : batch) ++seen[id];
+    for (std::uint64_t id = 0; id < kRemoteSamples; ++id)
+      require(seen[id] == 1, "id " + std::to_string(id) + " exactly once in epoch " + std::to_string(epochs) +
+                                 " (before the checkpoint and after), not " + std::to_string(seen[id]) + " times");
+    ++epochs;
+  }
+  require(epochs == 2, "the rest of epoch 0, and epoch 1");
+  std::printf("remote_resume: %zu workers went on: every id of epoch 0 once, before or after, and of epoch 1\n",
+              edge.options().workers.size());
 }
 
 }  // namespace
@@ -522,6 +636,12 @@ int main(int argc, char** argv) {
       remote_epochs(comm);
     } else if (mode == "remote_sizes") {
       remote_sizes(comm);
+    } else if (mode == "remote_stuck" || mode == "remote_stopped" || mode == "remote_killed") {
+      remote_lost(comm, mode.substr(7));
+    } else if (mode == "remote_save" && argc > 2) {
+      remote_save(comm, argv[2]);
+    } else if (mode == "remote_resume" && argc > 2) {
+      remote_resume(comm, argv[2]);
     } else if (mode == "elastic_save" && argc > 2) {
       elastic_save(comm, argv[2]);
     } else if (mode == "elastic_resume" && argc > 2) {
@@ -533,7 +653,7 @@ int main(int argc, char** argv) {
                    "' (collectives, shards, throw, agree, idle_wait, stopped, stuck, elastic_save DIR, elastic_resume "
                    "DIR, straggler DIR, remote, "
                    "remote_throw, remote_stop, remote_epochs, "
-                   "remote_sizes)");
+                   "remote_sizes, remote_stuck, remote_stopped, remote_killed, remote_save DIR, remote_resume DIR)");
     }
     if (comm.rank() == 0)
       std::printf("%s: passed on %d ranks (%s)\n", mode.c_str(), comm.size(), comm.engine().c_str());

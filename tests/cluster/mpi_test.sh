@@ -7,6 +7,20 @@ set -euo pipefail
 mpiexec=$1 program=$2 ranks=$3 mode=$4
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 run=("$mpiexec" --oversubscribe -np "$ranks" "$program" "$mode")
+if [[ "$mode" == remote_checkpoint ]]; then
+  # A trainer and $((ranks - 1)) workers checkpoint mid-epoch; 1 and 3 workers go on from there.
+  dir=$(mktemp -d)
+  trap 'rm -rf "$dir"' EXIT
+  "$mpiexec" --oversubscribe -np "$ranks" "$program" remote_save "$dir"
+  for resumed in 2 4; do
+    "$mpiexec" --oversubscribe -np "$resumed" "$program" remote_resume "$dir"
+  done
+  exit 0
+fi
+if [[ "$mode" == remote_killed ]]; then
+  # A rank killed by a signal ends an Open MPI 4.1 job unless mpirun is told to go on.
+  run=("$mpiexec" --oversubscribe --enable-recovery -np "$ranks" "$program" "$mode")
+fi
 if [[ "$mode" == elastic ]]; then
   # $ranks ranks take part of an epoch; 2 and 4 ranks go on from there, each from the same state.
   dir=$(mktemp -d)

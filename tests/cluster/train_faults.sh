@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# mpirun stoker-train when a rank differs or hangs: ranks with different data are refused before
-# the first step, naming the ranks and what differs; a rank stopped (SIGSTOP) mid-training ends
-# the job after --rank-timeout, naming it.
+# mpirun stoker-train when a rank differs, hangs or dies: ranks with different data are refused
+# before the first step, naming the ranks and what differs; a data-parallel rank stopped
+# (SIGSTOP) ends the job after --rank-timeout, naming it; a remote worker stopped or killed loses
+# its work to the others, and the job trains every sample once.
 #   train_faults.sh MPIEXEC STOKER_TRAIN        (exit 77, skipped, without Fashion-MNIST)
 set -euo pipefail
 mpiexec=$1 train=$2
@@ -55,3 +56,43 @@ grep -qE "gave up after 3\.[0-9] s \(the rank timeout\)" "$work/out" ||
   { echo "FAIL: no rank gave up after the timeout" >&2; exit 1; }
 grep -qE "rank [01] did not answer within 2 s" "$work/out" ||
   { echo "FAIL: the stopped rank is not named" >&2; exit 1; }
+
+# Remote workers: a worker stopped (SIGSTOP) or killed (SIGKILL, under mpirun --enable-recovery,
+# without which Open MPI ends the job) mid-epoch loses its work to the other worker after
+# --rank-timeout 3: the job trains every sample of both epochs once, names the worker lost, and
+# ends with status 0 (a stopped worker by MPI_Abort, as MPI_Finalize would wait for it).
+rank_pid() {  # the pid of rank $1 among the processes matching $2
+  local pid
+  for pid in $(pgrep -f "$2"); do
+    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1"; then
+      echo "$pid"
+      return 0
+    fi
+  done
+  return 1
+}
+for signal in STOP KILL; do
+  launcher=("$mpiexec" --oversubscribe)
+  [[ $signal == KILL ]] && launcher+=(--enable-recovery)
+  # Workers of one thread each, so that an epoch takes a while.
+  timeout 120 "${launcher[@]}" -np 3 "$train" --limit 6000 --device cpu --epochs 3 --remote-workers \
+    --threads 1 --crop-threads 1 --rank-timeout 3 --json >"$work/out" 2>&1 &
+  job=$!
+  victim=
+  for _ in $(seq 300); do  # until the first epoch is over (30 s at most)
+    grep -q "epoch  1/3  loss" "$work/out" 2>/dev/null && victim=$(rank_pid 2 "^$train --limit 6000 .*--rank-timeout 3") &&
+      break
+    sleep 0.05
+  done
+  [[ -n $victim ]] || { cat "$work/out" >&2; echo "FAIL: no worker rank 2 to signal after epoch 1" >&2; exit 1; }
+  kill "-$signal" "$victim"
+  status=0
+  wait "$job" || status=$?
+  json=$(grep '^{' "$work/out" | tail -n 1)
+  echo "worker rank 2 got SIG$signal: exit status $status, $(grep -o '"remote_lost":\[[0-9,]*\]' <<<"$json")," \
+    "$(grep -o '"samples":[0-9]*' <<<"$json" | head -n 1)"
+  [[ $status == 0 ]] || { cat "$work/out" >&2; echo "FAIL: the job did not end well ($status)" >&2; exit 1; }
+  grep -q '"remote_lost":\[2\]' <<<"$json" || { echo "FAIL: worker rank 2 is not named lost" >&2; exit 1; }
+  grep -q '"samples":90000,"trained_samples":90000' <<<"$json" ||
+    { echo "FAIL: not every sample of both epochs trained once" >&2; exit 1; }
+done

@@ -75,6 +75,8 @@ class EpochPlan {
 
   /// Rank `rank`'s share. Throws std::out_of_range for a rank not of the plan's world.
   Share share(std::uint32_t rank) const;
+  /// The units of rank `rank`'s share. Throws std::out_of_range for a rank not of the plan's world.
+  UnitRanges units_of(std::uint32_t rank) const;
 
   /// The units of the plan that the ranks' consumers had not taken, given every rank's
   /// free-order state of the plan's epoch, in rank order. Throws StateError naming the rank
