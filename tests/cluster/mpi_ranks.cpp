@@ -387,7 +387,7 @@ void remote(Communicator& comm) {
   {
     const auto stats = edge.stats();
     std::string handed;
-    for (const auto n : stats.worker_samples) handed += " " + std::to_string(n);
+    for (const auto n : stats.worker_samples) (handed += ' ') += std::to_string(n);
     require(stats.peak_in_flight == capacity,
             "the workers filled the capacity, and no more, while the trainer waited (peak " +
                 std::to_string(stats.peak_in_flight) + ", samples handed to each worker:" + handed + ")");
