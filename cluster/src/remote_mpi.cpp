@@ -246,18 +246,22 @@ class MpiLink final : public Link {
         continue;
       }
       if (stopped_ || m.none_left || !starts_.empty()) return std::nullopt;
-      // Ask the trainer. The time it may take to answer is bounded by the workers' leases: it
-      // holds a request for the next epoch until this one is over.
+      // Ask the trainer. It may hold the request long (until the epoch's last units have come,
+      // a lost worker's included), and says it is there meanwhile; a trainer silent for twice
+      // the lease is given up on.
       reply_.reset();
       request_ = Writer{}.put(epoch).put(samples).put(taken_starts_).take();
       poke_locked();
-      const auto waited =
-          options_.lease.count() > 0 ? 2 * options_.lease : std::chrono::milliseconds(std::chrono::hours(24 * 365));
-      if (!changed_.wait_for(lock, stop, waited, [&] { return reply_ || stopped_ || failed() || !starts_.empty(); })) {
+      const auto answered = [&] { return reply_ || stopped_ || failed() || !starts_.empty(); };
+      while (!answered()) {
+        if (options_.lease.count() > 0 && Clock::now() - heard_ > 2 * options_.lease)
+          throw ClusterError("remote edge '" + options_.name + "': the trainer (rank " +
+                             std::to_string(options_.trainer) + ") has sent nothing for " +
+                             seconds_text(2 * options_.lease) +
+                             " s (twice the lease) while this worker waited for a "
+                             "shard: it is stuck or stopped");
+        changed_.wait_for(lock, stop, std::chrono::milliseconds(100), answered);
         if (stop.stop_requested()) throw PipelineStopped();
-        throw ClusterError("remote edge '" + options_.name + "': the trainer (rank " +
-                           std::to_string(options_.trainer) + ") answered no request for a shard for " +
-                           seconds_text(waited) + " s (twice the lease): it is stuck or stopped");
       }
       rethrow_locked();
       if (!reply_) continue;  // stopped, or a restart: the next round says so
@@ -455,6 +459,7 @@ class MpiLink final : public Link {
     std::uint64_t whole = 0, arrived = 0;       // samples in held_positions; units arrived from it
     Clock::time_point progress = Clock::now();  // the last item arrived, or work handed with room to send
     std::optional<std::pair<std::uint32_t, std::uint64_t>> waiting;  // a request held: its epoch, samples
+    Clock::time_point reassured{};                                   // a credit of 0 sent to it while it waits
     std::optional<std::vector<std::uint64_t>> next_units;            // of its next data message
     std::uint32_t next_epoch = 0;
     std::uint32_t epochs_done = 0;
@@ -717,10 +722,14 @@ class MpiLink final : public Link {
           if (p.lost) continue;
           if (const auto n = std::exchange(p.credits_due, 0))
             out.emplace_back(static_cast<int>(i), Outgoing{kCredit, Writer{}.put(n).take()});
-          // Held requests for an epoch that has begun.
+          // Held requests for an epoch that has begun; to one still held, now and then, a word
+          // that the trainer is there (a credit of 0).
           if (p.waiting && p.waiting->first <= epoch_) {
             const auto [epoch, samples] = *std::exchange(p.waiting, std::nullopt);
             out.emplace_back(static_cast<int>(i), Outgoing{kShard, pack_shard_locked(i, epoch, samples)});
+          } else if (p.waiting && options_.lease.count() > 0 && Clock::now() - p.reassured > options_.lease / 4) {
+            p.reassured = Clock::now();
+            out.emplace_back(static_cast<int>(i), Outgoing{kCredit, Writer{}.put(std::uint32_t{0}).take()});
           }
         }
         // Leases.
@@ -805,6 +814,7 @@ class MpiLink final : public Link {
       if (stop_sent_) return;  // the worker learns no more after stop
       if (epoch > epoch_) {
         peer.waiting.emplace(epoch, samples);  // until this epoch is over
+        peer.reassured = Clock::now();
         return;
       }
       isend(from, kShard, pack_shard_locked(w, epoch, samples));
@@ -895,7 +905,8 @@ class MpiLink final : public Link {
       Bytes b = receive(message, status);
       Reader in(b);
       std::lock_guard lock(mutex_);
-      if (status.MPI_TAG == kCredit) {
+      heard_ = Clock::now();
+      if (status.MPI_TAG == kCredit) {  // (0: the trainer holds a request and says it is there)
         outstanding_ -= std::min<std::size_t>(outstanding_, in.get<std::uint32_t>());
       } else if (status.MPI_TAG == kShard) {
         reply_ = in.ranges();
@@ -1016,6 +1027,7 @@ class MpiLink final : public Link {
   std::deque<Work> starts_;
   std::uint64_t taken_starts_ = 0;
   std::map<std::uint32_t, Mine> mine_;
+  Clock::time_point heard_ = Clock::now();  // the trainer's last message
   bool stopped_ = false, bye_sent_ = false, done_queued_ = false, abandoned_ = false, closed_ = false;
 };
 

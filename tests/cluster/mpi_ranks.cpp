@@ -327,8 +327,11 @@ std::shared_ptr<const stoker::Reader> remote_reader(std::uint64_t samples = kRem
       stoker::SyntheticOptions{.shape = {1, 1, 2, 2, false}, .count = samples});
 }
 
-// A worker's pipelines: a stage that takes `work` per sample and calls `check(id)`, batches
-// of 7; `epochs` 0: until stopped.
+// A worker's pipelines: a stage that takes `work` per sample and calls `check(id)`, 3 units of
+// each sample (id * 3 + j, as crops of an image), a shuffle that mixes the units of many samples
+// (so that a lost worker has sent some units of a sample and not others), batches of 7;
+// `epochs` 0: until stopped.
+constexpr std::uint64_t kUnits = 3;
 template <class Check>
 auto worker_pipeline(std::uint32_t epochs, std::chrono::microseconds work, Check check) {
   return [=](stoker::cluster::RemoteShards shards, std::optional<stoker::PipelineState> resume) {
@@ -343,25 +346,32 @@ auto worker_pipeline(std::uint32_t epochs, std::chrono::microseconds work, Check
                check(s.id);
                return s.id;
              })
+        .template flat_map<std::uint64_t>(
+            "units",
+            [](std::uint64_t id, stoker::Emitter<std::uint64_t>& emit, const stoker::StageContext&) {
+              for (std::uint64_t j = 0; j < kUnits; ++j) emit(id * kUnits + j);
+            },
+            {.fanout = kUnits})
+        .shuffle("shuffle", {.capacity = 64, .min_after_dequeue = 40})
         .batch("batch", 7)
         .map("ids", [](Ids ids) { return ids; })
         .build();
   };
 }
 
-// The trainer's epochs: every id of each exactly once. Returns the epochs taken.
+// The trainer's epochs: every unit of each exactly once. Returns the epochs taken.
 std::size_t take_every_id(stoker::Pipeline<Ids>& pipe) {
   std::size_t epochs = 0;
   for (auto epoch : pipe.epochs()) {
-    std::vector<int> seen(kRemoteSamples, 0);
+    std::vector<int> seen(kRemoteSamples * kUnits, 0);
     for (const auto& batch : epoch)
-      for (const auto id : batch) {
-        require(id < kRemoteSamples, "ids of the data set");
-        ++seen[id];
+      for (const auto u : batch) {
+        require(u < seen.size(), "units of the data set");
+        ++seen[u];
       }
-    for (std::uint64_t id = 0; id < kRemoteSamples; ++id)
-      require(seen[id] == 1, "id " + std::to_string(id) + " exactly once in epoch " + std::to_string(epochs) +
-                                 ", not " + std::to_string(seen[id]) + " times");
+    for (std::uint64_t u = 0; u < seen.size(); ++u)
+      require(seen[u] == 1, "unit " + std::to_string(u) + " exactly once in epoch " + std::to_string(epochs) +
+                                ", not " + std::to_string(seen[u]) + " times");
     ++epochs;
   }
   return epochs;
@@ -562,6 +572,8 @@ void remote_save(Communicator& comm, const std::string& dir) {
     require(batch.has_value(), "30 batches of epoch 0");
     taken.insert(taken.end(), batch->begin(), batch->end());
   }
+  // Meanwhile the pipeline's source receives more: what it holds was not trained.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   const auto state = pipe.state();
   const auto progress = edge.progress(state);
   const auto plan =
@@ -569,7 +581,7 @@ void remote_save(Communicator& comm, const std::string& dir) {
   std::ofstream out(dir + "/remote");
   out << plan.to_json() << '\n' << state.to_json() << '\n' << units_text(taken) << '\n';
   require(static_cast<bool>(out), "the checkpoint written");
-  std::printf("remote_save: %zu workers; the trainer took 30 batches, %zu ids, and %llu units are left\n",
+  std::printf("remote_save: %zu workers; the trainer took 30 batches, %zu units, and %llu are left\n",
               edge.options().workers.size(), taken.size(),
               static_cast<unsigned long long>(stoker::cluster::unit_count(progress.left)));
 }
@@ -592,20 +604,20 @@ void remote_resume(Communicator& comm, const std::string& dir) {
   state.consumed = 0;
   state.taken = stoker::PipelineState::Taken{state.taken->queue, 0, {}};
   auto pipe = stoker::PipelineBuilder{}.epochs(2).resume_from(state).source("batches", edge.receiver()).build();
-  std::vector<int> seen(kRemoteSamples, 0);
-  for (const auto id : units_from(taken_text)) ++seen[id];
+  std::vector<int> seen(kRemoteSamples * kUnits, 0);
+  for (const auto u : units_from(taken_text)) ++seen[u];
   std::size_t epochs = 0;
   for (auto epoch : pipe.epochs()) {
-    if (epochs == 1) seen.assign(kRemoteSamples, 0);
+    if (epochs == 1) seen.assign(kRemoteSamples * kUnits, 0);
     for (const auto& batch : epoch)
-      for (const auto id : batch) ++seen[id];
-    for (std::uint64_t id = 0; id < kRemoteSamples; ++id)
-      require(seen[id] == 1, "id " + std::to_string(id) + " exactly once in epoch " + std::to_string(epochs) +
-                                 " (before the checkpoint and after), not " + std::to_string(seen[id]) + " times");
+      for (const auto u : batch) ++seen[u];
+    for (std::uint64_t u = 0; u < seen.size(); ++u)
+      require(seen[u] == 1, "unit " + std::to_string(u) + " exactly once in epoch " + std::to_string(epochs) +
+                                " (before the checkpoint and after), not " + std::to_string(seen[u]) + " times");
     ++epochs;
   }
   require(epochs == 2, "the rest of epoch 0, and epoch 1");
-  std::printf("remote_resume: %zu workers went on: every id of epoch 0 once, before or after, and of epoch 1\n",
+  std::printf("remote_resume: %zu workers went on: every unit of epoch 0 once, before or after, and of epoch 1\n",
               edge.options().workers.size());
 }
 
