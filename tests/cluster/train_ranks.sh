@@ -5,7 +5,8 @@
 # given that does not divide among the ranks is refused once;
 # a job killed mid-epoch resumes exactly on as many ranks, and a deterministic one is refused on
 # another number, while one in free order goes on at any number, every sample once;
-# with --remote-workers, rank 0 trains on every sample of every epoch, which the others made.
+# with --remote-workers, rank 0 trains on every sample of every epoch, which the others made, and
+# a checkpoint of 2 workers goes on with 1 and with 3.
 #   train_ranks.sh MPIEXEC STOKER_TRAIN        (exit 77, skipped, without Fashion-MNIST)
 set -euo pipefail
 # shellcheck source=../await_checkpoint.sh
@@ -127,4 +128,22 @@ for ranks in 2 4; do
   ((trained <= first + second && trained > first + second - ranks)) ||
     { echo "FAIL: $trained samples trained, $((first + second)) expected (less fewer than $ranks)" >&2; exit 1; }
   awk -v a="$accuracy" 'BEGIN { exit !(a > 0.6) }' || { echo "FAIL: accuracy $accuracy, chance is 0.1" >&2; exit 1; }
+done
+
+# Remote workers: 2 workers cut mid-epoch (SIGKILL, every rank) go on with 1 and with 3; the
+# samples trained are those the cut epoch had left, and every one of the next.
+job=(--oversubscribe -np 3 "$train" "${common[@]}" --epochs 2 --remote-workers)
+kill_mid_epoch "$work/remote" "${job[@]}" --checkpoint "$work/remote" --checkpoint-every 5
+header=$(head -n 1 "$work/remote/checkpoint")
+epoch=$(grep -o '"epoch":[0-9]*' <<<"$header" | head -n 1 | cut -d: -f2)
+before=$(sed -E 's/.*"samples":([0-9]+).*/\1/' <<<"$header")  # of the cut epoch, by rank 0
+for ranks in 2 4; do
+  cp -r "$work/remote" "$work/remote$ranks"
+  json=$("$mpiexec" --oversubscribe -np "$ranks" "$train" "${common[@]}" --epochs 2 --remote-workers \
+    --resume "$work/remote$ranks" | tail -n 1)
+  trained=$(field trained_samples "$json")
+  want=$((2000 * 5 - before + (1 - epoch) * 2000 * 5))
+  echo "2 workers cut after $before samples of epoch $((epoch + 1)), resumed with $((ranks - 1)): $trained samples" \
+    "trained, test accuracy $(field test_accuracy "$json")"
+  [[ $trained == "$want" ]] || { echo "FAIL: $trained samples trained, $want expected" >&2; exit 1; }
 done
