@@ -7,27 +7,19 @@ set -euo pipefail
 mpiexec=$1 program=$2 ranks=$3 mode=$4
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 run=("$mpiexec" --oversubscribe -np "$ranks" "$program" "$mode")
-if [[ "$mode" == remote_checkpoint ]]; then
-  # A trainer and $((ranks - 1)) workers checkpoint mid-epoch; 1 and 3 workers go on from there.
-  dir=$(mktemp -d)
-  trap 'rm -rf "$dir"' EXIT
-  "$mpiexec" --oversubscribe -np "$ranks" "$program" remote_save "$dir"
-  for resumed in 2 4; do
-    "$mpiexec" --oversubscribe -np "$resumed" "$program" remote_resume "$dir"
-  done
-  exit 0
-fi
 if [[ "$mode" == remote_killed ]]; then
   # A rank killed by a signal ends an Open MPI 4.1 job unless mpirun is told to go on.
   run=("$mpiexec" --oversubscribe --enable-recovery -np "$ranks" "$program" "$mode")
 fi
-if [[ "$mode" == elastic ]]; then
-  # $ranks ranks take part of an epoch; 2 and 4 ranks go on from there, each from the same state.
+if [[ "$mode" == elastic || "$mode" == remote_checkpoint ]]; then
+  # $ranks ranks checkpoint mid-epoch (data-parallel ranks; a trainer and its workers); 2 and 4
+  # ranks go on from there, each from the same checkpoint.
+  prefix=${mode%_checkpoint}
   dir=$(mktemp -d)
   trap 'rm -rf "$dir"' EXIT
-  "$mpiexec" --oversubscribe -np "$ranks" "$program" elastic_save "$dir"
+  "$mpiexec" --oversubscribe -np "$ranks" "$program" "${prefix}_save" "$dir"
   for resumed in 2 4; do
-    "$mpiexec" --oversubscribe -np "$resumed" "$program" elastic_resume "$dir"
+    "$mpiexec" --oversubscribe -np "$resumed" "$program" "${prefix}_resume" "$dir"
   done
   exit 0
 fi
