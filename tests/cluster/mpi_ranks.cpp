@@ -330,7 +330,8 @@ std::shared_ptr<const stoker::Reader> remote_reader(std::uint64_t samples = kRem
 // A worker's pipelines: a stage that takes `work` per sample and calls `check(id)`, 3 units of
 // each sample (id * 3 + j, as crops of an image), a shuffle that mixes the units of many samples
 // (so that a lost worker has sent some units of a sample and not others), batches of 7;
-// `epochs` 0: until stopped.
+// `epochs` 0: until stopped. Short queues: a fast worker whose credits are out holds few
+// samples, and leaves shards of the epoch to the others.
 constexpr std::uint64_t kUnits = 3;
 template <class Check>
 auto worker_pipeline(std::uint32_t epochs, std::chrono::microseconds work, Check check) {
@@ -339,13 +340,14 @@ auto worker_pipeline(std::uint32_t epochs, std::chrono::microseconds work, Check
     b.seed(11).epochs(epochs).threads(2);
     if (resume) b.resume_from(std::move(*resume));
     return std::move(b)
-        .source("read", std::move(shards))
+        .source("read", std::move(shards), {.queue = 4})
         .map("work",
              [work, check](stoker::Sample s) {
                std::this_thread::sleep_for(work);
                check(s.id);
                return s.id;
-             })
+             },
+             {.queue = 4})
         .template flat_map<std::uint64_t>(
             "units",
             [](std::uint64_t id, stoker::Emitter<std::uint64_t>& emit, const stoker::StageContext&) {
@@ -353,8 +355,8 @@ auto worker_pipeline(std::uint32_t epochs, std::chrono::microseconds work, Check
             },
             {.fanout = kUnits})
         .shuffle("shuffle", {.capacity = 64, .min_after_dequeue = 40})
-        .batch("batch", 7)
-        .map("ids", [](Ids ids) { return ids; })
+        .batch("batch", 7, {.queue = 2})
+        .map("ids", [](Ids ids) { return ids; }, {.queue = 2})
         .build();
   };
 }
