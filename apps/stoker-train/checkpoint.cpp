@@ -12,7 +12,7 @@ namespace stoker::train {
 
 namespace {
 constexpr std::string_view kFormat = "stoker-train-checkpoint";
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;  // reads 1 too
 
 template <class T>
 std::string text(const T& v) {
@@ -34,7 +34,8 @@ std::map<std::string, std::string> Checkpoint::options_of(const TrainOptions& o)
           {"--weight-decay", text(o.weight_decay)},
           {"--hidden", hidden},
           {"--crop-size", text(o.crop_size)},
-          {"--mirror-p", text(o.mirror_p)}};
+          {"--mirror-p", text(o.mirror_p)},
+          {"--remote-workers", o.remote_workers ? "on" : "off"}};
 }
 
 void Checkpoint::check_options(const TrainOptions& o, const std::filesystem::path& from) const {
@@ -44,15 +45,6 @@ void Checkpoint::check_options(const TrainOptions& o, const std::filesystem::pat
       throw std::invalid_argument("--resume " + from.string() + ": the checkpoint was made with " + name + " " +
                                   (it == options.end() ? "unset" : it->second) + ", this run has " + value);
   }
-}
-
-const PipelineState& Checkpoint::pipeline(int rank, int ranks, const std::filesystem::path& from) const {
-  if (pipelines.size() != static_cast<std::size_t>(ranks))
-    throw std::invalid_argument("--resume " + from.string() + ": the checkpoint is of a job of " +
-                                std::to_string(pipelines.size()) + " rank" + (pipelines.size() == 1 ? "" : "s") +
-                                ", this one has " + std::to_string(ranks) +
-                                ": resume with as many (each rank's shuffle buffer held its own share of the epoch)");
-  return pipelines[static_cast<std::size_t>(rank)];
 }
 
 nlohmann::json Checkpoint::pipeline_list() const {
@@ -70,6 +62,7 @@ void Checkpoint::save(const std::filesystem::path& dir) const {
                                  {"batches", batches},
                                  {"options", options},
                                  {"pipelines", pipeline_list()},
+                                 {"plan", plan ? nlohmann::json::parse(plan->to_json()) : nlohmann::json()},
                                  {"model_bytes", model.size()}};
   std::string bytes = header.dump() + "\n";
   bytes.append(reinterpret_cast<const char*>(model.data()), model.size());
@@ -87,15 +80,18 @@ Checkpoint Checkpoint::load(const std::filesystem::path& dir) {
   try {
     const auto h = nlohmann::json::parse(line);
     if (!h.is_object() || h.value("format", "") != kFormat) throw StateError(name + ": not a stoker-train checkpoint");
-    if (h.at("version") != kVersion)
+    if (h.at("version") != kVersion && h.at("version") != 1)
       throw StateError(name + ": version " + h.at("version").dump() +
-                       " of the checkpoint, but this stoker-train reads " + std::to_string(kVersion));
+                       " of the checkpoint, but this stoker-train reads 1 to " + std::to_string(kVersion));
     c.step = h.at("step").get<std::uint64_t>();
     c.samples = h.at("samples").get<std::uint64_t>();
     c.batches = h.at("batches").get<std::uint64_t>();
     c.options = h.at("options").get<std::map<std::string, std::string>>();
+    if (h.at("version") == 1) c.options.emplace("--remote-workers", "off");  // which version 1 could not be
     for (const auto& p : h.at("pipelines")) c.pipelines.push_back(PipelineState::from_json(p.dump(), name));
     if (c.pipelines.empty()) throw StateError(name + ": no pipeline state in the checkpoint");
+    if (h.contains("plan") && !h.at("plan").is_null())
+      c.plan = cluster::EpochPlan::from_json(h.at("plan").dump(), name);
     model_bytes = h.at("model_bytes").get<std::uint64_t>();
   } catch (const nlohmann::json::exception& e) {
     throw StateError(name + ": not a stoker-train checkpoint (" + e.what() + ")");

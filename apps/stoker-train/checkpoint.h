@@ -6,11 +6,13 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "stoker/cluster/elastic.h"
 #include "stoker/core/state.h"
 
 namespace stoker::train {
@@ -18,8 +20,10 @@ namespace stoker::train {
 struct TrainOptions;
 
 /// DIR/checkpoint: one line of JSON (the counts, the options that must match, every rank's
-/// pipeline state), a newline, then the model's bytes (Mlp::save), which are the same on every
-/// rank. Rank 0 writes it; each rank of the resumed job takes its own pipeline state.
+/// pipeline state and how the epoch they are in was shared among the ranks), a newline, then
+/// the model's bytes (Mlp::save), which are the same on every rank. Rank 0 writes it. A job of
+/// as many ranks resumes each rank's own pipeline state; a job of another number shares out
+/// what the states say is left of the epoch (cluster::EpochPlan).
 struct Checkpoint {
   std::uint64_t step = 0;                  ///< training steps done
   std::uint64_t samples = 0, batches = 0;  ///< of the epoch the pipelines are in, per rank
@@ -27,10 +31,9 @@ struct Checkpoint {
   std::map<std::string, std::string> options;
   std::vector<PipelineState> pipelines;  ///< one per rank, in rank order
   std::vector<std::byte> model;
-
-  /// Rank `rank`'s pipeline state, for a job of `ranks` ranks; throws std::invalid_argument
-  /// when the checkpoint is of a job of another size.
-  const PipelineState& pipeline(int rank, int ranks, const std::filesystem::path& from) const;
+  /// How the epoch of `pipelines` was shared among the ranks; a version 1 checkpoint (none):
+  /// as ShuffledShard shares it.
+  std::optional<cluster::EpochPlan> plan;
 
   /// The options of `o` that a checkpoint records.
   static std::map<std::string, std::string> options_of(const TrainOptions& o);

@@ -20,10 +20,10 @@
 
 #include "app_log.h"
 #include "app_main.h"
+#include "stoker/cluster/communicator.h"
 #include "stoker/core/stage_error.h"
 #include "stoker/core/stage_stats.h"
 #include "stoker/core/state.h"
-#include "stoker/cluster/communicator.h"
 #include "stoker/stages/reader.h"
 #include "train.h"
 
@@ -260,6 +260,13 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
                "and collate, taking shards of every epoch from rank 0 as they need them, and send it the batches "
                "(docs/scale-out.md)")
       ->group("Pipeline");
+  app.add_option("--rank-timeout", o.rank_timeout,
+                 "Under mpirun: seconds a rank waits for another (a collective, a worker's batches, rank 0's "
+                 "answers) before it ends the job, naming the rank that stopped answering and what it was doing; "
+                 "0: as long as it takes")
+      ->check(apps::at_least(0.0))
+      ->capture_default_str()
+      ->group("Pipeline");
   app.add_flag("--deterministic", o.deterministic,
                "Make the pipeline yield the same batches in the same order whatever its threads, so that "
                "--resume goes on exactly, bit for bit")
@@ -340,6 +347,7 @@ Json to_json(const TrainOptions& o, const TrainReport& r) {
     // Images of the data set (not crops, which "samples" counts): what each was handed to make batches of.
     for (const auto& w : r.workers) workers.push_back({{"rank", w.rank}, {"images", w.images}});
     out["workers"] = std::move(workers);
+    out["remote_lost"] = r.remote_lost;
   }
   if (!r.ranks.empty()) {
     Json ranks = Json::array();
@@ -372,6 +380,15 @@ int run(int argc, char** argv, cluster::Communicator& ranks) {
   add_options(app, o, json);
   if (const auto done = apps::parse_command_line(app, argc, argv)) return *done;
 
+  // The default batch divides among any number of ranks; a batch given does, or is refused.
+  std::string batch_note;
+  if (app.count("--batch-size") == 0 && !o.remote_workers && ranks.size() > 1) {
+    const std::size_t given = o.batch_size;
+    o.batch_size = default_batch_for(given, ranks.size());
+    if (o.batch_size != given)
+      batch_note = " (the default " + std::to_string(given) + " rounded to a multiple of " +
+                   std::to_string(ranks.size()) + " ranks)";
+  }
   if (o.autotune) {  // start small: the tuner adds threads where they are needed
     if (app.count("--crop-threads") == 0) o.crop_threads = 1;
     if (app.count("--collate-threads") == 0) o.collate_threads = 1;
@@ -391,9 +408,9 @@ int run(int argc, char** argv, cluster::Communicator& ranks) {
               << ", lr " << o.learning_rate << " cosine to 0, weight decay " << o.weight_decay << "\n"
               << "input:  " << o.mode << ", " << o.crops << " random " << o.crop_size << "x" << o.crop_size
               << " crops per image (mirror p " << o.mirror_p << ") " << crops_made_on(o, r) << ", shuffle "
-              << o.shuffle_capacity << "/" << o.min_after_dequeue << ", batches of " << o.batch_size << ", "
-              << apps::plural(o.epochs, "epoch") << " of " << r.train_images * static_cast<std::uint64_t>(o.crops)
-              << " samples\n";
+              << o.shuffle_capacity << "/" << o.min_after_dequeue << ", batches of " << o.batch_size << batch_note
+              << ", " << apps::plural(o.epochs, "epoch") << " of "
+              << r.train_images * static_cast<std::uint64_t>(o.crops) << " samples\n";
     if (o.remote_workers)
       std::cout << "ranks:  " << ranks.size() << " (" << ranks.engine() << "): rank 0 trains; "
                 << (ranks.size() == 2 ? "rank 1 reads" : "ranks 1 to " + std::to_string(ranks.size() - 1) + " read")
@@ -402,6 +419,10 @@ int run(int argc, char** argv, cluster::Communicator& ranks) {
       std::cout << "ranks:  " << ranks.size() << " (" << ranks.engine() << "), each with its share of every epoch and "
                 << o.batch_size / static_cast<std::size_t>(ranks.size())
                 << " crops of every step; gradients averaged every step\n";
+    if (!r.binding.empty()) {
+      std::cout.flush();
+      std::cerr << "stoker-train: warning: " << r.binding << std::endl;
+    }
   };
   callbacks.on_batch = [&](std::uint32_t epoch, std::uint64_t done, std::uint64_t total) {
     bar.update(epoch, done, total);
@@ -460,13 +481,17 @@ int run(int argc, char** argv, cluster::Communicator& ranks) {
               << ")\n";
     if (r.remote_workers != 0)
       std::cout << "remote: " << r.remote_workers << " workers sent " << format_bytes(r.remote_bytes)
-                << " of batches; at most " << r.remote_peak << " were on their way at once\n";
+                << " of batches; at most " << r.remote_peak << " were on their way at once"
+                << (r.remote_lost.empty() ? std::string()
+                                          : "; " + cluster::rank_list(r.remote_lost) +
+                                                " lost (silent for --rank-timeout): the others made their work")
+                << "\n";
     if (json) std::cout << to_json(o, r).dump() << std::endl;
     return 0;
   } catch (const std::exception& e) {
     // Bad options or data: every rank finds the same, and rank 0 says it.
     if (!dynamic_cast<const std::invalid_argument*>(&e) && !dynamic_cast<const DataError*>(&e) &&
-        !dynamic_cast<const StateError*>(&e))
+        !dynamic_cast<const StateError*>(&e) && !dynamic_cast<const cluster::RankMismatch*>(&e))
       throw;
     bar.clear();
     if (lead) std::cerr << "stoker-train: " << one_line(e.what()) << '\n';

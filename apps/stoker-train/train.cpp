@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -14,15 +15,19 @@
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 #include <utility>
+
+#include <sched.h>
 
 #include "checkpoint.h"
 #include "mlp.h"
+#include "stoker/cluster/communicator.h"
+#include "stoker/cluster/elastic.h"
+#include "stoker/cluster/remote.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/core/random.h"
 #include "stoker/core/random_shuffle_queue.h"
-#include "stoker/cluster/communicator.h"
-#include "stoker/cluster/remote.h"
 #include "stoker/gpu/augment.h"
 #include "stoker/gpu/staging.h"
 #include "stoker/stages/batch.h"
@@ -78,12 +83,14 @@ TestSet upload_test_set(std::shared_ptr<const IdxDataset> data, const TrainOptio
 // bookkeeping. One training step per device batch, issued to the compute stream.
 class Trainer {
  public:
-  // `ranks`: the ranks whose gradients are averaged every step; null for one process.
+  // `ranks`: the ranks whose gradients are averaged every step; null for one process. `world`:
+  // the job's ranks, told where this one stands (Communicator::set_status).
   Trainer(const TrainOptions& o, const TrainCallbacks& callbacks, std::shared_ptr<gpu::Device> device,
-          std::uint64_t samples_per_epoch, cluster::Communicator* ranks)
+          std::uint64_t samples_per_epoch, cluster::Communicator* ranks, cluster::Communicator* world)
       : o_(o),
         callbacks_(callbacks),
         ranks_(ranks && ranks->size() > 1 ? ranks : nullptr),
+        world_(world && world->size() > 1 ? world : nullptr),
         device_(std::move(device)),
         compute_(device_->make_stream()),
         model_(*device_, *compute_, model_options(o)),
@@ -97,30 +104,84 @@ class Trainer {
 
   // Checkpoints.
   /// Writes o.checkpoint/checkpoint with every rank's pipeline state (gathered at rank 0, which
-  /// writes it: the ranks' models are the same). Every rank calls it at the same step.
+  /// writes it: the ranks' models are the same) and the plan of their epoch. Every rank calls it
+  /// at the same step.
   void checkpoint(const PipelineState& pipeline) {
     std::vector<std::string> states{pipeline.to_json()};
     if (ranks_) states = ranks_->gather(states.front());
     if (ranks_ && ranks_->rank() != 0) return;
-    Checkpoint c{step_, current_.samples, current_.batches, Checkpoint::options_of(o_), {}, model_.save(*compute_)};
+    Checkpoint c{step_, current_.samples,       current_.batches,  Checkpoint::options_of(o_),
+                 {},    model_.save(*compute_), plan_for(pipeline)};
     for (const auto& s : states) c.pipelines.push_back(PipelineState::from_json(s));
     c.save(o_.checkpoint);
   }
-  /// Goes on from `c`, inside the epoch its pipeline states are in.
+  /// Goes on from `c`, inside the epoch its pipeline states are in: on as many ranks, each from
+  /// its own state; on another number, each with its share of what the states left of the epoch.
   void resume(const Checkpoint& c, const std::filesystem::path& from) {
     const auto shard = this->shard();
-    const PipelineState& mine = c.pipeline(static_cast<int>(shard.rank), static_cast<int>(shard.world), from);
+    const auto then = static_cast<std::uint32_t>(c.pipelines.size());
+    const std::uint32_t epoch = c.pipelines.front().epoch;
+    const cluster::EpochPlan plan_then = c.plan ? *c.plan : fresh_plan(epoch, then);
     model_.restore(*compute_, c.model);
     step_ = c.step;
     current_ = EpochReport{};
-    current_.epoch = mine.epoch + 1;
-    current_.samples = current_.resumed_samples = c.samples;
+    current_.epoch = epoch + 1;
+    // Per rank: the samples of the epoch trained before, the job's shared among this one's ranks.
+    current_.samples = current_.resumed_samples = c.samples * then / shard.world;
     current_.batches = current_.resumed_batches = c.batches;
     started_ = Clock::now();
-    resume_ = mine;
+    if (then == shard.world) {
+      resume_ = c.pipelines[shard.rank];
+      if (!plan_then.is_fresh()) plan_ = plan_then;
+      return;
+    }
+    const auto& states = c.pipelines;
+    if (states.front().deterministic) {
+      // Which batches each rank had taken follows from its count alone only at its own world
+      // size; at an epoch's edge there is nothing to share out.
+      const std::uint64_t steps =
+          (plan_then.units() / then + o_.batch_size * shard.world / then - 1) / (o_.batch_size * shard.world / then);
+      const bool edge = plan_then.is_fresh() && std::all_of(states.begin(), states.end(), [&](const auto& s) {
+                          return s.epoch == epoch && (s.consumed == 0 || s.consumed == steps);
+                        });
+      if (!edge)
+        throw std::invalid_argument(
+            "--resume " + from.string() + ": the checkpoint is of a deterministic job of " + std::to_string(then) +
+            " ranks, taken mid-epoch, and this job has " + std::to_string(shard.world) +
+            ": a deterministic state does not list which samples its rank took, so it goes on mid-epoch only on as "
+            "many ranks (resume a checkpoint taken without --deterministic, or at an epoch's end, on another number)");
+      blank_epoch_ = states.front().consumed == 0 ? epoch : epoch + 1;
+      current_.epoch = *blank_epoch_ + 1;
+      current_.samples = current_.resumed_samples = 0;
+      current_.batches = current_.resumed_batches = 0;
+      return;
+    }
+    plan_ = cluster::EpochPlan::of_rest(epoch, data_size_, units_per_sample(), plan_then.rest(states), shard.world,
+                                        o_.batch_size);
+    blank_epoch_ = epoch;
   }
-  /// Where the pipeline goes on from, after resume().
-  const std::optional<PipelineState>& resume_point() const { return resume_; }
+  /// Where the pipeline goes on from, after resume(), given `blank`: the state of a pipeline of
+  /// the same stages, not resumed (needed when blank_needed()).
+  std::optional<PipelineState> resume_point(const std::optional<PipelineState>& blank) const {
+    if (!blank_epoch_) return resume_;
+    PipelineState s = blank.value();
+    if (plan_ && plan_->epoch() == *blank_epoch_) return plan_->resume_state(shard().rank, std::move(s));
+    s.epoch = *blank_epoch_;  // the start of an epoch
+    return s;
+  }
+  bool resumed() const { return resume_ || blank_epoch_; }
+  bool blank_needed() const { return blank_epoch_.has_value(); }
+  /// This rank's share of the epoch a resumed run starts in, when it is a share of a rest (for
+  /// cluster::ElasticShard); nullopt when ShuffledShard's.
+  std::optional<std::pair<std::uint32_t, cluster::Share>> first_share() const {
+    if (!plan_) return std::nullopt;
+    return std::pair{plan_->epoch(), plan_->share(shard().rank)};
+  }
+  /// The size of the training set, which the plans of its epochs share out.
+  void set_data_size(std::uint64_t samples) { data_size_ = samples; }
+  /// With remote workers: the plan a checkpoint keeps, given the trainer's pipeline state (what
+  /// the edge says is left of its epoch); none: the ranks' plans.
+  void set_remote_plan(std::function<cluster::EpochPlan(const PipelineState&)> plan) { remote_plan_ = std::move(plan); }
   /// This rank's share of the data.
   ShardOptions shard() const {
     if (!ranks_) return {};
@@ -146,6 +207,15 @@ class Trainer {
   bool stopped() const { return stopped_; }
   /// The epoch under way, as far as it went.
   const EpochReport& current() const { return current_; }
+  /// Tells the other ranks what this one is doing for its next step ("epoch 2, step 341:
+  /// waiting for its pipeline's batch"), for their timeout messages.
+  void say(const char* doing) {
+    if (!world_) return;
+    char text[160];
+    std::snprintf(text, sizeof text, "epoch %u, step %llu: %s", current_.epoch,
+                  static_cast<unsigned long long>(step_ + 1), doing);
+    world_->set_status(text);
+  }
 
   gpu::Device& device() { return *device_; }
   const std::shared_ptr<gpu::Device>& device_ptr() { return device_; }
@@ -263,6 +333,18 @@ class Trainer {
     ++graph_steps_;
   }
 
+  std::uint64_t units_per_sample() const { return static_cast<std::uint64_t>(o_.crops); }
+  cluster::EpochPlan fresh_plan(std::uint32_t epoch, std::uint32_t world) const {
+    return cluster::EpochPlan::fresh(epoch, data_size_, units_per_sample(), world);
+  }
+  // The plan of the epoch `state` is in: with remote workers, what the edge says is left of it;
+  // a resumed epoch's shares of its rest; ShuffledShard's.
+  cluster::EpochPlan plan_for(const PipelineState& state) const {
+    if (remote_plan_) return remote_plan_(state);
+    if (plan_ && plan_->epoch() == state.epoch) return *plan_;
+    return fresh_plan(state.epoch, shard().world);
+  }
+
   // Cosine decay from the initial rate to zero over the whole run.
   float learning_rate() const {
     const double progress = static_cast<double>(step_) / static_cast<double>(std::max<std::uint64_t>(total_steps_, 1));
@@ -286,6 +368,7 @@ class Trainer {
   const TrainOptions& o_;
   const TrainCallbacks& callbacks_;
   cluster::Communicator* ranks_;
+  cluster::Communicator* world_;
   std::vector<float> host_gradients_;
   const Mlp::Reduce average_gradients_ = [this](gpu::Stream& s, float* g, std::size_t n) { average(s, g, n); };
   std::shared_ptr<gpu::Device> device_;
@@ -297,10 +380,14 @@ class Trainer {
   gpu::Memory step_input_;                      // where the captured step reads its batch
   std::unique_ptr<gpu::Replay> captured_step_;  // made at the first full batch
   std::uint64_t samples_per_epoch_, total_steps_;
-  std::uint64_t step_ = 0;    // of the run: the learning rate's schedule
-  std::uint64_t issued_ = 0;  // by this process: which event a step records
+  std::uint64_t step_ = 0;                    // of the run: the learning rate's schedule
+  std::uint64_t issued_ = 0;                  // by this process: which event a step records
   std::uint64_t graph_steps_ = 0;
-  std::optional<PipelineState> resume_;
+  std::optional<PipelineState> resume_;       // this rank's own, when resumed on as many ranks
+  std::optional<std::uint32_t> blank_epoch_;  // resumed on another number: the epoch it starts in
+  std::optional<cluster::EpochPlan> plan_;    // a resumed epoch's shares of its rest
+  std::uint64_t data_size_ = 0;
+  std::function<cluster::EpochPlan(const PipelineState&)> remote_plan_;
   EpochReport current_;
   Clock::time_point started_;
   bool stopped_ = false;
@@ -352,7 +439,8 @@ void log_place(PipelineBuilder& builder, const TrainOptions& o, const Place& pla
   if (!place.role.empty()) builder.log_label("role", place.role);
 }
 
-PipelineBuilder pipeline_builder(const TrainOptions& o, Trainer& trainer, Place place = {}) {
+PipelineBuilder pipeline_builder(const TrainOptions& o, Trainer& trainer, const std::optional<PipelineState>& resume,
+                                 Place place = {}) {
   PipelineBuilder builder;
   CounterSource counters = gpu::transfer_counters(trainer.device_ptr());
   if (trainer.data_parallel())  // the log's exchange_wait_ns: how long this rank waited for the others
@@ -374,7 +462,7 @@ PipelineBuilder pipeline_builder(const TrainOptions& o, Trainer& trainer, Place 
         .timeline(gpu::device_timeline(trainer.device_ptr()));
   if (o.autotune) builder.autotune();  // the pipeline's threads are the budget
   if (o.deterministic) builder.deterministic();
-  if (trainer.resume_point()) builder.resume_from(*trainer.resume_point());
+  if (resume) builder.resume_from(*resume);
   return builder;
 }
 
@@ -394,7 +482,7 @@ void train_from(Pipeline<gpu::DeviceBatch>& pipe, const TrainOptions& o, Trainer
     return;
   }
   for (std::uint32_t epoch = first; epoch <= o.epochs; ++epoch) {
-    if (epoch != first || !trainer.resume_point())
+    if (epoch != first || !trainer.resumed())
       trainer.begin_epoch(epoch);
     else
       trainer.start_clock();
@@ -406,14 +494,20 @@ void train_from(Pipeline<gpu::DeviceBatch>& pipe, const TrainOptions& o, Trainer
         stopped = true;
         break;
       }
+      trainer.say("waiting for its pipeline's batch");
       const auto t0 = Clock::now();
       std::optional<gpu::DeviceBatch> batch = pipe.next();
       trainer.add_input_wait(seconds_since(t0));
       if (!batch) break;
+      trainer.say("training");
       trainer.step(*batch);
-      if (o.checkpoint_every != 0 && trainer.steps() % o.checkpoint_every == 0) trainer.checkpoint(pipe.state());
+      if (o.checkpoint_every != 0 && trainer.steps() % o.checkpoint_every == 0) {
+        trainer.say("writing a checkpoint before it");
+        trainer.checkpoint(pipe.state());
+      }
     }
     if (stopped) break;
+    trainer.say("evaluating the epoch before it");
     report.epochs.push_back(trainer.end_epoch(test));
   }
   if (!o.checkpoint.empty()) trainer.checkpoint(pipe.state());
@@ -424,15 +518,30 @@ void train_from(Pipeline<gpu::DeviceBatch>& pipe, const TrainOptions& o, Trainer
 void train_pipelined(const TrainOptions& o, std::shared_ptr<const IdxDataset> data, Trainer& trainer,
                      const TestSet& test, TrainReport& report) {
   const gpu::ToDevice to_device(trainer.device_ptr(), to_device_options(o));
+  const auto reader = std::make_shared<IdxReader>(std::move(data), ReaderOptions{.pool = BufferPool::create()});
+  const auto source = [&] { return cluster::ElasticShard(reader, trainer.shard(), trainer.first_share()); };
+  const StageOptions crops{.threads = o.crop_threads, .fanout = static_cast<std::size_t>(o.crops)};
+  std::optional<PipelineState> blank;
+  if (trainer.blank_needed()) {
+    // Resumed on another number of ranks: the state to resume from is made from the state of a
+    // pipeline of the same stages, not resumed, before its first item. Its last two stages have
+    // the names and kinds of the real ones, and no pinned or device memory to hold.
+    PipelineBuilder probe;
+    probe.seed(o.seed).epochs(o.epochs).deterministic(o.deterministic).threads(1);
+    blank = std::move(probe)
+                .source("read", source(), {.queue = 1})
+                .flat_map<DeferredCrop>("crops", random_crops(o), crops)
+                .shuffle("shuffle", shuffle_options(o))
+                .batch("batch", o.batch_size, {.queue = 1})
+                .map("collate", [](std::vector<DeferredCrop> b) { return b; })
+                .map("h2d", [](std::vector<DeferredCrop> b) { return b; })
+                .build()
+                .state();
+  }
   auto pipe =
-      pipeline_builder(o, trainer)
-          .source(
-              "read",
-              ShuffledShard(std::make_shared<IdxReader>(std::move(data), ReaderOptions{.pool = BufferPool::create()}),
-                            trainer.shard()),
-              {.queue = o.read_queue})
-          .flat_map<DeferredCrop>("crops", random_crops(o),
-                                  {.threads = o.crop_threads, .fanout = static_cast<std::size_t>(o.crops)})
+      pipeline_builder(o, trainer, trainer.resume_point(blank))
+          .source("read", source(), {.queue = o.read_queue})
+          .flat_map<DeferredCrop>("crops", random_crops(o), crops)
           .shuffle("shuffle", shuffle_options(o))
           .batch("batch", o.batch_size, {.queue = o.batch_queue})
           .map("collate", Collate{.pool = to_device.staging(), .normalize = Normalizer(fashion_normalization())},
@@ -472,49 +581,61 @@ struct UnpackBatch {
 };
 
 // A worker: reader (shards from rank 0) -> crops -> shuffle -> batch -> collate -> pack ==> rank 0.
-void make_remote_batches(const TrainOptions& o, cluster::RemoteEdge<cluster::Bytes>& edge, const Place& place) {
-  std::shared_ptr<IdxReader> reader;
-  try {
-    reader = std::make_shared<IdxReader>(std::make_shared<const IdxDataset>(load(o, "train")),
-                                         ReaderOptions{.pool = BufferPool::create()});
-  } catch (const std::exception& e) {  // data this rank cannot read: rank 0 must hear of it
-    edge.fail(e);
-    throw;
-  }
-  PipelineBuilder builder;
-  log_place(builder, o, place);
-  auto pipe = std::move(builder)
-                  .threads(o.threads)
-                  .seed(o.seed)
-                  .epochs(o.epochs)
-                  .source("read", edge.shards(std::move(reader)), {.queue = o.read_queue})
-                  .flat_map<DeferredCrop>("crops", random_crops(o), {.threads = o.crop_threads})
-                  .shuffle("shuffle", shuffle_options(o))
-                  .batch("batch", o.batch_size, {.queue = o.batch_queue})
-                  .map("collate", Collate{.normalize = Normalizer(fashion_normalization())},
-                       {.threads = o.collate_threads, .queue = o.batch_queue})
-                  .map("pack", PackBatch{}, {.queue = o.batch_queue})
-                  .build();
-  edge.serve(pipe);
+void make_remote_batches(const TrainOptions& o, std::shared_ptr<const IdxDataset> data,
+                         cluster::RemoteEdge<cluster::Bytes>& edge, const Place& place) {
+  // Free order (the edge reads which crops each batch carries off the pipeline's states), and
+  // the crop stage's fanout given: a worker that takes another's work over makes of an image
+  // only the crops that did not arrive.
+  edge.serve(std::make_shared<IdxReader>(std::move(data), ReaderOptions{.pool = BufferPool::create()}),
+             [&](cluster::RemoteShards shards, std::optional<PipelineState> resume) {
+               PipelineBuilder builder;
+               log_place(builder, o, place);
+               builder.threads(o.threads).seed(o.seed).epochs(o.epochs);
+               if (resume) builder.resume_from(std::move(*resume));
+               return std::move(builder)
+                   .source("read", std::move(shards), {.queue = o.read_queue})
+                   .flat_map<DeferredCrop>("crops", random_crops(o),
+                                           {.threads = o.crop_threads, .fanout = static_cast<std::size_t>(o.crops)})
+                   .shuffle("shuffle", shuffle_options(o))
+                   .batch("batch", o.batch_size, {.queue = o.batch_queue})
+                   .map("collate", Collate{.normalize = Normalizer(fashion_normalization())},
+                        {.threads = o.collate_threads, .queue = o.batch_queue})
+                   .map("pack", PackBatch{}, {.queue = o.batch_queue})
+                   .build();
+             });
 }
 
 // Rank 0 with remote workers: ==> batches -> unpack into pinned staging -> copy -> trainer.
+// A checkpoint keeps the trainer's pipeline state and the crops of its epoch not yet trained
+// (the edge's progress); a resumed trainer's pipeline starts that epoch afresh, and the workers
+// make what is left.
 void train_remote(const TrainOptions& o, cluster::RemoteEdge<cluster::Bytes>& edge, Trainer& trainer,
                   const TestSet& test, TrainReport& report, const Place& place) {
   const gpu::ToDevice to_device(trainer.device_ptr(), to_device_options(o));
-  auto pipe = pipeline_builder(o, trainer, place)
+  trainer.set_remote_plan([&edge](const PipelineState& state) {
+    const auto p = edge.progress(state);
+    return cluster::EpochPlan::of_rest(p.epoch, p.samples, p.fanout, p.left, 1, 1);
+  });
+  std::optional<PipelineState> resume = trainer.resume_point(std::nullopt);
+  if (resume) {
+    resume->consumed = 0;
+    resume->taken = PipelineState::Taken{resume->taken.value().queue, 0, {}};
+  }
+  auto pipe = pipeline_builder(o, trainer, resume, place)
                   .source("batches", edge.receiver(), {.queue = o.batch_queue})
                   .map("unpack", UnpackBatch{to_device.staging(), Shape{1, 1, o.crop_size, o.crop_size, false}},
                        {.threads = o.collate_threads, .queue = o.batch_queue})
                   .map("h2d", to_device, {.queue = o.batch_queue, .autotune = false})
                   .build();
   train_from(pipe, o, trainer, test, report);
+  trainer.set_remote_plan({});
   const auto stats = edge.stats();
   report.remote_workers = static_cast<std::uint32_t>(edge.options().workers.size());
   report.remote_bytes = stats.bytes;
   report.remote_peak = stats.peak_in_flight;
   for (std::size_t i = 0; i < stats.worker_samples.size() && i < edge.options().workers.size(); ++i)
     report.workers.push_back({edge.options().workers[i], stats.worker_samples[i]});
+  report.remote_lost = stats.lost;
 }
 
 // --augment gpu: whole images go to the device, which crops, shuffles and batches them.
@@ -555,7 +676,7 @@ void train_pipelined_gpu(const TrainOptions& o, std::shared_ptr<const IdxDataset
   report.resident = augment.is_resident();
   const StageOptions augment_stage{.threads = 1, .queue = o.batch_queue, .autotune = false};
   if (augment.is_resident()) {
-    auto pipe = pipeline_builder(o, trainer)
+    auto pipe = pipeline_builder(o, trainer, trainer.resume_point(std::nullopt))
                     .source("ids", IdSource(IdxReader(data)), {.queue = o.read_queue})
                     .shuffle("shuffle", shuffle_options(o))
                     .batch("batch", o.image_batch, {.queue = o.batch_queue})
@@ -564,7 +685,7 @@ void train_pipelined_gpu(const TrainOptions& o, std::shared_ptr<const IdxDataset
     return train_from(pipe, o, trainer, test, report);
   }
   auto pipe =
-      pipeline_builder(o, trainer)
+      pipeline_builder(o, trainer, trainer.resume_point(std::nullopt))
           .source("read", IdxReader(std::move(data), {.pool = BufferPool::create()}), {.queue = o.read_queue})
           .shuffle("shuffle", shuffle_options(o))
           .batch("batch", o.image_batch, {.queue = o.batch_queue})
@@ -756,15 +877,17 @@ void validate(const TrainOptions& o, int ranks) {
                                         std::pair{"--trace", !o.trace.empty()}, std::pair{"--autotune", o.autotune}})
       if (given) fail(std::string(option) + " needs --mode pipelined: sync mode runs no pipeline to record or tune");
   }
+  if (!(o.rank_timeout >= 0 && std::isfinite(o.rank_timeout)))
+    fail("--rank-timeout must be 0 (wait as long as it takes) or more seconds");
   if (o.remote_workers) {
     if (ranks < 2)
       fail(
           "--remote-workers needs 2 or more ranks (mpirun -np N stoker-train --remote-workers): rank 0 trains, "
           "the others make its batches");
-    if (!o.checkpoint.empty() || !o.resume.empty() || o.deterministic)
+    if (o.deterministic)
       fail(
-          "--remote-workers cannot be combined with --deterministic, --checkpoint or --resume: which worker took "
-          "which shard is not recorded");
+          "--remote-workers cannot be combined with --deterministic: the order the batches arrive in depends on how "
+          "fast each worker makes them");
   }
   if (ranks > 1) {
     const std::string job = " (a job of " + std::to_string(ranks) + " ranks)";
@@ -774,6 +897,12 @@ void validate(const TrainOptions& o, int ranks) {
       fail("--batch-size " + std::to_string(o.batch_size) + " does not divide among " + std::to_string(ranks) +
            " ranks, which take equal shares of a step: give a multiple of " + std::to_string(ranks) + job);
   }
+}
+
+std::size_t default_batch_for(std::size_t batch_size, int ranks) {
+  if (ranks < 2) return batch_size;
+  const auto n = static_cast<std::size_t>(ranks);
+  return std::max<std::size_t>(1, (batch_size + n / 2) / n) * n;
 }
 
 std::string device_for_rank(const std::string& device, std::optional<int> local_rank, int ranks, int cuda_devices) {
@@ -850,48 +979,217 @@ void gather_ranks(cluster::Communicator& ranks, Trainer& trainer, TrainReport& r
 
 }  // namespace
 
+namespace {
+
+// A hash of every byte of the data set, images and labels: ranks that read different copies
+// (a host with a partial one) differ in it.
+std::string content_hash(const IdxDataset& d) {
+  std::uint64_t h = derive_seed(d.size(), d.images.height, d.images.width);
+  const auto add = [&](const void* data, std::size_t bytes) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    std::size_t i = 0;
+    for (; i + 8 <= bytes; i += 8) {
+      std::uint64_t word = 0;
+      std::memcpy(&word, p + i, 8);
+      h = mix64(h ^ word);
+    }
+    for (; i < bytes; ++i) h = mix64(h ^ p[i]);
+  };
+  add(d.images.pixels.data(), d.images.pixels.size());
+  add(d.labels.data(), d.labels.size() * sizeof(d.labels[0]));
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return std::to_string(d.size()) + " images of " + d.shape().str() + ", content hash " + hex;
+}
+
+// What every rank of a job reads, opens and checks before the first step.
+struct Setup {
+  std::shared_ptr<const IdxDataset> train, test;  // test: trainers only
+  std::shared_ptr<gpu::Device> device;            // trainers only
+  std::optional<Checkpoint> checkpoint;           // --resume
+};
+
+Setup set_up(const TrainOptions& options, int world, int trainers, bool trainer) {
+  validate(options, world);
+  Setup s;
+  if (trainer)  // before the data: a device that cannot be had is the first thing to hear of
+    s.device = open_device(device_for_rank(options.device, local_rank(), trainers, gpu::cuda_device_count()));
+  s.train = std::make_shared<const IdxDataset>(load(options, "train"));
+  if (s.train->size() == 0) throw DataError(options.data, "the training set is empty");
+  if (options.crop_size > s.train->images.height || options.crop_size > s.train->images.width)
+    throw std::invalid_argument("--crop-size " + std::to_string(options.crop_size) + " does not fit the " +
+                                s.train->shape().str() + " images");
+  if (trainer) {
+    s.test = std::make_shared<const IdxDataset>(load(options, "t10k"));
+    if (s.test->size() == 0) throw DataError(options.data, "the test set is empty");
+  }
+  if (!options.resume.empty()) {
+    s.checkpoint = Checkpoint::load(options.resume);
+    s.checkpoint->check_options(options, options.resume);
+  }
+  return s;
+}
+
+// What must be the same on every rank for the job's collectives to line up and its replicas
+// to stay one model: `problem` is what this rank could not do (empty when nothing).
+cluster::Facts job_facts(const TrainOptions& o, const Setup& s, int trainers, const std::string& problem) {
+  cluster::Facts facts{{"its setup", problem.empty() ? "ok" : problem}};
+  const auto option = [&](const char* name, const auto& value) {
+    std::ostringstream out;
+    out << value;
+    facts.emplace_back(name, out.str());
+  };
+  for (const auto& [name, value] : Checkpoint::options_of(o)) facts.emplace_back(name, value);
+  option("--batch-size", o.batch_size);
+  option("--crops", o.crops);
+  option("--seed", o.seed);
+  option("--shuffle-capacity", o.shuffle_capacity);
+  option("--min-after-dequeue", o.min_after_dequeue);
+  option("--mode", o.mode);
+  option("--augment", o.augment);
+  option("--limit", o.limit);
+  option("--deterministic", o.deterministic ? "on" : "off");
+  option("--checkpoint", o.checkpoint.empty() ? "none" : "given");  // rank 0 writes it
+  option("--checkpoint-every", o.checkpoint_every);
+  if (s.train) {
+    facts.emplace_back("training data", content_hash(*s.train));
+    const std::uint64_t samples =
+        s.train->size() / static_cast<std::uint64_t>(trainers) * static_cast<std::uint64_t>(o.crops);
+    const std::size_t batch = o.batch_size / static_cast<std::size_t>(trainers);
+    option("steps per epoch", (samples + batch - 1) / batch);
+  }
+  if (s.checkpoint)
+    facts.emplace_back("the checkpoint resumed", "step " + std::to_string(s.checkpoint->step) + " of a job of " +
+                                                     std::to_string(s.checkpoint->pipelines.size()) + " ranks");
+  return facts;
+}
+
+// The ranks on this rank's machine, as the MPI launcher (Open MPI, MPICH) or Slurm tells it; 0
+// when none does.
+int local_ranks() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
+    if (const char* value = std::getenv(name)) {
+      const long n = std::strtol(value, nullptr, 10);
+      if (n > 0 && n <= std::numeric_limits<int>::max()) return static_cast<int>(n);
+    }
+  return 0;
+}
+
+}  // namespace
+
+std::string binding_record(int cpus, int cores, int local_ranks) {
+  return std::to_string(cpus) + " " + std::to_string(cores) + " " + std::to_string(local_ranks);
+}
+
+std::string binding_advice(const std::vector<std::string>& records, int threads) {
+  struct Seen {
+    int cpus = 0, cores = 0, local = 0;
+  };
+  std::vector<Seen> seen(records.size());
+  std::vector<int> squeezed, shared;
+  for (std::size_t r = 0; r < records.size(); ++r) {
+    Seen& x = seen[r];
+    std::istringstream(records[r]) >> x.cpus >> x.cores >> x.local;
+    if (x.cpus <= 0 || x.cores <= 0 || x.local <= 0) continue;  // not known: nothing to say
+    const int share = std::max(1, x.cores / x.local);
+    if (x.cpus < share)
+      squeezed.push_back(static_cast<int>(r));
+    else if ((threads > 0 ? threads : x.cpus) > share)
+      shared.push_back(static_cast<int>(r));
+  }
+  if (squeezed.empty() && shared.empty()) return {};
+  const Seen& example = seen[static_cast<std::size_t>(squeezed.empty() ? shared.front() : squeezed.front())];
+  const int share = std::max(1, example.cores / example.local);
+  const std::string cores_each = "--map-by ppr:" + std::to_string(example.local) + ":node:pe=" + std::to_string(share);
+  if (!squeezed.empty())
+    return cluster::rank_list(squeezed) + " may run on " + std::to_string(example.cpus) + " of the " +
+           std::to_string(example.cores) + " cores of a machine of " + std::to_string(example.local) +
+           " ranks (the launcher bound them): each pipeline gets " + std::to_string(example.cpus) +
+           " threads where it could have " + std::to_string(share) + "; launch with " + cores_each +
+           ", or --bind-to none and give --threads " + std::to_string(share) + " (docs/scale-out.md)";
+  const int others = example.local - 1;
+  return cluster::rank_list(shared) + " each run a pipeline of " +
+         std::to_string(threads > 0 ? threads : example.cpus) + " threads on cores they share with " +
+         std::to_string(others) + " other rank" + (others == 1 ? "" : "s") + " (a machine of " +
+         std::to_string(example.cores) + " cores): give --threads " + std::to_string(share) + ", or launch with " +
+         cores_each + " (docs/scale-out.md)";
+}
+
+namespace {
+
+// binding_advice() of every rank's CPU set, gathered at rank 0 (a collective).
+std::string gather_binding_advice(cluster::Communicator& world, int threads) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cpus = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
+  const auto records =
+      world.gather(binding_record(cpus, static_cast<int>(std::thread::hardware_concurrency()), local_ranks()));
+  return world.rank() == 0 ? binding_advice(records, threads) : std::string();
+}
+
+}  // namespace
+
 TrainReport run_training(const TrainOptions& options, const TrainCallbacks& callbacks, cluster::Communicator* ranks) {
   const int world = ranks ? ranks->size() : 1;
-  validate(options, world);
+  const int trainers = options.remote_workers ? 1 : world;
+  const bool trains = !options.remote_workers || !ranks || ranks->rank() == 0;
+  const auto t_load = Clock::now();
+  Setup setup;
+  if (world == 1) {
+    setup = set_up(options, world, trainers, trains);
+  } else {
+    ranks->set_timeout(std::chrono::milliseconds(static_cast<std::int64_t>(options.rank_timeout * 1000)));
+    ranks->set_status("setting up: reading its data, opening its device");
+    // What a rank cannot do is one of its facts: every rank stops together, rather than one
+    // leaving the others waiting at the first collective.
+    std::exception_ptr problem;
+    std::string what;
+    try {
+      setup = set_up(options, world, trainers, trains);
+    } catch (const std::exception& e) {
+      problem = std::current_exception();
+      what = e.what();
+    }
+    cluster::agree(*ranks, job_facts(options, setup, trainers, what));
+    if (problem) std::rethrow_exception(problem);  // the same on every rank: rank 0 reports it
+  }
   TrainReport report;
+  if (world > 1) report.binding = gather_binding_advice(*ranks, options.threads);
   // Remote workers: rank 0 alone trains, on whole steps; the others make its batches.
   std::optional<cluster::RemoteEdge<cluster::Bytes>> edge;
   if (options.remote_workers) {
     // Room for a queue of batches per worker on their way to rank 0.
-    edge.emplace(*ranks, cluster::RemoteOptions{.name = "batches",
-                                             .trainer = 0,
-                                             .capacity = options.batch_queue * static_cast<std::size_t>(world - 1)});
+    std::optional<cluster::RemoteProgress> progress;
+    if (setup.checkpoint && setup.checkpoint->plan) {
+      const auto& plan = *setup.checkpoint->plan;
+      progress = cluster::RemoteProgress{plan.epoch(), plan.samples(), plan.fanout(), plan.units_of(0)};
+    }
+    edge.emplace(*ranks, cluster::RemoteOptions{
+                             .name = "batches",
+                             .trainer = 0,
+                             .capacity = options.batch_queue * static_cast<std::size_t>(world - 1),
+                             .lease = std::chrono::milliseconds(static_cast<std::int64_t>(options.rank_timeout * 1000)),
+                             .resume = std::move(progress)});
     if (edge->role() == cluster::RemoteRole::worker) {
-      make_remote_batches(options, *edge, {ranks->rank(), world, "worker"});
+      make_remote_batches(options, std::move(setup.train), *edge, {ranks->rank(), world, "worker"});
       report.worker = true;
       return report;
     }
   }
-  const int trainers = edge ? 1 : world;
   TrainOptions o = options;  // this rank's: its share of each step
   o.batch_size /= static_cast<std::size_t>(trainers);
   report.mode = o.mode;
-  // Before the data: a device that cannot be had is the first thing to hear of.
-  auto device = open_device(device_for_rank(o.device, local_rank(), trainers, gpu::cuda_device_count()));
-  const auto t_load = Clock::now();
-  auto train_data = std::make_shared<const IdxDataset>(load(o, "train"));
-  auto test_data = std::make_shared<const IdxDataset>(load(o, "t10k"));
-  if (train_data->size() == 0 || test_data->size() == 0) throw DataError(o.data, "the train or the test set is empty");
-  if (o.crop_size > train_data->images.height || o.crop_size > train_data->images.width)
-    throw std::invalid_argument("--crop-size " + std::to_string(o.crop_size) + " does not fit the " +
-                                train_data->shape().str() + " images");
+  auto train_data = std::move(setup.train);
+  auto test_data = std::move(setup.test);
   report.train_images = train_data->size();
   report.test_images = test_data->size();
 
   // A rank's share of an epoch (ShuffledShard leaves out the remainder); all of it alone.
   const std::uint64_t samples_per_epoch =
       train_data->size() / static_cast<std::uint64_t>(trainers) * static_cast<std::uint64_t>(o.crops);
-  Trainer trainer(o, callbacks, std::move(device), samples_per_epoch, edge ? nullptr : ranks);
-  if (!o.resume.empty()) {
-    const Checkpoint c = Checkpoint::load(o.resume);
-    c.check_options(options, o.resume);  // the job's options, not this rank's share of them
-    trainer.resume(c, o.resume);
-  }
+  Trainer trainer(o, callbacks, std::move(setup.device), samples_per_epoch, edge ? nullptr : ranks, ranks);
+  trainer.set_data_size(train_data->size());
+  if (setup.checkpoint) trainer.resume(*setup.checkpoint, o.resume);
   const TestSet test = upload_test_set(test_data, o, trainer.device(), trainer.compute());
   report.device = gpu::backend_name(trainer.device().backend());
   report.device_name = trainer.device().name();

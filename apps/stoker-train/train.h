@@ -57,8 +57,12 @@ struct TrainOptions {
   std::uint64_t checkpoint_every = 0;  ///< training steps between checkpoints; 0 = only at the end
   std::string resume;                  ///< checkpoint directory to go on from; empty = from the start
   /// Rank 0 trains; every other rank runs read -> crops -> shuffle -> batch -> collate on
-  /// shards it asks rank 0 for, and sends it the batches (a remote edge, docs/scale-out.md).
+  /// shards it asks rank 0 for, and sends it the batches (a remote edge, docs/scale-out.md). A
+  /// worker silent for --rank-timeout loses its work to the others.
   bool remote_workers = false;
+  /// Seconds a rank waits for the others (a collective, a worker's batches, rank 0's answers)
+  /// before it ends the job naming the rank that stopped answering; 0: as long as it takes.
+  double rank_timeout = 300;
 
   std::uint64_t seed = 1;  ///< crops, mirrors, shuffle and initial weights
   /// auto, cpu, cuda (the current CUDA device) or cuda:N; in a job of several ranks, auto and
@@ -87,6 +91,10 @@ struct TrainOptions {
 /// Throws std::invalid_argument naming the first bad option, for a job of `ranks` processes.
 void validate(const TrainOptions& options, int ranks = 1);
 
+/// The batch of a data-parallel job of `ranks` for the default `batch_size`: the nearest
+/// multiple of `ranks`, so that each rank takes an equal share (255 is 256 on 2 and 4 ranks).
+std::size_t default_batch_for(std::size_t batch_size, int ranks);
+
 /// The device buffers the trainer's input stage (h2d, or gpu_augment) needs, whose one call
 /// holds `per_call` of them: those queued for the trainer (batch_queue), and those the trainer
 /// holds at once: the batch it is issuing and the in_flight steps queued on the device.
@@ -96,6 +104,17 @@ gpu::OutputSizing output_sizing(const TrainOptions& options, std::size_t per_cal
 /// become cuda:(local_rank % cuda_devices), so that the ranks of one machine (local_rank among
 /// them, as the launcher says) each use their own GPU; anything else, or one rank, as given.
 std::string device_for_rank(const std::string& device, std::optional<int> local_rank, int ranks, int cuda_devices);
+
+/// One rank's CPU set as binding_advice() reads it: the CPUs it may run on (sched_getaffinity),
+/// its machine's cores, and the ranks on that machine (0: not known).
+std::string binding_record(int cpus, int cores, int local_ranks);
+/// Whether the ranks' CPU sets (binding_record(), in rank order) give each pipeline its share of
+/// its machine's cores (cores / ranks there): empty when they do; otherwise which ranks are
+/// squeezed into fewer cores (mpirun binds each of 2 ranks to one core by default), or run
+/// more threads than their share on cores they share (it binds more ranks to a whole socket),
+/// and the launch line or --threads that gives each its share. `threads`: --threads (0: one
+/// per core of the rank's CPU set, as oneTBB counts them).
+std::string binding_advice(const std::vector<std::string>& records, int threads);
 
 struct EpochReport {
   std::uint32_t epoch = 0;  ///< from 1
@@ -149,6 +168,10 @@ struct TrainReport {
     double starvation() const { return train_seconds > 0 ? input_wait_seconds / train_seconds : 0; }
   };
   std::vector<Rank> ranks;
+  /// Under mpirun, at rank 0: which ranks' CPU sets give their pipelines fewer cores than their
+  /// share of the machine, or more threads than their share, and the launch line that would
+  /// not; empty when every rank has its share, or the launcher does not say how many share.
+  std::string binding;
   /// --remote-workers: this rank made batches for rank 0 and has nothing else to report.
   bool worker = false;
   std::uint32_t remote_workers = 0;  ///< at rank 0: the ranks that made its batches
@@ -161,6 +184,7 @@ struct TrainReport {
     std::uint64_t images = 0;
   };
   std::vector<Worker> workers;
+  std::vector<int> remote_lost;      ///< at rank 0: workers whose lease ran out (their work went to others)
   /// The epoch the run was stopped in (TrainCallbacks::stop_requested), as far as it went; not
   /// in `epochs`, and not evaluated.
   std::optional<EpochReport> interrupted;
@@ -194,6 +218,12 @@ struct TrainCallbacks {
 /// Loads the data, opens the device and trains. Throws std::invalid_argument for bad options
 /// (a device asked for that is not there included), DataError for missing or bad data files,
 /// and StageError when a stage of the pipeline fails.
+///
+/// With a communicator of several ranks, the ranks first agree (cluster::agree) on what must be
+/// the same on all of them: the options that decide the run, the training data (a hash of all
+/// of it), the steps of an epoch, the model, the checkpoint resumed from, and whether the rank
+/// could read its data and open its device; a rank that differs is named and every rank throws
+/// cluster::RankMismatch before the first step.
 ///
 /// With a communicator of several ranks, data-parallel: each rank trains on its share of every
 /// epoch (ShuffledShard) with `batch_size / ranks` crops per step, and the gradients are

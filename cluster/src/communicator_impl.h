@@ -2,6 +2,8 @@
 #pragma once
 
 #include <functional>
+#include <string>
+#include <vector>
 
 #include "stoker/cluster/communicator.h"
 #include "stoker/cluster/remote.h"
@@ -10,6 +12,13 @@ namespace stoker::cluster {
 
 /// Runs `main`; an exception out of it, with more than one rank, aborts them all, naming this one.
 int run_guarded(Communicator& comm, const std::function<int(Communicator&)>& main);
+
+/// A rank that did not say its last word on a remote edge: MPI_Finalize would wait for it, so
+/// run_world ends the job instead (under Open MPI's --enable-recovery, where MPI_Abort does not end
+/// it and a rank that died does not hold MPI_Finalize back, it finalizes). Thread-safe.
+void note_unresponsive(int rank);
+/// The ranks noted so far, ascending.
+std::vector<int> unresponsive();
 
 namespace detail {
 /// The options of a remote edge checked against the world, with its workers filled in; throws

@@ -46,18 +46,55 @@ RemoteShards::RemoteShards(std::shared_ptr<detail::Link> link, std::shared_ptr<c
     : link_(std::move(link)), reader_(reader), order_(std::move(reader), {.rank = 0, .world = 1}) {}
 
 std::optional<Sample> RemoteShards::operator()(const StageContext& ctx) {
-  if (ctx.epoch != epoch_) {  // a new epoch: nothing of the last one's shards is left to read
-    epoch_ = ctx.epoch;
-    next_ = end_ = 0;
-  }
-  if (next_ == end_) {
-    const auto shard = link_->next_shard(ctx.epoch, order_.size(), ctx.stop);
-    if (!shard) return std::nullopt;
-    next_ = shard->begin;
-    end_ = shard->end;
-  }
-  return reader_->read(order_.id_at(ctx.seed, ctx.epoch, next_++));
+  if (!link_) return std::nullopt;
+  const auto position = link_->position(ctx.epoch, ctx.index, order_.size(), ctx.stop);
+  if (!position) return std::nullopt;
+  return reader_->read(order_.id_at(ctx.seed, ctx.epoch, *position));
 }
+
+std::string RemoteShards::fingerprint() const { return order_.fingerprint() + ", shards from a remote edge"; }
+
+namespace detail {
+
+PipelineState start_state(PipelineState blank, const Work& work) {
+  const std::uint64_t fanout = units_per_sample(blank);
+  if (!work.partial.empty() && fanout != work.fanout)
+    throw StateError("the work handed out is of samples of " + std::to_string(work.fanout) +
+                     " units, and this worker's pipeline makes " + std::to_string(fanout) + " of each");
+  // The partly made samples come first, in order of position; of each, its units listed.
+  std::vector<std::uint64_t> make;
+  std::uint64_t calls = 0, last = UINT64_MAX;
+  for (const std::uint64_t u : work.partial) {
+    if (u / fanout != last) {
+      last = u / fanout;
+      ++calls;
+    }
+    make.push_back((calls - 1) * fanout + u % fanout);
+  }
+  blank.epoch = work.epoch;
+  blank.consumed = 0;
+  blank.taken->below = calls * fanout;
+  blank.taken->except = std::move(make);
+  return blank;
+}
+
+std::vector<std::uint64_t> newly_taken(const PipelineState::Taken& before, const PipelineState::Taken& after) {
+  // Taken before: below `before.below`, but `before.except`. Taken after: the same of `after`.
+  std::vector<std::uint64_t> out;
+  auto still = after.except.begin();
+  const auto untaken_after = [&](std::uint64_t o) {
+    if (o >= after.below) return true;
+    while (still != after.except.end() && *still < o) ++still;
+    return still != after.except.end() && *still == o;
+  };
+  for (const std::uint64_t o : before.except)  // ascending, all below before.below
+    if (!untaken_after(o)) out.push_back(o);
+  for (std::uint64_t o = before.below; o < after.below; ++o)
+    if (!untaken_after(o)) out.push_back(o);
+  return out;
+}
+
+}  // namespace detail
 
 }  // namespace stoker::cluster
 

@@ -1,9 +1,27 @@
 // The world over MPI. Every call's error comes back (MPI_ERRORS_RETURN) and is thrown as a
 // ClusterError naming the rank and the call.
+//
+// Collectives are MPI's non-blocking ones, waited for by polling (Communicator says at what
+// intervals): Open MPI's blocking collectives spin a core while they wait, and cannot give up.
+// While it waits, a rank knows what it waits in (the collective's number, counted from the
+// first, and its name); when it gives up (set_timeout), it asks the others, on a communicator of
+// the world's own, what they are doing: each rank has a thread, the responder, that answers
+// such questions whatever the rest of the process does.
 #include <mpi.h>
 
+#include <algorithm>
+#include <atomic>
+#include <climits>
+#include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <list>
+#include <mutex>
 #include <numeric>
+#include <sstream>
+#include <thread>
+#include <utility>
 
 #include "communicator_impl.h"
 
@@ -11,12 +29,44 @@ namespace stoker::cluster {
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+
+double seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+std::string one_decimal(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.1f", v);
+  return text;
+}
+
+enum Tag : int { kQuery = 1, kReply };
+
 class Mpi final : public Communicator {
  public:
   Mpi() {
     check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
     check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
+    if (size_ == 1) return;
+    check(MPI_Comm_dup(MPI_COMM_WORLD, &control_), "MPI_Comm_dup");
+    MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
+    int level = 0;
+    MPI_Query_thread(&level);
+    // Without MPI_THREAD_MULTIPLE nothing answers, and a timeout says every rank did not.
+    if (level == MPI_THREAD_MULTIPLE) responder_ = std::thread([this] { respond(); });
   }
+  ~Mpi() override {
+    if (responder_.joinable()) {
+      {
+        std::lock_guard lock(mutex_);
+        stopping_ = true;
+      }
+      wake_.notify_all();
+      responder_.join();
+    }
+    if (control_ != MPI_COMM_NULL) MPI_Comm_free(&control_);
+  }
+  Mpi(const Mpi&) = delete;
+  Mpi& operator=(const Mpi&) = delete;
 
   int rank() const noexcept override { return rank_; }
   int size() const noexcept override { return size_; }
@@ -29,34 +79,70 @@ class Mpi final : public Communicator {
     return "MPI (" + v + ")";
   }
 
-  void barrier() override { check(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier"); }
+  void barrier() override {
+    MPI_Request r = MPI_REQUEST_NULL;
+    begin("MPI_Barrier", "");
+    check(MPI_Ibarrier(MPI_COMM_WORLD, &r), "MPI_Ibarrier");
+    wait(r);
+  }
   void broadcast(std::span<std::byte> data, int root) override {
     check_root(root, "MPI_Bcast");
-    check(MPI_Bcast(data.data(), count(data.size(), "MPI_Bcast"), MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
+    MPI_Request r = MPI_REQUEST_NULL;
+    begin("MPI_Bcast", std::to_string(data.size()) + " bytes from rank " + std::to_string(root));
+    check(MPI_Ibcast(data.data(), count(data.size(), "MPI_Bcast"), MPI_BYTE, root, MPI_COMM_WORLD, &r), "MPI_Ibcast");
+    wait(r);
   }
   void allreduce_sum(std::span<float> data) override {
-    check(MPI_Allreduce(MPI_IN_PLACE, data.data(), count(data.size(), "MPI_Allreduce"), MPI_FLOAT, MPI_SUM,
-                        MPI_COMM_WORLD),
-          "MPI_Allreduce");
+    // Not in place: Open MPI's non-blocking allreduce takes its slowest algorithm (a reduce to
+    // one rank, then a broadcast) for data in place, and reduce-scatter then allgather
+    // otherwise, from 4 ranks and 64 KiB (docs/scale-out.md).
+    send_.assign(data.begin(), data.end());
+    MPI_Request r = MPI_REQUEST_NULL;
+    begin("MPI_Allreduce", std::to_string(data.size()) + " floats");
+    check(MPI_Iallreduce(send_.data(), data.data(), count(data.size(), "MPI_Allreduce"), MPI_FLOAT, MPI_SUM,
+                         MPI_COMM_WORLD, &r),
+          "MPI_Iallreduce");
+    wait(r);
   }
   std::vector<std::string> gather(std::string_view record, int root) override {
     check_root(root, "MPI_Gather");
     int length = count(record.size(), "MPI_Gather");
     std::vector<int> lengths(rank_ == root ? static_cast<std::size_t>(size_) : 0);
-    check(MPI_Gather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root, MPI_COMM_WORLD), "MPI_Gather");
+    MPI_Request r = MPI_REQUEST_NULL;
+    begin("MPI_Gather", "of record lengths at rank " + std::to_string(root));
+    check(MPI_Igather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root, MPI_COMM_WORLD, &r), "MPI_Igather");
+    wait(r);
     std::vector<int> offsets(lengths.size());
     std::string all;
     if (rank_ == root) {
       std::exclusive_scan(lengths.begin(), lengths.end(), offsets.begin(), 0);
       all.resize(static_cast<std::size_t>(std::accumulate(lengths.begin(), lengths.end(), 0L)));
     }
-    check(MPI_Gatherv(record.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR, root,
-                      MPI_COMM_WORLD),
-          "MPI_Gatherv");
+    begin("MPI_Gatherv", "of records at rank " + std::to_string(root));
+    check(MPI_Igatherv(record.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR, root,
+                       MPI_COMM_WORLD, &r),
+          "MPI_Igatherv");
+    wait(r);
     std::vector<std::string> records;
-    for (std::size_t r = 0; r < lengths.size(); ++r)
-      records.push_back(all.substr(static_cast<std::size_t>(offsets[r]), static_cast<std::size_t>(lengths[r])));
+    for (std::size_t i = 0; i < lengths.size(); ++i)
+      records.push_back(all.substr(static_cast<std::size_t>(offsets[i]), static_cast<std::size_t>(lengths[i])));
     return records;
+  }
+  void set_timeout(std::chrono::milliseconds timeout) override { timeout_ = std::max(timeout, timeout.zero()); }
+  void set_status(std::string_view status) override {
+    std::lock_guard lock(mutex_);
+    status_.assign(status);
+  }
+  // Every rank's last collective, on the responder's communicator (a rank that ends while the
+  // others still call collectives does not meet theirs), with the timeout of the others: a rank
+  // that ends early waits here, not in MPI_Finalize, where an MPI_Abort of another rank (one
+  // that stopped answering) leaves Open MPI 4.1's mpirun hanging or crashing in its teardown in
+  // about half the runs.
+  void final_barrier() {
+    MPI_Request r = MPI_REQUEST_NULL;
+    begin("MPI_Barrier", "at the end of the job");
+    check(MPI_Ibarrier(control_, &r), "MPI_Ibarrier");
+    wait(r);
   }
   [[noreturn]] void abort(const std::string& why) noexcept override {
     std::fprintf(stderr, "rank %d of %d: %s\n", rank_, size_, why.c_str());
@@ -66,28 +152,213 @@ class Mpi final : public Communicator {
   }
 
  private:
+  // A collective begins: the responder says so if asked.
+  void begin(const char* call, std::string detail) {
+    std::lock_guard lock(mutex_);
+    ++collectives_;
+    call_ = call;
+    call_detail_ = std::move(detail);
+    in_call_ = true;
+    since_ = Clock::now();
+  }
+
+  // Polls `request` until it completes: continuously for the first 50 us, then at a sixteenth
+  // of the time waited, 20 us to 1 ms apart; past the timeout, ends the job.
+  void wait(MPI_Request& request) {
+    const auto start = Clock::now();
+    for (;;) {
+      int done = 0;
+      check(MPI_Test(&request, &done, MPI_STATUS_IGNORE), "MPI_Test");
+      if (done) break;
+      const auto waited = Clock::now() - start;
+      if (timeout_.count() > 0 && waited >= timeout_) timed_out(waited);
+      if (waited < std::chrono::microseconds(50)) {
+        std::this_thread::yield();
+      } else {
+        const auto pause =
+            std::clamp<Clock::duration>(waited / 16, std::chrono::microseconds(20), std::chrono::milliseconds(1));
+        std::this_thread::sleep_for(pause);
+      }
+    }
+    std::lock_guard lock(mutex_);
+    in_call_ = false;
+    since_ = Clock::now();
+  }
+
+  // What this rank is doing, as the responder tells it: its fields, split by unit separators.
+  std::string report() const {
+    std::lock_guard lock(mutex_);
+    return join({std::to_string(collectives_), in_call_ ? "1" : "0", call_, call_detail_, status_,
+                 std::to_string(seconds(Clock::now() - since_))});
+  }
+  static std::string join(const std::vector<std::string>& fields) {
+    std::string out;
+    for (const auto& f : fields) (out += f) += '\x1f';
+    return out;
+  }
+  static std::vector<std::string> split(const std::string& text) {
+    std::vector<std::string> fields;
+    std::istringstream in(text);
+    for (std::string f; std::getline(in, f, '\x1f');) fields.push_back(f);
+    return fields;
+  }
+
+  void respond() {
+    std::list<std::pair<MPI_Request, std::string>> replies;  // sends under way, with their bytes
+    std::unique_lock lock(mutex_);
+    while (!stopping_) {
+      lock.unlock();
+      for (;;) {
+        int found = 0;
+        MPI_Message message;
+        MPI_Status status;
+        if (MPI_Improbe(MPI_ANY_SOURCE, kQuery, control_, &found, &message, &status) != MPI_SUCCESS || !found) break;
+        char ignored = 0;
+        MPI_Mrecv(&ignored, 0, MPI_CHAR, &message, MPI_STATUS_IGNORE);
+        auto& [request, text] = replies.emplace_back(MPI_REQUEST_NULL, report());
+        MPI_Isend(text.data(), static_cast<int>(text.size()), MPI_CHAR, status.MPI_SOURCE, kReply, control_, &request);
+      }
+      for (auto it = replies.begin(); it != replies.end();) {
+        int done = 0;
+        MPI_Test(&it->first, &done, MPI_STATUS_IGNORE);
+        it = done ? replies.erase(it) : std::next(it);
+      }
+      lock.lock();
+      // A question is answered within 10 ms; an idle responder costs 100 wake-ups a second.
+      wake_.wait_for(lock, std::chrono::milliseconds(10), [&] { return stopping_; });
+    }
+    lock.unlock();
+    // A reply still under way goes to a rank that asked because it gave up: the job is ending.
+    for (auto& [request, text] : replies) MPI_Request_free(&request);
+  }
+
+  struct Answer {
+    bool answered = false;
+    std::uint64_t collectives = 0;
+    bool in_call = false;
+    std::string call, detail, status;
+    double seconds = 0;
+  };
+
+  // Asks every other rank what it is doing; waits for the answers 2 s at most.
+  std::vector<Answer> ask_the_others() {
+    std::vector<Answer> answers(static_cast<std::size_t>(size_));
+    std::vector<MPI_Request> queries;
+    char nothing = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      queries.push_back(MPI_REQUEST_NULL);
+      MPI_Isend(&nothing, 0, MPI_CHAR, r, kQuery, control_, &queries.back());
+    }
+    int pending = size_ - 1;
+    const auto deadline = Clock::now() + std::chrono::seconds(2);
+    while (pending > 0 && Clock::now() < deadline) {
+      int found = 0;
+      MPI_Message message;
+      MPI_Status status;
+      if (MPI_Improbe(MPI_ANY_SOURCE, kReply, control_, &found, &message, &status) != MPI_SUCCESS) break;
+      if (!found) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        continue;
+      }
+      int length = 0;
+      MPI_Get_count(&status, MPI_CHAR, &length);
+      std::string text(static_cast<std::size_t>(length), '\0');
+      MPI_Mrecv(text.data(), length, MPI_CHAR, &message, MPI_STATUS_IGNORE);
+      Answer& a = answers[static_cast<std::size_t>(status.MPI_SOURCE)];
+      if (a.answered) continue;
+      a.answered = true;
+      --pending;
+      if (const auto f = split(text); f.size() == 6) {
+        a.collectives = std::strtoull(f[0].c_str(), nullptr, 10);
+        a.in_call = f[1] == "1";
+        a.call = f[2];
+        a.detail = f[3];
+        a.status = f[4];
+        a.seconds = std::strtod(f[5].c_str(), nullptr);
+      }
+    }
+    for (auto& q : queries) MPI_Request_free(&q);
+    return answers;
+  }
+
+  [[noreturn]] void timed_out(Clock::duration waited) {
+    std::uint64_t mine = 0;
+    std::string call, detail, status;
+    {
+      std::lock_guard lock(mutex_);
+      mine = collectives_;
+      call = call_;
+      detail = call_detail_;
+      status = status_;
+    }
+    const auto answers = ask_the_others();
+    std::vector<int> missing;
+    std::string about;
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      const Answer& a = answers[static_cast<std::size_t>(r)];
+      std::string what;
+      const bool here = a.answered && a.collectives == mine && a.in_call && a.call == call;
+      if (!a.answered) {
+        what = "did not answer within 2 s (stopped, or stuck where nothing of it runs)";
+      } else if (here) {
+        what = "waits in it too";
+      } else if (a.collectives == mine && a.in_call) {
+        what = "is in " + a.call + " #" + std::to_string(a.collectives) + " (" + a.detail +
+               "): the ranks called different collectives";
+      } else if (a.in_call) {
+        what = "waits in " + a.call + " #" + std::to_string(a.collectives) + " (" + a.detail + ") for " +
+               one_decimal(a.seconds) + " s";
+      } else {
+        what = "has not reached it: " + std::to_string(a.collectives) + " collectives done, the last " +
+               one_decimal(a.seconds) + " s ago";
+      }
+      if (a.answered && !a.status.empty()) what += "; it was: " + a.status;
+      if (!here) missing.push_back(r);
+      about += "\n  rank " + std::to_string(r) + " " + what;
+    }
+    std::string why = call + " #" + std::to_string(mine) + (detail.empty() ? "" : " (" + detail + ")") +
+                      " gave up after " + one_decimal(seconds(waited)) + " s (the rank timeout)";
+    if (!status.empty()) why += " while this rank was: " + status;
+    why += missing.empty() ? "; every other rank waits in it too" : "; " + rank_list(missing) + " stopped answering";
+    abort(why + ":" + about);
+  }
+
   void check(int code, const char* call) const {
     if (code == MPI_SUCCESS) return;
     char text[MPI_MAX_ERROR_STRING];
     int length = 0;
     MPI_Error_string(code, text, &length);
     throw ClusterError("rank " + std::to_string(rank_) + ": " + call +
-                    " failed: " + std::string(text, static_cast<std::size_t>(length)));
+                       " failed: " + std::string(text, static_cast<std::size_t>(length)));
   }
   void check_root(int root, const char* call) const {
     if (root < 0 || root >= size_)
       throw ClusterError("rank " + std::to_string(rank_) + ": " + call + ": root " + std::to_string(root) +
-                      " is not a rank of a world of " + std::to_string(size_));
+                         " is not a rank of a world of " + std::to_string(size_));
   }
   // MPI counts are ints.
   int count(std::size_t n, const char* call) const {
     if (n > static_cast<std::size_t>(INT_MAX))
       throw ClusterError("rank " + std::to_string(rank_) + ": " + call + ": " + std::to_string(n) +
-                      " elements, more than MPI's int count holds");
+                         " elements, more than MPI's int count holds");
     return static_cast<int>(n);
   }
 
   int rank_ = 0, size_ = 1;
+  MPI_Comm control_ = MPI_COMM_NULL;  // the responder's questions and answers
+  std::chrono::milliseconds timeout_{0};
+  std::vector<float> send_;  // allreduce_sum's copy of the data
+
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stopping_ = false;
+  std::uint64_t collectives_ = 0;  // begun
+  bool in_call_ = false;
+  std::string call_ = "no collective", call_detail_, status_;
+  Clock::time_point since_ = Clock::now();  // the last collective began or ended
+  std::thread responder_;
 };
 
 }  // namespace
@@ -96,16 +367,33 @@ bool built_with_mpi() noexcept { return true; }
 
 int run_world(int argc, char** argv, const std::function<int(Communicator&)>& main) {
   int provided = 0;
-  // Collectives come from the thread that runs `main`, and a remote edge's own thread calls MPI
-  // at the same time (remote_mpi.cpp): that needs MPI_THREAD_MULTIPLE. A remote edge refuses to
-  // open on an MPI that gives less; everything else works with what the MPI gives.
+  // Collectives come from the thread that runs `main`, while the responder, and a remote edge's
+  // own thread (remote_mpi.cpp), call MPI at the same time: that needs MPI_THREAD_MULTIPLE. A
+  // remote edge refuses to open on an MPI that gives less; everything else works with what the
+  // MPI gives.
   if (MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
     throw ClusterError("MPI_Init_thread failed");
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  // Under Open MPI's --enable-recovery a rank that died does not hold MPI_Finalize back, and
+  // MPI_Abort ends only the rank that calls it.
+  const char* recovery_option = std::getenv("OMPI_MCA_orte_enable_recovery");
+  const bool recovery = recovery_option && std::string(recovery_option) == "1";
   int status = 0;
   {
     Mpi comm;
     status = run_guarded(comm, main);
+    // A rank that never said its last word (stopped, or stuck in its pipeline) would hold
+    // MPI_Finalize back for ever: end the job here, with this rank's status.
+    if (const auto silent = unresponsive(); !silent.empty() && !recovery) {
+      std::fprintf(stderr,
+                   "rank %d of %d: %s did not answer at the end: the job ends here (MPI_Abort), as MPI_Finalize would "
+                   "wait for it\n",
+                   comm.rank(), comm.size(), rank_list(silent).c_str());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, status);
+    }
+    // A rank that failed ends now: mpirun ends the others when it sees its exit status.
+    if (!recovery && comm.size() > 1 && status == 0) comm.final_barrier();
   }
   MPI_Finalize();
   return status;

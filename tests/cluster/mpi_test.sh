@@ -7,6 +7,22 @@ set -euo pipefail
 mpiexec=$1 program=$2 ranks=$3 mode=$4
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 run=("$mpiexec" --oversubscribe -np "$ranks" "$program" "$mode")
+if [[ "$mode" == remote_killed ]]; then
+  # A rank killed by a signal ends an Open MPI 4.1 job unless mpirun is told to go on.
+  run=("$mpiexec" --oversubscribe --enable-recovery -np "$ranks" "$program" "$mode")
+fi
+if [[ "$mode" == elastic || "$mode" == remote_checkpoint ]]; then
+  # $ranks ranks checkpoint mid-epoch (data-parallel ranks; a trainer and its workers); 2 and 4
+  # ranks go on from there, each from the same checkpoint.
+  prefix=${mode%_checkpoint}
+  dir=$(mktemp -d)
+  trap 'rm -rf "$dir"' EXIT
+  "$mpiexec" --oversubscribe -np "$ranks" "$program" "${prefix}_save" "$dir"
+  for resumed in 2 4; do
+    "$mpiexec" --oversubscribe -np "$resumed" "$program" "${prefix}_resume" "$dir"
+  done
+  exit 0
+fi
 if [[ "$mode" == straggler* ]]; then
   # stoker-inspect, given every rank's log, must name rank 1, which is slow, and say why, in its
   # report and in its JSON.
@@ -30,24 +46,36 @@ if [[ "$mode" == straggler* ]]; then
   grep -q '"straggler":"rank 1"' <<<"$json" || { echo "FAIL: the JSON does not name rank 1: $json" >&2; exit 1; }
   exit 0
 fi
-if [[ "$mode" != throw ]]; then
-  exec "${run[@]}"
-fi
-# A rank that throws must end every rank, within a bounded time, naming itself.
-start=$SECONDS
-status=0
-output=$(timeout 60 "${run[@]}" 2>&1) || status=$?
-echo "$output"
-if ((status == 0)); then
-  echo "FAIL: the job succeeded though rank 1 threw" >&2
-  exit 1
-fi
-if ((status == 124)); then
-  echo "FAIL: the other ranks still waited after 60 s" >&2
-  exit 1
-fi
-if ! grep -q "rank 1 of $ranks: error: stage 'read' failed: a deliberate failure of rank 1" <<<"$output"; then
-  echo "FAIL: the error does not name rank 1 and its failure" >&2
-  exit 1
-fi
-echo "every rank ended $((SECONDS - start)) s after rank 1 threw (exit status $status), the failure named"
+# A job that must fail, within a bounded time, with a message matching $1 (grep -E).
+expect_failure() {
+  local start=$SECONDS status=0 output
+  output=$(timeout 60 "${run[@]}" 2>&1) || status=$?
+  echo "$output"
+  if ((status == 0)); then
+    echo "FAIL: the job succeeded" >&2
+    exit 1
+  fi
+  if ((status == 124)); then
+    echo "FAIL: the job still ran after 60 s" >&2
+    exit 1
+  fi
+  local pattern
+  for pattern in "$@"; do
+    if ! grep -qE "$pattern" <<<"$output"; then
+      echo "FAIL: the output does not say: $pattern" >&2
+      exit 1
+    fi
+  done
+  echo "every rank ended $((SECONDS - start)) s after the start (exit status $status), as expected"
+}
+case "$mode" in
+  throw)  # a rank that throws ends every rank, naming itself
+    expect_failure "rank 1 of $ranks: error: stage 'read' failed: a deliberate failure of rank 1" ;;
+  stopped)  # a stopped rank: the others give up after the timeout, naming it
+    expect_failure "gave up after 2\.[0-9] s \(the rank timeout\) while this rank was: epoch 1, step 35" \
+      "rank 1 stopped answering" "rank 1 did not answer within 2 s" ;;
+  stuck)  # a rank that never comes: named, with what it said it was doing
+    expect_failure "rank 1 stopped answering" \
+      "rank 1 has not reached it: 1 collectives done, the last [0-9.]+ s ago; it was: epoch 1, step 34: waiting for its pipeline's next batch" ;;
+  *) exec "${run[@]}" ;;
+esac

@@ -404,6 +404,41 @@ TEST_CASE("bad trainer options are refused naming the option" * doctest::timeout
   bad.checkpoint_every = 10;
   CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--checkpoint-every needs --checkpoint"),
                        std::invalid_argument);
+  bad = o;
+  bad.rank_timeout = -1;
+  CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--rank-timeout must be 0"), std::invalid_argument);
+}
+
+TEST_CASE("the default batch divides among any number of ranks, to the nearest multiple") {
+  using stoker::train::default_batch_for;
+  CHECK(default_batch_for(255, 1) == 255);
+  CHECK(default_batch_for(255, 2) == 256);
+  CHECK(default_batch_for(255, 3) == 255);
+  CHECK(default_batch_for(255, 4) == 256);
+  CHECK(default_batch_for(255, 7) == 252);
+  CHECK(default_batch_for(255, 300) == 300);  // at least one crop per rank
+  stoker::train::TrainOptions o;
+  for (int ranks = 1; ranks <= 64; ++ranks) {
+    o.batch_size = default_batch_for(255, ranks);
+    CHECK_NOTHROW(stoker::train::validate(o, ranks));
+  }
+}
+
+TEST_CASE("binding advice: a rank squeezed into fewer cores than its share, or sharing them, is named") {
+  using stoker::train::binding_advice;
+  using stoker::train::binding_record;
+  // 2 ranks on 16 cores, each bound to 1 (mpirun's default at 2 ranks).
+  CHECK(binding_advice({binding_record(1, 16, 2), binding_record(1, 16, 2)}, 0) ==
+        "ranks 0, 1 may run on 1 of the 16 cores of a machine of 2 ranks (the launcher bound them): each pipeline "
+        "gets 1 threads where it could have 8; launch with --map-by ppr:2:node:pe=8, or --bind-to none and give "
+        "--threads 8 (docs/scale-out.md)");
+  // 4 ranks, each bound to a socket of 16 of the 32 cores: 16 threads each where 8 is the share.
+  CHECK(binding_advice(std::vector<std::string>(4, binding_record(16, 32, 4)), 0) ==
+        "ranks 0-3 each run a pipeline of 16 threads on cores they share with 3 other ranks (a machine of 32 "
+        "cores): give --threads 8, or launch with --map-by ppr:4:node:pe=8 (docs/scale-out.md)");
+  CHECK(binding_advice(std::vector<std::string>(4, binding_record(16, 32, 4)), 8).empty());  // --threads 8
+  CHECK(binding_advice({binding_record(8, 16, 2), binding_record(8, 16, 2)}, 0).empty());    // ppr:2:node:pe=8
+  CHECK(binding_advice({binding_record(1, 16, 0), binding_record(1, 16, 0)}, 0).empty());    // launcher unknown
 }
 
 TEST_CASE(

@@ -3,6 +3,7 @@
 // with the capacity bound and exactly-once epochs of a queue inside one process.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -15,14 +16,25 @@
 #include <utility>
 #include <vector>
 
+#include "stoker/cluster/communicator.h"
+#include "stoker/cluster/elastic.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/core/stage.h"
 #include "stoker/core/stage_error.h"
-#include "stoker/cluster/communicator.h"
 #include "stoker/stages/reader.h"
 #include "stoker/stages/shard.h"
 
 namespace stoker::cluster {
+
+/// Where a trainer's training stands, for a checkpoint and a resume: its epoch, and the units
+/// of that epoch (cluster/elastic.h: `fanout` of each of the data set's `samples`, named by the
+/// sample's position in the epoch's order) that it has not trained.
+struct RemoteProgress {
+  std::uint32_t epoch = 0;
+  std::uint64_t samples = 0, fanout = 1;
+  UnitRanges left;
+  bool operator==(const RemoteProgress&) const = default;
+};
 
 struct RemoteOptions {
   std::string name = "remote";  ///< the edge's name, in its errors
@@ -32,6 +44,14 @@ struct RemoteOptions {
   /// holds a share of this many credits and sends an item only for one. At least one per worker.
   std::size_t capacity = 8;
   std::uint64_t shard = 256;  ///< samples per shard handed to a worker that asks for work
+  /// How long a worker may hold work and a credit to send it with, and send nothing, before
+  /// the trainer gives its work to another worker and drops whatever it sends later; and how
+  /// long a worker waits for the trainer to take any of its items before it ends the job,
+  /// naming the trainer. Zero: as long as it takes.
+  std::chrono::milliseconds lease{std::chrono::minutes(5)};
+  /// Trainer: go on from a checkpoint's progress (RemoteEdge::progress()) rather than from the
+  /// first epoch's start: the workers make exactly its units left, then the epochs after it.
+  std::optional<RemoteProgress> resume{};
 };
 
 enum class RemoteRole {
@@ -49,6 +69,12 @@ struct RemoteStats {
   std::size_t peak_in_flight = 0;
   std::uint64_t shards = 0;                   ///< trainer: shards handed out; worker: shards received
   std::vector<std::uint64_t> worker_samples;  ///< trainer: samples handed to each worker, in `workers` order
+  /// Trainer: the workers whose lease ran out (their work went to others), in the order they
+  /// were lost.
+  std::vector<int> lost;
+  /// Trainer: the times a worker was given another's work (or at a resume, work partly done):
+  /// each restarted that worker's pipeline. Worker: the pipelines it built.
+  std::uint64_t restarts = 0;
 };
 
 /// A worker's failure, as the trainer receives it: the worker's rank, and its failed stage
@@ -124,7 +150,7 @@ struct Codec<T> {
   static T decode(Bytes&& b) {
     if (b.size() != sizeof(T))
       throw ClusterError("an item of " + std::to_string(b.size()) + " bytes arrived where one of " +
-                      std::to_string(sizeof(T)) + " was expected");
+                         std::to_string(sizeof(T)) + " was expected");
     T v;
     std::memcpy(&v, b.data(), sizeof(T));
     return v;
@@ -142,7 +168,7 @@ struct Codec<std::vector<U>> {
   static std::vector<U> decode(Bytes&& b) {
     if (b.size() % sizeof(U) != 0)
       throw ClusterError("an item of " + std::to_string(b.size()) + " bytes is not a whole number of elements of " +
-                      std::to_string(sizeof(U)) + " bytes");
+                         std::to_string(sizeof(U)) + " bytes");
     std::vector<U> v(b.size() / sizeof(U));
     if (!v.empty()) std::memcpy(v.data(), b.data(), b.size());
     return v;
@@ -161,9 +187,25 @@ struct Codec<std::string> {
 
 namespace detail {
 
-struct ShardRange {
-  std::uint64_t begin = 0, end = 0;  ///< positions in the epoch's order of the data set
+/// What a worker's pipeline makes first in `epoch`, before it asks for shards: of the samples
+/// in `partial` (units, `position * fanout + j`, ascending) only those units, then the samples
+/// at the positions of `whole`.
+struct Work {
+  std::uint32_t epoch = 0;
+  std::uint64_t fanout = 1;  ///< the units of a sample
+  std::vector<std::uint64_t> partial;
+  UnitRanges whole;  ///< positions, not units
+  bool operator==(const Work&) const = default;
 };
+
+/// The state a worker's pipeline resumes from to make `work` first: `blank` (the state of a
+/// pipeline built the same way, not resumed) set to the work's epoch, with its partly made
+/// samples listed. Throws StateError for a deterministic pipeline.
+PipelineState start_state(PipelineState blank, const Work& work);
+
+/// The units the consumer of a free-order pipeline took between two of its states of one epoch
+/// (`before`, then `after`), as origins, ascending.
+std::vector<std::uint64_t> newly_taken(const PipelineState::Taken& before, const PipelineState::Taken& after);
 
 /// One rank's end of a remote edge, moving bytes; thread-safe. A thread of its own drives MPI,
 /// so that transfers go on while the pipelines' threads compute.
@@ -173,25 +215,42 @@ class Link {
   virtual RemoteRole role() const noexcept = 0;
   virtual const RemoteOptions& options() const noexcept = 0;
 
-  /// Worker: the next shard of `epoch` of a data set of `samples`, waiting for the trainer's
-  /// answer; nullopt when the epoch has none left, or the trainer stopped the edge. Throws
-  /// PipelineStopped when `stop` is requested while it waits.
-  virtual std::optional<ShardRange> next_shard(std::uint32_t epoch, std::uint64_t samples, std::stop_token stop) = 0;
-  /// Worker: sends an item once a credit allows it. False when the trainer stopped the edge.
-  virtual bool send(Bytes&& item) = 0;
-  /// Worker: every item of the current epoch has been sent. False when the trainer stopped the edge.
-  virtual bool end_epoch() = 0;
+  /// Worker: what its next pipeline makes first: the trainer's start, or its restart with another
+  /// worker's work. Nullopt once the trainer stopped the edge.
+  virtual std::optional<Work> next_start() = 0;
+  /// Worker: whether the trainer asked for a restart, which its current pipeline makes room for
+  /// by ending its epoch at the next sample it would ask a shard for.
+  virtual bool restart_pending() const = 0;
+  /// Worker: the position in epoch `epoch`'s order of the `call`-th sample of a data set of
+  /// `samples` its source reads, from the start's work and then from shards it asks the trainer
+  /// for (waiting for the answer); nullopt when the epoch has none left for it, a restart is
+  /// pending, or the trainer stopped the edge. Throws PipelineStopped when `stop` is requested
+  /// while it waits.
+  virtual std::optional<std::uint64_t> position(std::uint32_t epoch, std::uint64_t call, std::uint64_t samples,
+                                                std::stop_token stop) = 0;
+  /// Worker: the position of a call position() has answered.
+  virtual std::uint64_t position_of(std::uint32_t epoch, std::uint64_t call) const = 0;
+  /// Worker: sends an item of `epoch` made of `units` once a credit allows it. False when the
+  /// trainer stopped the edge. Throws ClusterError when the trainer took none of its items for
+  /// the lease.
+  virtual bool send(std::uint32_t epoch, std::uint64_t fanout, std::vector<std::uint64_t> units, Bytes&& item) = 0;
+  /// Worker: its pipelines ran their `epochs`; it sends no more.
+  virtual void done(std::uint32_t epochs) = 0;
   /// Worker: hands its failure to the trainer and waits (a bounded time) until the trainer has
   /// stopped the edge, so that the trainer reports it.
   virtual void fail(const std::string& stage, const std::string& message) noexcept = 0;
 
-  /// Trainer: the next item of the current epoch; nullopt once every worker has ended it.
-  /// Throws RemoteError for a worker's failure, PipelineStopped when `stop` is requested.
-  virtual std::optional<Bytes> receive(std::stop_token stop) = 0;
+  /// Trainer: the next item of epoch `epoch`, the `index`-th its pipeline's source takes of it;
+  /// nullopt once every unit of the epoch has arrived and been taken. Throws RemoteError for a
+  /// worker's failure, ClusterError when no worker is left to make the epoch, PipelineStopped
+  /// when `stop` is requested.
+  virtual std::optional<Bytes> receive(std::uint32_t epoch, std::uint64_t index, std::stop_token stop) = 0;
+  /// Trainer: see RemoteEdge::progress().
+  virtual RemoteProgress progress(const PipelineState& trainer) const = 0;
 
-  /// Trainer: stops the workers, then waits until each has said its last word. Worker: tells
-  /// the trainer it sends no more (a trainer that still waits for its items fails, naming it),
-  /// then waits until the trainer has stopped the edge. Idempotent.
+  /// Trainer: stops the workers, then waits until each has said its last word (a lost one a
+  /// bounded time). Worker: tells the trainer it sends no more, then waits until the trainer has
+  /// stopped the edge. Idempotent.
   virtual void close() = 0;
   virtual RemoteStats stats() const = 0;
 };
@@ -204,37 +263,42 @@ std::shared_ptr<Link> open_link(Communicator& comm, RemoteOptions options);
 
 /// A worker's source: samples of a data set, shard by shard as the trainer hands them out.
 /// Every epoch the data set is put in a new order drawn from the pipeline's seed and the epoch
-/// (the order of ShuffledShard with one rank); the trainer hands out consecutive ranges of it,
-/// `shard` samples at a time, to whichever worker asks first. So each sample of an epoch reaches
-/// exactly one worker, and a slow worker takes fewer shards rather than holding back the
-/// others. Not resumable: which worker took which shard is not recorded.
+/// (ShuffledShard's with one rank); the trainer hands out consecutive ranges of it, `shard`
+/// samples at a time, to whichever worker asks first. So each sample of an epoch reaches exactly
+/// one worker, and a slow worker takes fewer shards rather than holding back the others.
+/// Made by RemoteEdge::serve(), which gives it to the function that builds the worker's pipeline.
 class RemoteShards {
  public:
-  static constexpr bool resumable = false;
-  RemoteShards(std::shared_ptr<detail::Link> link, std::shared_ptr<const Reader> reader);
   std::optional<Sample> operator()(const StageContext& ctx);
+  /// Nothing to do: the call's index says which sample it is.
+  void seek(std::uint64_t) noexcept {}
+  std::string fingerprint() const;
 
  private:
+  template <class T>
+  friend class RemoteEdge;
+  // `link` null: a source that yields nothing, for a pipeline built only to describe itself.
+  RemoteShards(std::shared_ptr<detail::Link> link, std::shared_ptr<const Reader> reader);
   std::shared_ptr<detail::Link> link_;
   std::shared_ptr<const Reader> reader_;
   ShuffledShard order_;
-  std::uint32_t epoch_ = 0;
-  std::uint64_t next_ = 0, end_ = 0;  // the current shard's positions still to read
 };
 
-/// A trainer's source: the items the workers send, epoch by epoch. Not resumable.
+/// A trainer's source: the items the workers send, epoch by epoch.
 template <class T>
 class RemoteReceiver {
  public:
-  static constexpr bool resumable = false;
   explicit RemoteReceiver(std::shared_ptr<detail::Link> link) : link_(std::move(link)) {}
   /// One item per chunk: a call may wait for the network, and must not hold back those before.
   static constexpr std::size_t max_chunk() { return 1; }
   std::optional<T> operator()(const StageContext& ctx) {
-    auto bytes = link_->receive(ctx.stop);
+    auto bytes = link_->receive(ctx.epoch, ctx.index, ctx.stop);
     if (!bytes) return std::nullopt;
     return Codec<T>::decode(std::move(*bytes));
   }
+  /// Nothing to do: a resumed trainer's pipeline starts its epoch afresh (RemoteEdge::progress).
+  void seek(std::uint64_t) noexcept {}
+  std::string fingerprint() const { return "remote edge '" + link_->options().name + "'"; }
 
  private:
   std::shared_ptr<detail::Link> link_;
@@ -242,19 +306,22 @@ class RemoteReceiver {
 
 /// An edge between pipelines on different ranks. Every rank constructs it (a collective), in
 /// the same order, inside run_world; then the trainer builds a pipeline whose source is
-/// `receiver()`, and each worker one whose source is `shards(reader)` and whose items it hands
-/// to `serve()`:
+/// `receiver()`, and each worker serves pipelines that a function of its own builds from a
+/// source of shards (and, to resume one, a state):
 ///
 ///   stoker::cluster::RemoteEdge<Batch> edge(comm, {.name = "batches", .trainer = 0, .capacity = 8});
 ///   if (edge.role() == stoker::cluster::RemoteRole::worker) {
-///     auto pipe = stoker::PipelineBuilder{}.seed(7).epochs(2)
-///                     .source("read", edge.shards(reader))
-///                     .flat_map<Crop>("crops", crops, {.threads = 4})
-///                     .shuffle("shuffle", {.capacity = 10000, .min_after_dequeue = 2000})
-///                     .batch("batch", 255)
-///                     .map("collate", collate)
-///                     .build();
-///     edge.serve(pipe);
+///     edge.serve(reader, [&](stoker::cluster::RemoteShards shards, std::optional<stoker::PipelineState> resume) {
+///       stoker::PipelineBuilder b;
+///       if (resume) b.resume_from(std::move(*resume));
+///       return std::move(b).seed(7).epochs(2)
+///           .source("read", std::move(shards))
+///           .flat_map<Crop>("crops", crops, {.threads = 4, .fanout = 5})
+///           .shuffle("shuffle", {.capacity = 10000, .min_after_dequeue = 2000})
+///           .batch("batch", 255)
+///           .map("collate", collate)
+///           .build();
+///     });
 ///   } else if (edge.role() == stoker::cluster::RemoteRole::trainer) {
 ///     auto pipe = stoker::PipelineBuilder{}.epochs(2).source("batches", edge.receiver())
 ///                     .map("h2d", to_device).build();
@@ -263,11 +330,17 @@ class RemoteReceiver {
 ///
 /// Flow control is by credits: a worker sends only when the trainer has room, so at most
 /// `capacity` items are between the workers' pipelines and the trainer's, however slow the
-/// trainer. An epoch ends at the trainer once every worker has sent all of its shards' items.
-/// A worker's failure reaches the trainer's pipeline as a StageError whose original() is a
-/// RemoteError naming the worker's rank and stage. The destructor (or close()) of the trainer's
-/// edge stops the workers, whose serve() then returns; a worker's waits until the trainer's
-/// has done so.
+/// trainer. Exactly once, by units (cluster/elastic.h): each item tells the trainer which units
+/// it carries (a worker reads them off its pipeline's free-order states, so the worker's
+/// pipeline runs in free order and its flat_maps give their fanout), and an epoch ends at the
+/// trainer once every unit of it has arrived; no shard of the next epoch is handed out before.
+/// A worker that holds work and a credit and sends nothing for the lease is lost: everything it
+/// holds goes to another worker, whose pipeline restarts to make it (of the samples the lost one
+/// partly sent, only the units that did not arrive), and whatever the lost one sends later is
+/// dropped. A worker's failure reaches the trainer's pipeline as a StageError whose original()
+/// is a RemoteError naming the worker's rank and stage. The destructor (or close()) of the
+/// trainer's edge stops the workers, whose serve() then returns; a worker's waits until the
+/// trainer's has done so.
 template <class T>
 class RemoteEdge {
  public:
@@ -289,28 +362,38 @@ class RemoteEdge {
     expect(RemoteRole::trainer, "receiver()");
     return RemoteReceiver<T>(link_);
   }
-  /// Worker: the source function of its pipeline, reading `reader`'s data set (all of it: the
-  /// trainer hands out its shards). Every worker must read the same data set.
-  RemoteShards shards(std::shared_ptr<const Reader> reader) const {
-    expect(RemoteRole::worker, "shards()");
-    return RemoteShards(link_, std::move(reader));
+
+  /// Trainer: where training stands, for a checkpoint, given the state of the trainer's pipeline
+  /// (free order): the units of its epoch that it has not taken, those received and still in
+  /// it included. Give it as RemoteOptions::resume to the edge of the resumed job (of any number
+  /// of workers), and resume the trainer's pipeline from `trainer` set to the start of its
+  /// epoch (the workers make the units left anew).
+  RemoteProgress progress(const PipelineState& trainer) const {
+    expect(RemoteRole::trainer, "progress()");
+    return link_->progress(trainer);
   }
 
-  /// Worker: sends every item of `pipe` to the trainer, epoch by epoch, until `pipe` has run
-  /// its epochs or the trainer stops the edge (then `pipe` is stopped). An exception from `pipe`
-  /// goes to the trainer first, then is rethrown here.
-  void serve(Pipeline<T>& pipe) {
+  /// Worker: serves the pipelines `make(RemoteShards, std::optional<PipelineState>)` builds
+  /// (resumed from the state when one is given, which it must be) from `reader`'s data set (all
+  /// of it: the trainer hands out its shards; every worker must read the same one), sending each
+  /// item to the trainer, epoch by epoch, until the pipeline has run its epochs or the trainer
+  /// stops the edge. A restart (another worker's work to make) ends the current pipeline's epoch
+  /// early, sends what it holds, and builds another. An exception goes to the trainer first,
+  /// then is rethrown here.
+  template <class Make>
+  void serve(std::shared_ptr<const Reader> reader, Make make) {
     expect(RemoteRole::worker, "serve()");
     try {
-      while (!pipe.finished()) {
-        for (auto& item : pipe.epoch()) {
-          if (!link_->send(Codec<T>::encode(std::move(item)))) {
-            pipe.stop();
-            return;
-          }
-        }
-        if (!link_->end_epoch()) {
-          pipe.stop();
+      for (;;) {
+        std::optional<detail::Work> start = link_->next_start();
+        if (!start) return;  // the trainer stopped the edge
+        std::optional<PipelineState> resume;
+        if (start->epoch != 0 || !start->partial.empty())
+          resume = detail::start_state(make(RemoteShards(nullptr, reader), std::nullopt).state(), *start);
+        Pipeline<T> pipe = make(RemoteShards(link_, reader), std::move(resume));
+        if (!send_all(pipe)) return;
+        if (!link_->restart_pending()) {
+          link_->done(pipe.current_epoch());  // past its last: the epochs it ran
           return;
         }
       }
@@ -323,7 +406,7 @@ class RemoteEdge {
   /// Worker: tells the trainer that this worker cannot go on, and why (the stage, for a
   /// StageError), then waits a bounded time until the trainer has stopped the edge, so that
   /// its pipeline reports the error. serve() calls it; call it for an error before serve(),
-  /// such as data this worker cannot read, which would otherwise leave the trainer waiting.
+  /// which would otherwise leave the trainer waiting.
   void fail(const std::exception& e) noexcept {
     if (link_->role() != RemoteRole::worker) return;
     const auto* stage = dynamic_cast<const StageError*>(&e);
@@ -335,6 +418,32 @@ class RemoteEdge {
   void close() { link_->close(); }
 
  private:
+  // Sends every item of `pipe`'s epochs with the units it carries, until it has run its epochs
+  // (true), a restart is pending after an epoch (true), or the trainer stopped the edge (false).
+  bool send_all(Pipeline<T>& pipe) {
+    PipelineState state = pipe.state();
+    const std::uint64_t fanout = units_per_sample(state);
+    std::uint32_t epoch = state.epoch;
+    PipelineState::Taken before = *state.taken;
+    while (!pipe.finished()) {
+      for (auto& item : pipe.epoch()) {
+        state = pipe.state();
+        if (state.epoch != epoch) {  // the consumer took nothing of an epoch at its start
+          epoch = state.epoch;
+          before = PipelineState::Taken{before.queue, 0, {}};
+        }
+        std::vector<std::uint64_t> units = detail::newly_taken(before, *state.taken);
+        for (auto& u : units) u = link_->position_of(epoch, u / fanout) * fanout + u % fanout;
+        before = std::move(*state.taken);
+        if (!link_->send(epoch, fanout, std::move(units), Codec<T>::encode(std::move(item)))) {
+          pipe.stop();
+          return false;
+        }
+      }
+      if (link_->restart_pending()) return true;
+    }
+    return true;
+  }
   void expect(RemoteRole role, const char* call) const {
     if (link_->role() != role)
       throw std::logic_error("remote edge '" + link_->options().name + "': " + call + " is for its " +
