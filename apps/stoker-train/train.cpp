@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "checkpoint.h"
+#include "images.h"
 #include "mlp.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/core/random.h"
@@ -58,6 +59,15 @@ struct TestSet {
   const std::int32_t* labels() const { return reinterpret_cast<const std::int32_t*>(memory.data() + labels_offset); }
 };
 
+TestSet upload_test_set(std::vector<Sample> crops, gpu::Device& device, gpu::Stream& stream) {
+  const auto pool = BufferPool::create();
+  const Batch batch = make_batch(std::move(crops), *pool);  // samples then labels: one copy
+  TestSet t{device.allocate(batch.payload_bytes()), batch.count, batch.labels_offset()};
+  stream.copy_to_device(t.memory.data(), batch.data(), batch.payload_bytes());
+  stream.synchronize();  // `batch` is freed on return
+  return t;
+}
+
 TestSet upload_test_set(std::shared_ptr<const IdxDataset> data, const TrainOptions& o, gpu::Device& device,
                         gpu::Stream& stream) {
   const auto pool = BufferPool::create();
@@ -66,11 +76,7 @@ TestSet upload_test_set(std::shared_ptr<const IdxDataset> data, const TrainOptio
   std::vector<Sample> crops;
   crops.reserve(reader.dataset_size());
   for (std::uint64_t i = 0; i < reader.dataset_size(); ++i) crops.push_back(center(reader.read(i)));
-  const Batch batch = make_batch(std::move(crops), *pool);  // samples then labels: one copy
-  TestSet t{device.allocate(batch.payload_bytes()), batch.count, batch.labels_offset()};
-  stream.copy_to_device(t.memory.data(), batch.data(), batch.payload_bytes());
-  stream.synchronize();  // `batch` is freed on return
-  return t;
+  return upload_test_set(std::move(crops), device, stream);
 }
 
 // What both modes share: the device, the model, the learning-rate schedule and the per-epoch
@@ -380,26 +386,49 @@ void train_from(Pipeline<gpu::DeviceBatch>& pipe, const TrainOptions& o, Trainer
   report.pipeline = pipe.summary();
 }
 
+// images -> crops (threads) -> shuffle -> batch -> collate into pinned memory -> copy.
+Pipeline<gpu::DeviceBatch> crops_to_device(Builder<Sample> images, const TrainOptions& o,
+                                           const gpu::ToDevice& to_device) {
+  return std::move(images)
+      .flat_map<DeferredCrop>("crops", random_crops(o),
+                              {.threads = o.crop_threads, .fanout = static_cast<std::size_t>(o.crops)})
+      .shuffle("shuffle", shuffle_options(o))
+      .batch("batch", o.batch_size, {.queue = o.batch_queue})
+      .map("collate", Collate{.pool = to_device.staging(), .normalize = Normalizer(fashion_normalization())},
+           {.threads = o.collate_threads, .queue = o.batch_queue})
+      .map("h2d", to_device, {.queue = o.batch_queue, .autotune = false})
+      .build();
+}
+
 // reader -> crops (threads) -> shuffle -> batch -> collate into pinned memory -> copy -> trainer.
 void train_pipelined(const TrainOptions& o, std::shared_ptr<const IdxDataset> data, Trainer& trainer,
                      const TestSet& test, TrainReport& report) {
   const gpu::ToDevice to_device(trainer.device_ptr(), to_device_options(o));
-  auto pipe =
+  auto pipe = crops_to_device(
       pipeline_builder(o, trainer)
           .source(
               "read",
               ShuffledShard(std::make_shared<IdxReader>(std::move(data), ReaderOptions{.pool = BufferPool::create()}),
                             trainer.shard()),
-              {.queue = o.read_queue})
-          .flat_map<DeferredCrop>("crops", random_crops(o),
-                                  {.threads = o.crop_threads, .fanout = static_cast<std::size_t>(o.crops)})
-          .shuffle("shuffle", shuffle_options(o))
-          .batch("batch", o.batch_size, {.queue = o.batch_queue})
-          .map("collate", Collate{.pool = to_device.staging(), .normalize = Normalizer(fashion_normalization())},
-               {.threads = o.collate_threads, .queue = o.batch_queue})
-          .map("h2d", to_device, {.queue = o.batch_queue, .autotune = false})
-          .build();
+              {.queue = o.read_queue}),
+      o, to_device);
   train_from(pipe, o, trainer, test, report);
+}
+
+// --images: files read -> decoded to gray (threads) -> the same crops and all that follows. Bad
+// files stop the run, or with --on-bad-input skip are left out and counted.
+void train_pipelined_images(const TrainOptions& o, std::shared_ptr<const ImageDataset> data, Trainer& trainer,
+                            const TestSet& test, TrainReport& report) {
+  const gpu::ToDevice to_device(trainer.device_ptr(), to_device_options(o));
+  const OnError on_bad = o.on_bad_input == "skip" ? OnError::skip : OnError::fail;
+  auto pipe = crops_to_device(pipeline_builder(o, trainer)
+                                  .source("read", ImageSource(std::move(data), {.shard = trainer.shard()}),
+                                          {.queue = o.read_queue, .on_error = on_bad})
+                                  .map("decode", DecodeForTraining{.crop_size = o.crop_size},
+                                       {.threads = o.crop_threads, .queue = o.read_queue, .on_error = on_bad}),
+                              o, to_device);
+  train_from(pipe, o, trainer, test, report);
+  for (const StageStats& s : report.pipeline->stages) report.skipped_images += s.skipped;
 }
 
 // --remote-workers: a batch on the wire is its storage (samples, labels, ids) after its count.
@@ -707,6 +736,15 @@ void validate(const TrainOptions& o, int ranks) {
       fail(std::string(which) + " needs --mode pipelined and --augment cpu");
   }
   if (o.checkpoint_every != 0 && o.checkpoint.empty()) fail("--checkpoint-every needs --checkpoint DIR");
+  if (o.on_bad_input != "fail" && o.on_bad_input != "skip")
+    fail("--on-bad-input must be fail or skip, not '" + o.on_bad_input + "'");
+  if (o.images.empty()) {
+    if (!o.test_images.empty()) fail("--test-images needs --images");
+    if (o.image_size != 0) fail("--image-size needs --images (the IDX images' crops are --crop-size)");
+    if (o.on_bad_input != "fail") fail("--on-bad-input skip needs --images (the IDX files are read whole)");
+  } else if (o.mode != "pipelined" || o.augment != "cpu" || o.remote_workers) {
+    fail("--images needs --mode pipelined and --augment cpu, and no --remote-workers");
+  }
   if (o.remote_workers) {
     if (ranks < 2)
       fail(
@@ -816,29 +854,45 @@ TrainReport run_training(const TrainOptions& options, const TrainCallbacks& call
   const int trainers = edge ? 1 : world;
   TrainOptions o = options;  // this rank's: its share of each step
   o.batch_size /= static_cast<std::size_t>(trainers);
+  if (o.image_size != 0) o.crop_size = o.image_size;
   report.mode = o.mode;
   // Before the data: a device that cannot be had is the first thing to hear of.
   auto device = open_device(device_for_rank(o.device, local_rank(), trainers, gpu::cuda_device_count()));
   const auto t_load = Clock::now();
-  auto train_data = std::make_shared<const IdxDataset>(load(o, "train"));
-  auto test_data = std::make_shared<const IdxDataset>(load(o, "t10k"));
-  if (train_data->size() == 0 || test_data->size() == 0) throw DataError(o.data, "the train or the test set is empty");
-  if (o.crop_size > train_data->images.height || o.crop_size > train_data->images.width)
-    throw std::invalid_argument("--crop-size " + std::to_string(o.crop_size) + " does not fit the " +
-                                train_data->shape().str() + " images");
-  report.train_images = train_data->size();
-  report.test_images = test_data->size();
+  std::shared_ptr<const IdxDataset> train_data, test_data;
+  ImageSets images;
+  TestCrops test_crops;
+  if (o.images.empty()) {
+    train_data = std::make_shared<const IdxDataset>(load(o, "train"));
+    test_data = std::make_shared<const IdxDataset>(load(o, "t10k"));
+    if (train_data->size() == 0 || test_data->size() == 0)
+      throw DataError(o.data, "the train or the test set is empty");
+    if (o.crop_size > train_data->images.height || o.crop_size > train_data->images.width)
+      throw std::invalid_argument("--crop-size " + std::to_string(o.crop_size) + " does not fit the " +
+                                  train_data->shape().str() + " images");
+    report.train_images = train_data->size();
+    report.test_images = test_data->size();
+  } else {
+    images = open_image_sets(o);
+    test_crops = decode_test_crops(images.test, o, fashion_normalization());
+    if (test_crops.crops.empty()) throw DataError(images.test_source, "no test image could be decoded");
+    report.train_images = images.train->size();
+    report.test_images = images.test->size();
+    report.test_source = images.test_source;
+    report.skipped_images = test_crops.skipped;
+  }
 
   // A rank's share of an epoch (ShuffledShard leaves out the remainder); all of it alone.
   const std::uint64_t samples_per_epoch =
-      train_data->size() / static_cast<std::uint64_t>(trainers) * static_cast<std::uint64_t>(o.crops);
+      report.train_images / static_cast<std::uint64_t>(trainers) * static_cast<std::uint64_t>(o.crops);
   Trainer trainer(o, callbacks, std::move(device), samples_per_epoch, edge ? nullptr : ranks);
   if (!o.resume.empty()) {
     const Checkpoint c = Checkpoint::load(o.resume);
     c.check_options(options, o.resume);  // the job's options, not this rank's share of them
     trainer.resume(c, o.resume);
   }
-  const TestSet test = upload_test_set(test_data, o, trainer.device(), trainer.compute());
+  const TestSet test = test_data ? upload_test_set(test_data, o, trainer.device(), trainer.compute())
+                                 : upload_test_set(std::move(test_crops.crops), trainer.device(), trainer.compute());
   report.device = gpu::backend_name(trainer.device().backend());
   report.device_name = trainer.device().name();
   report.parameters = trainer.model().parameter_count();
@@ -849,6 +903,8 @@ TrainReport run_training(const TrainOptions& options, const TrainCallbacks& call
   const bool gpu_augment = o.augment == "gpu";
   if (edge)
     train_remote(o, *edge, trainer, test, report);
+  else if (images.train)
+    train_pipelined_images(o, std::move(images.train), trainer, test, report);
   else if (o.mode == "sync")
     (gpu_augment ? train_sync_gpu : train_sync)(o, std::move(train_data), trainer, test, report);
   else
