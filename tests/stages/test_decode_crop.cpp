@@ -159,7 +159,7 @@ TEST_CASE("DecodeResizedCrop with DCT scaling: equal without it, close with it, 
   CHECK(p99 <= 6);
 }
 
-TEST_CASE("a decode_crop stage on 1 and 3 threads makes what decode and crop stages make, every epoch" *
+TEST_CASE("decode_crop stages on 1 and 3 threads make what decode and crop stages make, every epoch" *
           doctest::timeout(60)) {
   TempDir dir("decode_crop");
   auto pool = BufferPool::create();
@@ -173,7 +173,8 @@ TEST_CASE("a decode_crop stage on 1 and 3 threads makes what decode and crop sta
   }
   write_bytes(dir / "list.txt", std::as_bytes(std::span(list.data(), list.size())));
   const auto data = ImageDataset::open(dir / "list.txt");
-  const RandomResizedCropOptions crop{.size = {32, 32}, .mirror = MirrorOptions{}, .normalize = kImageNet};
+  const RandomResizedCropOptions crop{
+      .size = {32, 32}, .mirror = MirrorOptions{}, .normalize = kImageNet, .layout = Layout::planar};
 
   using Outputs = std::map<std::pair<std::uint32_t, std::uint64_t>, std::vector<std::byte>>;  // (epoch, id)
   const auto collect = [](auto& pipe) {
@@ -205,6 +206,26 @@ TEST_CASE("a decode_crop stage on 1 and 3 threads makes what decode and crop sta
                      .map("decode_crop", DecodeResizedCrop({.crop = crop}), {.threads = threads})
                      .build();
     CHECK(collect(fused) == want);
+    // Resized by Collate, a batch's crops in parallel on the pipeline's idle threads.
+    auto at_collate = PipelineBuilder{}
+                          .seed(9)
+                          .epochs(2)
+                          .threads(threads)
+                          .source("read", ImageSource(data))
+                          .map("decode_crop", DecodeCropWindow({.crop = crop}), {.threads = threads})
+                          .batch("batch", 5)
+                          .map("collate", Collate{}, {.threads = threads})
+                          .build();
+    Outputs got;
+    for (auto epoch : at_collate.epochs())
+      for (Batch& b : epoch)
+        for (std::size_t i = 0; i < b.count; ++i) {
+          const auto key = std::make_pair(at_collate.current_epoch(), b.id_values()[i]);
+          CHECK(got.count(key) == 0);
+          const auto* p = b.data() + i * b.sample_bytes();
+          got[key].assign(p, p + b.sample_bytes());
+        }
+    CHECK(got == want);
   }
 }
 
