@@ -51,15 +51,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  auto seconds = [](timeval t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
-  return seconds(u.ru_utime) + seconds(u.ru_stime);
-}
-
 const Normalization kImageNet{.scale = 255, .mean = {0.485f, 0.456f, 0.406f}, .std = {0.229f, 0.224f, 0.225f}};
 constexpr double kMirrorP = 0.5;
 constexpr double kMiB = 1024.0 * 1024.0;
@@ -662,19 +653,6 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
   std::cout << "page cache: " << fixed(100 * cached_before, 1) << "% of the files' pages resident before the runs, "
             << fixed(100 * cached_after, 1) << "% after\n";
 
-  Json stages = Json::array();
-  if (last_pipeline) {
-    const auto& s = last_pipeline->last.summary;
-    const double wall = std::chrono::duration<double>(s.wall).count();
-    for (const StageStats& st : s.stages) {
-      const double busy = std::chrono::duration<double>(st.busy).count();
-      stages.push_back({{"name", st.name},
-                        {"threads", st.threads},
-                        {"items_in", st.items_in},
-                        {"busy_s", busy},
-                        {"busy_per_thread_pct", wall > 0 ? 100.0 * busy / (wall * st.threads) : 0.0}});
-    }
-  }
   Json out;
   out["config"] = {
       {"data", opt.data},
@@ -720,7 +698,7 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
                     "(crop_queue + N + batch x (1 + batch_queue + collate_threads)) x crop bytes + batches "
                     "(collate_queue + collate_threads + 1) x batch bytes + 2 x 32 MiB of idle pool memory"}};
   out["verified"] = {{"images_per_run", job.expected.images}, {"same_crops_in_pipeline_and_loop", have_content}};
-  out["pipeline_stages"] = std::move(stages);
+  if (last_pipeline) out["pipeline_stages"] = stage_table(last_pipeline->last.summary);
   return out;
 }
 
