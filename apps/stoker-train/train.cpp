@@ -428,7 +428,8 @@ void train_pipelined_images(const TrainOptions& o, std::shared_ptr<const ImageDa
                                        {.threads = o.crop_threads, .queue = o.read_queue, .on_error = on_bad}),
                               o, to_device);
   train_from(pipe, o, trainer, test, report);
-  for (const StageStats& s : report.pipeline->stages) report.skipped_images += s.skipped;
+  if (report.pipeline)  // none when a resumed run had nothing left to train
+    for (const StageStats& s : report.pipeline->stages) report.skipped_images += s.skipped;
 }
 
 // --remote-workers: a batch on the wire is its storage (samples, labels, ids) after its count.

@@ -240,8 +240,10 @@ std::shared_ptr<const ImageDataset> ImageDataset::subset(std::span<const std::ui
     data->add(stored_name(items_[id]), item);
   }
   if (kind_ == Kind::tar) data->shard_begin_.push_back(data->items_.size());
-  data->seal(fingerprint_.substr(0, fingerprint_.find(' ')) + " subset of " + std::to_string(ids.size()) + " of " +
-             fingerprint_);
+  // "list data/train.txt (subset): 500 images, hash ...": the hash is of the subset's names and labels.
+  std::string what = fingerprint_.substr(0, fingerprint_.rfind(": "));
+  if (!what.ends_with(" (subset)")) what += " (subset)";
+  data->seal(what);
   return data;
 }
 

@@ -615,6 +615,23 @@ TEST_CASE("--images: a PNG list trains, a tenth held out for testing, and bad fi
   for (const auto& e : r.epochs) CHECK(e.samples == 360u * 5);
   CHECK(r.test_accuracy() > 0.8);  // chance is 0.1: the tenth holds every class
 
+  // Checkpoints: a resume goes on with the same files, and is refused with others.
+  auto checkpointed = o;
+  checkpointed.checkpoint = (dir.path() / "checkpoint").string();
+  checkpointed.deterministic = true;
+  stoker::train::run_training(checkpointed);
+  auto resumed = checkpointed;
+  resumed.checkpoint.clear();
+  resumed.resume = checkpointed.checkpoint;
+  const auto again = stoker::train::run_training(resumed);
+  CHECK(again.nothing_to_train);
+  CHECK(again.test_accuracy() > 0.8);
+  resumed.images = (dir.path() / "other.txt").string();
+  std::filesystem::copy_file(list, resumed.images);
+  std::ofstream(resumed.images, std::ios::app) << "0/0.png 0\n";  // one more image
+  CHECK_THROWS_WITH_AS(stoker::train::run_training(resumed),
+                       doctest::Contains("cannot resume from a state of another pipeline"), stoker::StateError);
+
   // A test list of its own; a truncated PNG among the training images and one among the test's.
   const auto test_list = write_pattern_classes(dir.path() / "test", 30);
   o.test_images = test_list.string();
