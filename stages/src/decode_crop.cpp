@@ -8,20 +8,8 @@
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/parallel_for.h>
 
+#include "stoker/core/detail/tsan.h"  // parallel_for returns after its chunks
 #include "stoker/stages/batch.h"
-
-// libtbb is not built with ThreadSanitizer, so the ordering parallel_for provides (a chunk runs
-// after the call that made it, the call returns after every chunk) is invisible to TSan. These
-// annotations state those edges; they compile to nothing in other builds.
-#if defined(__SANITIZE_THREAD__)
-extern "C" void __tsan_acquire(void* addr);
-extern "C" void __tsan_release(void* addr);
-#define STOKER_TSAN_ACQUIRE(p) __tsan_acquire(static_cast<void*>(p))
-#define STOKER_TSAN_RELEASE(p) __tsan_release(static_cast<void*>(p))
-#else
-#define STOKER_TSAN_ACQUIRE(p) ((void)0)
-#define STOKER_TSAN_RELEASE(p) ((void)0)
-#endif
 
 namespace stoker {
 
