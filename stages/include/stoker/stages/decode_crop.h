@@ -6,14 +6,16 @@
 //   auto pipe = stoker::PipelineBuilder{}
 //                   .source("read", stoker::ImageSource(stoker::ImageDataset::open("train.txt")))
 //                   .map("decode_crop",
-//                        stoker::DecodeResizedCrop({.crop = {.size = {224, 224},
-//                                                            .mirror = stoker::MirrorOptions{},
-//                                                            .normalize = imagenet,
-//                                                            .layout = stoker::Layout::planar}}),
+//                        stoker::DecodeCropWindow({.crop = {.size = {224, 224},
+//                                                           .mirror = stoker::MirrorOptions{},
+//                                                           .normalize = imagenet}}),
 //                        {.threads = 8})
 //                   .batch("batch", 256)
-//                   .map("collate", stoker::Collate{})  // float32 [256, 3, 224, 224] + int32 labels
+//                   .map("collate", stoker::Collate{})  // resized into float32 [256, 3, 224, 224]
 //                   .build();
+//
+// DecodeCropWindow decodes and leaves the resize to Collate, which writes it straight into the
+// batch; DecodeResizedCrop resizes in the map stage and outputs the crop.
 #pragma once
 
 #include <cstddef>
