@@ -42,17 +42,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-// CPU time of the whole process so far: on a shared machine, CPU time per crop shows what a
-// run costs even when other processes stretch its wall time.
-double cpu_seconds() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  auto seconds = [](timeval t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
-  return seconds(u.ru_utime) + seconds(u.ru_stime);
-}
-
 // How long a cache line takes to go from one core to another, one way: two threads on the first
 // two CPUs this process may use bounce one atomic; the best of many short bursts, so that a
 // burst in which either thread lost its core to another process does not count. A pipeline
@@ -420,21 +409,6 @@ std::string rate(double crops_per_s) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.3f", crops_per_s / 1e6);
   return buf;
-}
-
-Json stage_table(const PipelineSummary& s) {
-  Json stages = Json::array();
-  const double wall = std::chrono::duration<double>(s.wall).count();
-  for (const StageStats& st : s.stages) {
-    const double busy = std::chrono::duration<double>(st.busy).count();
-    stages.push_back({{"name", st.name},
-                      {"threads", st.threads},
-                      {"items_in", st.items_in},
-                      {"items_out", st.items_out},
-                      {"busy_s", busy},
-                      {"busy_per_thread_pct", wall > 0 ? 100.0 * busy / (wall * st.threads) : 0.0}});
-  }
-  return stages;
 }
 
 Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {

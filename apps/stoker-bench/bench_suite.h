@@ -9,9 +9,11 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <sys/resource.h>
 #include <vector>
 
 #include "checks.h"
+#include "stoker/core/stage_stats.h"
 
 namespace stoker::bench {
 
@@ -64,6 +66,35 @@ class Work {
  private:
   double per_us_ = 0;
 };
+
+inline double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+/// CPU time of the whole process so far: on a shared machine, CPU time per item shows what a
+/// run costs even when other processes stretch its wall time.
+inline double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto seconds = [](timeval t) { return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) * 1e-6; };
+  return seconds(u.ru_utime) + seconds(u.ru_stime);
+}
+
+/// A pipeline's stages as JSON: threads, items in and out, busy seconds and busy share per thread.
+inline Json stage_table(const PipelineSummary& s) {
+  Json stages = Json::array();
+  const double wall = std::chrono::duration<double>(s.wall).count();
+  for (const StageStats& st : s.stages) {
+    const double busy = std::chrono::duration<double>(st.busy).count();
+    stages.push_back({{"name", st.name},
+                      {"threads", st.threads},
+                      {"items_in", st.items_in},
+                      {"items_out", st.items_out},
+                      {"busy_s", busy},
+                      {"busy_per_thread_pct", wall > 0 ? 100.0 * busy / (wall * st.threads) : 0.0}});
+  }
+  return stages;
+}
 
 /// Median, minimum and maximum of one figure over the repeats.
 struct Spread {

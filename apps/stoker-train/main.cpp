@@ -255,6 +255,25 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
       ->check(apps::in_range<std::size_t>(0, std::numeric_limits<std::uint32_t>::max()))
       ->capture_default_str()
       ->group("Data");
+  app.add_option("--images", o.images,
+                 "Train on image files instead of the IDX files: a list file of 'path label' lines or a folder per "
+                 "class (JPEG or PNG, decoded to gray; labels 0 to 9), cropped as --crop-size or --image-size says")
+      ->type_name("PATH")
+      ->group("Data");
+  app.add_option("--test-images", o.test_images,
+                 "With --images: the test set's image files (default: a tenth of --images drawn at random, the same "
+                 "every run, held out)")
+      ->type_name("PATH")
+      ->group("Data");
+  app.add_option("--image-size", o.image_size, "With --images: the crops' side (default: --crop-size)")
+      ->check(apps::in_range<std::uint32_t>(1, 1024))
+      ->group("Data");
+  app.add_option("--on-bad-input", o.on_bad_input,
+                 "With --images, what a file that cannot be read or decoded does: fail (exit 1, naming it) or skip "
+                 "(left out, counted in skipped_images)")
+      ->check(CLI::IsMember({"fail", "skip"}))
+      ->capture_default_str()
+      ->group("Data");
   app.add_flag("--remote-workers", o.remote_workers,
                "Under mpirun -np N: rank 0 trains on whole steps, and ranks 1 to N-1 read, crop, shuffle, batch "
                "and collate, taking shards of every epoch from rank 0 as they need them, and send it the batches "
@@ -333,6 +352,7 @@ Json to_json(const TrainOptions& o, const TrainReport& r) {
   out["d2h_bytes"] = r.transfers.d2h_bytes;
   out["train_images"] = r.train_images;
   out["test_images"] = r.test_images;
+  out["skipped_images"] = r.skipped_images;
   out["model"] = "mlp " + layers(o);
   out["parameters"] = r.parameters;
   out["batch_size"] = o.batch_size;
@@ -379,6 +399,11 @@ int run(int argc, char** argv, cluster::Communicator& ranks) {
   bool json = false;
   add_options(app, o, json);
   if (const auto done = apps::parse_command_line(app, argc, argv)) return *done;
+  if (o.image_size != 0) {
+    if (app.count("--crop-size") != 0)
+      throw apps::UsageError("--image-size and --crop-size both set the crops' side: give one of them");
+    o.crop_size = o.image_size;
+  }
 
   // The default batch divides among any number of ranks; a batch given does, or is refused.
   std::string batch_note;
@@ -401,9 +426,15 @@ int run(int argc, char** argv, cluster::Communicator& ranks) {
   ProgressBar bar(o.epochs, lead);
   TrainCallbacks callbacks;
   callbacks.on_start = [&](const TrainReport& r) {
-    std::cout << "data:   " << r.train_images << " training and " << r.test_images << " test images from " << o.data
-              << " (" << fixed(r.load_seconds, 1) << " s to load, center-crop and upload the test set)\n"
-              << "device: " << r.device_name << "\n"
+    if (o.images.empty())
+      std::cout << "data:   " << r.train_images << " training and " << r.test_images << " test images from " << o.data
+                << " (" << fixed(r.load_seconds, 1) << " s to load, center-crop and upload the test set)\n";
+    else
+      std::cout << "data:   " << r.train_images << " training images from " << o.images << "; " << r.test_images
+                << " test images from " << r.test_source
+                << (r.skipped_images ? " (" + std::to_string(r.skipped_images) + " bad files skipped)" : "") << " ("
+                << fixed(r.load_seconds, 1) << " s to decode, center-crop and upload them)\n";
+    std::cout << "device: " << r.device_name << "\n"
               << "model:  MLP " << layers(o) << " (" << r.parameters << " parameters), SGD momentum " << o.momentum
               << ", lr " << o.learning_rate << " cosine to 0, weight decay " << o.weight_decay << "\n"
               << "input:  " << o.mode << ", " << o.crops << " random " << o.crop_size << "x" << o.crop_size
@@ -479,6 +510,9 @@ int run(int argc, char** argv, cluster::Communicator& ranks) {
               << apps::plural(r.epochs.size(), "epoch") << ", " << static_cast<long long>(r.samples_per_s())
               << " samples/s, starvation " << fixed(100 * r.starvation(), 1) << "% (" << r.mode << ", " << r.device
               << ")\n";
+    if (!o.images.empty() && o.on_bad_input == "skip")
+      std::cout << "images: " << r.skipped_images
+                << " bad files skipped (--on-bad-input skip; a bad training file counts once per epoch)\n";
     if (r.remote_workers != 0)
       std::cout << "remote: " << r.remote_workers << " workers sent " << format_bytes(r.remote_bytes)
                 << " of batches; at most " << r.remote_peak << " were on their way at once"

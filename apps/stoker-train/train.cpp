@@ -21,6 +21,7 @@
 #include <sched.h>
 
 #include "checkpoint.h"
+#include "images.h"
 #include "mlp.h"
 #include "stoker/cluster/communicator.h"
 #include "stoker/cluster/elastic.h"
@@ -64,6 +65,15 @@ struct TestSet {
   const std::int32_t* labels() const { return reinterpret_cast<const std::int32_t*>(memory.data() + labels_offset); }
 };
 
+TestSet upload_test_set(std::vector<Sample> crops, gpu::Device& device, gpu::Stream& stream) {
+  const auto pool = BufferPool::create();
+  const Batch batch = make_batch(std::move(crops), *pool);  // samples then labels: one copy
+  TestSet t{device.allocate(batch.payload_bytes()), batch.count, batch.labels_offset()};
+  stream.copy_to_device(t.memory.data(), batch.data(), batch.payload_bytes());
+  stream.synchronize();  // `batch` is freed on return
+  return t;
+}
+
 TestSet upload_test_set(std::shared_ptr<const IdxDataset> data, const TrainOptions& o, gpu::Device& device,
                         gpu::Stream& stream) {
   const auto pool = BufferPool::create();
@@ -72,11 +82,7 @@ TestSet upload_test_set(std::shared_ptr<const IdxDataset> data, const TrainOptio
   std::vector<Sample> crops;
   crops.reserve(reader.dataset_size());
   for (std::uint64_t i = 0; i < reader.dataset_size(); ++i) crops.push_back(center(reader.read(i)));
-  const Batch batch = make_batch(std::move(crops), *pool);  // samples then labels: one copy
-  TestSet t{device.allocate(batch.payload_bytes()), batch.count, batch.labels_offset()};
-  stream.copy_to_device(t.memory.data(), batch.data(), batch.payload_bytes());
-  stream.synchronize();  // `batch` is freed on return
-  return t;
+  return upload_test_set(std::move(crops), device, stream);
 }
 
 // What both modes share: the device, the model, the learning-rate schedule and the per-epoch
@@ -514,6 +520,20 @@ void train_from(Pipeline<gpu::DeviceBatch>& pipe, const TrainOptions& o, Trainer
   report.pipeline = pipe.summary();
 }
 
+// images -> crops (threads) -> shuffle -> batch -> collate into pinned memory -> copy.
+Pipeline<gpu::DeviceBatch> crops_to_device(Builder<Sample> images, const TrainOptions& o,
+                                           const gpu::ToDevice& to_device) {
+  return std::move(images)
+      .flat_map<DeferredCrop>("crops", random_crops(o),
+                              {.threads = o.crop_threads, .fanout = static_cast<std::size_t>(o.crops)})
+      .shuffle("shuffle", shuffle_options(o))
+      .batch("batch", o.batch_size, {.queue = o.batch_queue})
+      .map("collate", Collate{.pool = to_device.staging(), .normalize = Normalizer(fashion_normalization())},
+           {.threads = o.collate_threads, .queue = o.batch_queue})
+      .map("h2d", to_device, {.queue = o.batch_queue, .autotune = false})
+      .build();
+}
+
 // reader -> crops (threads) -> shuffle -> batch -> collate into pinned memory -> copy -> trainer.
 void train_pipelined(const TrainOptions& o, std::shared_ptr<const IdxDataset> data, Trainer& trainer,
                      const TestSet& test, TrainReport& report) {
@@ -549,6 +569,25 @@ void train_pipelined(const TrainOptions& o, std::shared_ptr<const IdxDataset> da
           .map("h2d", to_device, {.queue = o.batch_queue, .autotune = false})
           .build();
   train_from(pipe, o, trainer, test, report);
+}
+
+// --images: files read -> decoded to gray (threads) -> the same crops and all that follows. Bad
+// files stop the run, or with --on-bad-input skip are left out and counted.
+void train_pipelined_images(const TrainOptions& o, std::shared_ptr<const ImageDataset> data, Trainer& trainer,
+                            const TestSet& test, TrainReport& report) {
+  const gpu::ToDevice to_device(trainer.device_ptr(), to_device_options(o));
+  const OnError on_bad = o.on_bad_input == "skip" ? OnError::skip : OnError::fail;
+  if (trainer.blank_needed())
+    throw std::invalid_argument("--resume with --images: the checkpoint goes on on as many ranks as wrote it");
+  auto pipe = crops_to_device(pipeline_builder(o, trainer, trainer.resume_point(std::nullopt))
+                                  .source("read", ImageSource(std::move(data), {.shard = trainer.shard()}),
+                                          {.queue = o.read_queue, .on_error = on_bad})
+                                  .map("decode", DecodeForTraining{.crop_size = o.crop_size},
+                                       {.threads = o.crop_threads, .queue = o.read_queue, .on_error = on_bad}),
+                              o, to_device);
+  train_from(pipe, o, trainer, test, report);
+  if (report.pipeline)  // none when a resumed run had nothing left to train
+    for (const StageStats& s : report.pipeline->stages) report.skipped_images += s.skipped;
 }
 
 // --remote-workers: a batch on the wire is its storage (samples, labels, ids) after its count.
@@ -879,6 +918,15 @@ void validate(const TrainOptions& o, int ranks) {
   }
   if (!(o.rank_timeout >= 0 && std::isfinite(o.rank_timeout)))
     fail("--rank-timeout must be 0 (wait as long as it takes) or more seconds");
+  if (o.on_bad_input != "fail" && o.on_bad_input != "skip")
+    fail("--on-bad-input must be fail or skip, not '" + o.on_bad_input + "'");
+  if (o.images.empty()) {
+    if (!o.test_images.empty()) fail("--test-images needs --images");
+    if (o.image_size != 0) fail("--image-size needs --images (the IDX images' crops are --crop-size)");
+    if (o.on_bad_input != "fail") fail("--on-bad-input skip needs --images (the IDX files are read whole)");
+  } else if (o.mode != "pipelined" || o.augment != "cpu" || o.remote_workers) {
+    fail("--images needs --mode pipelined and --augment cpu, and no --remote-workers");
+  }
   if (o.remote_workers) {
     if (ranks < 2)
       fail(
@@ -1004,7 +1052,9 @@ std::string content_hash(const IdxDataset& d) {
 
 // What every rank of a job reads, opens and checks before the first step.
 struct Setup {
-  std::shared_ptr<const IdxDataset> train, test;  // test: trainers only
+  std::shared_ptr<const IdxDataset> train, test;  // test: trainers only; none with --images
+  ImageSets images;                               // --images
+  TestCrops test_crops;                           // --images, trainers only
   std::shared_ptr<gpu::Device> device;            // trainers only
   std::optional<Checkpoint> checkpoint;           // --resume
 };
@@ -1014,14 +1064,22 @@ Setup set_up(const TrainOptions& options, int world, int trainers, bool trainer)
   Setup s;
   if (trainer)  // before the data: a device that cannot be had is the first thing to hear of
     s.device = open_device(device_for_rank(options.device, local_rank(), trainers, gpu::cuda_device_count()));
-  s.train = std::make_shared<const IdxDataset>(load(options, "train"));
-  if (s.train->size() == 0) throw DataError(options.data, "the training set is empty");
-  if (options.crop_size > s.train->images.height || options.crop_size > s.train->images.width)
-    throw std::invalid_argument("--crop-size " + std::to_string(options.crop_size) + " does not fit the " +
-                                s.train->shape().str() + " images");
-  if (trainer) {
-    s.test = std::make_shared<const IdxDataset>(load(options, "t10k"));
-    if (s.test->size() == 0) throw DataError(options.data, "the test set is empty");
+  if (!options.images.empty()) {
+    s.images = open_image_sets(options);
+    if (trainer) {
+      s.test_crops = decode_test_crops(s.images.test, options, fashion_normalization());
+      if (s.test_crops.crops.empty()) throw DataError(s.images.test_source, "no test image could be decoded");
+    }
+  } else {
+    s.train = std::make_shared<const IdxDataset>(load(options, "train"));
+    if (s.train->size() == 0) throw DataError(options.data, "the training set is empty");
+    if (options.crop_size > s.train->images.height || options.crop_size > s.train->images.width)
+      throw std::invalid_argument("--crop-size " + std::to_string(options.crop_size) + " does not fit the " +
+                                  s.train->shape().str() + " images");
+    if (trainer) {
+      s.test = std::make_shared<const IdxDataset>(load(options, "t10k"));
+      if (s.test->size() == 0) throw DataError(options.data, "the test set is empty");
+    }
   }
   if (!options.resume.empty()) {
     s.checkpoint = Checkpoint::load(options.resume);
@@ -1051,10 +1109,12 @@ cluster::Facts job_facts(const TrainOptions& o, const Setup& s, int trainers, co
   option("--deterministic", o.deterministic ? "on" : "off");
   option("--checkpoint", o.checkpoint.empty() ? "none" : "given");  // rank 0 writes it
   option("--checkpoint-every", o.checkpoint_every);
-  if (s.train) {
-    facts.emplace_back("training data", content_hash(*s.train));
-    const std::uint64_t samples =
-        s.train->size() / static_cast<std::uint64_t>(trainers) * static_cast<std::uint64_t>(o.crops);
+  if (s.images.train)
+    facts.emplace_back("training images", std::to_string(s.images.train->size()) + " files of " + o.images);
+  if (s.train) facts.emplace_back("training data", content_hash(*s.train));
+  if (s.train || s.images.train) {
+    const std::uint64_t size = s.train ? s.train->size() : s.images.train->size();
+    const std::uint64_t samples = size / static_cast<std::uint64_t>(trainers) * static_cast<std::uint64_t>(o.crops);
     const std::size_t batch = o.batch_size / static_cast<std::size_t>(trainers);
     option("steps per epoch", (samples + batch - 1) / batch);
   }
@@ -1178,19 +1238,29 @@ TrainReport run_training(const TrainOptions& options, const TrainCallbacks& call
   }
   TrainOptions o = options;  // this rank's: its share of each step
   o.batch_size /= static_cast<std::size_t>(trainers);
+  if (o.image_size != 0) o.crop_size = o.image_size;
   report.mode = o.mode;
   auto train_data = std::move(setup.train);
   auto test_data = std::move(setup.test);
-  report.train_images = train_data->size();
-  report.test_images = test_data->size();
+  ImageSets images = std::move(setup.images);
+  if (train_data) {
+    report.train_images = train_data->size();
+    report.test_images = test_data->size();
+  } else {
+    report.train_images = images.train->size();
+    report.test_images = images.test->size();
+    report.test_source = images.test_source;
+    report.skipped_images = setup.test_crops.skipped;
+  }
 
   // A rank's share of an epoch (ShuffledShard leaves out the remainder); all of it alone.
   const std::uint64_t samples_per_epoch =
-      train_data->size() / static_cast<std::uint64_t>(trainers) * static_cast<std::uint64_t>(o.crops);
+      report.train_images / static_cast<std::uint64_t>(trainers) * static_cast<std::uint64_t>(o.crops);
   Trainer trainer(o, callbacks, std::move(setup.device), samples_per_epoch, edge ? nullptr : ranks, ranks);
-  trainer.set_data_size(train_data->size());
+  trainer.set_data_size(report.train_images);
   if (setup.checkpoint) trainer.resume(*setup.checkpoint, o.resume);
-  const TestSet test = upload_test_set(test_data, o, trainer.device(), trainer.compute());
+  const TestSet test = test_data ? upload_test_set(test_data, o, trainer.device(), trainer.compute())
+                                 : upload_test_set(std::move(setup.test_crops.crops), trainer.device(), trainer.compute());
   report.device = gpu::backend_name(trainer.device().backend());
   report.device_name = trainer.device().name();
   report.parameters = trainer.model().parameter_count();
@@ -1202,6 +1272,8 @@ TrainReport run_training(const TrainOptions& options, const TrainCallbacks& call
   const bool gpu_augment = o.augment == "gpu";
   if (edge)
     train_remote(o, *edge, trainer, test, report, {ranks->rank(), world, "trainer"});
+  else if (images.train)
+    train_pipelined_images(o, std::move(images.train), trainer, test, report);
   else if (o.mode == "sync")
     (gpu_augment ? train_sync_gpu : train_sync)(o, std::move(train_data), trainer, test, report);
   else

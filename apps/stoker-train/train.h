@@ -86,6 +86,18 @@ struct TrainOptions {
   std::string graph = "auto";
 
   std::size_t limit = 0;  ///< use only the first N train and N test images; 0 = all
+
+  /// Image files to train on instead of the IDX files: a list file of `path label` lines or a
+  /// class folder, decoded to gray, cropped as the IDX images are (crop_size); empty = the IDX files.
+  std::string images;
+  /// With `images`: the crops' side, which may be larger than 28 (0: crop_size).
+  std::uint32_t image_size = 0;
+  /// The test set's image files; empty = a tenth of `images` drawn at random (the same every
+  /// run), held out.
+  std::string test_images;
+  /// What a bad image file does: fail (the run stops, naming the file) or skip (it is counted
+  /// in skipped_images and left out).
+  std::string on_bad_input = "fail";
 };
 
 /// Throws std::invalid_argument naming the first bad option, for a job of `ranks` processes.
@@ -150,6 +162,9 @@ struct TrainReport {
   bool graph = false;     ///< full training steps ran as one CUDA graph launch each
   std::uint64_t graph_steps = 0;  ///< the steps that did (all full ones but the first)
   std::uint64_t train_images = 0, test_images = 0;
+  std::string test_source;  ///< with --images: where the test images came from
+  /// With --images: bad files left out (--on-bad-input skip), every epoch's and the test set's.
+  std::uint64_t skipped_images = 0;
   std::size_t parameters = 0;
   double load_seconds = 0;  ///< reading and decoding the data sets, preparing the test set
   std::vector<EpochReport> epochs;

@@ -24,23 +24,11 @@
 #include "run_context.h"
 #include "stoker/core/body_tracer.h"
 #include "stoker/core/detail/edges.h"
+#include "stoker/core/detail/tsan.h"  // a task runs after the enqueue that made it
 #include "stoker/core/stage_error.h"
 #include "stoker_log.h"
 #include "taken.h"
 #include "trace.h"
-
-// libtbb is not built with ThreadSanitizer, so the ordering it provides (a task runs after
-// the enqueue that made it) is invisible to TSan. These annotations state that edge; they
-// compile to nothing in other builds.
-#if defined(__SANITIZE_THREAD__)
-extern "C" void __tsan_acquire(void* addr);
-extern "C" void __tsan_release(void* addr);
-#define STOKER_TSAN_ACQUIRE(p) __tsan_acquire(static_cast<void*>(p))
-#define STOKER_TSAN_RELEASE(p) __tsan_release(static_cast<void*>(p))
-#else
-#define STOKER_TSAN_ACQUIRE(p) ((void)0)
-#define STOKER_TSAN_RELEASE(p) ((void)0)
-#endif
 
 namespace stoker {
 

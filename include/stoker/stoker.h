@@ -24,6 +24,7 @@
 #include "stoker/gpu/staging.h"
 #include "stoker/stages/batch.h"
 #include "stoker/stages/buffer_pool.h"
+#include "stoker/stages/decode_crop.h"
 #include "stoker/stages/dlpack.h"
 #include "stoker/stages/idx.h"
 #include "stoker/stages/image.h"

@@ -42,6 +42,6 @@ ImageInfo jpeg_header(std::span<const std::byte> bytes, const std::string& name)
 /// decode_window() of a JPEG, through libjpeg. Also the full decode of what TurboJPEG 2.1 does
 /// not convert itself (CMYK, YCCK, subsamplings it cannot name).
 DecodedWindow jpeg_window(std::span<const std::byte> bytes, const std::string& name, BufferPool& pool,
-                          const WindowRequest& request, const DecodeOptions& options, const StageContext& ctx);
+                          WindowChooser choose, const DecodeOptions& options, const StageContext& ctx);
 
 }  // namespace stoker::detail

@@ -86,9 +86,10 @@ Sample decode_jpeg(std::span<const std::byte> bytes, const std::string& name, Bu
   const bool read = tjDecompressHeader3(tj.handle(), data, size, &width, &height, &subsampling, &colorspace) == 0;
   if (!read) tj.failed();
   if (!read || width <= 0 || height <= 0 || colorspace == TJCS_CMYK || colorspace == TJCS_YCCK) {
-    const ImageInfo info = detail::jpeg_header(bytes, name);  // throws for a header that is bad
-    const WindowRequest whole{
-        .window = {0, 0, info.width, info.height}, .min_width = info.width, .min_height = info.height};
+    const auto whole = [](const ImageInfo& info) {
+      return WindowRequest{
+          .window = {0, 0, info.width, info.height}, .min_width = info.width, .min_height = info.height};
+    };
     return detail::jpeg_window(bytes, name, pool, whole, options, ctx).image;
   }
   detail::check_pixels(static_cast<std::uint64_t>(width), static_cast<std::uint64_t>(height), options, name, "JPEG");
@@ -254,11 +255,18 @@ std::uint32_t jpeg_scale_eighths(std::uint32_t width, std::uint32_t height, std:
 
 DecodedWindow decode_window(std::span<const std::byte> bytes, const std::string& name, BufferPool& pool,
                             const WindowRequest& request, const DecodeOptions& options, const StageContext& ctx) {
+  const auto same = [&request](const ImageInfo&) { return request; };
+  return decode_window(bytes, name, pool, same, options, ctx);
+}
+
+DecodedWindow decode_window(std::span<const std::byte> bytes, const std::string& name, BufferPool& pool,
+                            WindowChooser choose, const DecodeOptions& options, const StageContext& ctx) {
   if (image_format(bytes, name) == ImageFormat::jpeg)
-    return detail::jpeg_window(bytes, name, pool, request, options, ctx);
+    return detail::jpeg_window(bytes, name, pool, choose, options, ctx);
   DecodedWindow result;
   PngDecoder png(bytes, name, options);
   result.info = png.info();
+  const WindowRequest request = choose(result.info);
   const PixelRect& w = request.window;
   detail::check_window(w, result.info, name);
   Sample whole = decode_png(png, pool, options, ctx);

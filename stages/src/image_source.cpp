@@ -214,6 +214,39 @@ std::shared_ptr<const ImageDataset> ImageDataset::open(const fs::path& path) {
   return from_list(path);
 }
 
+std::shared_ptr<const ImageDataset> ImageDataset::subset(std::span<const std::uint64_t> ids) const {
+  if (ids.empty()) throw std::invalid_argument("ImageDataset::subset: no image asked for");
+  std::shared_ptr<ImageDataset> data(new ImageDataset());
+  data->kind_ = kind_;
+  data->root_ = root_;
+  data->classes_ = classes_;
+  data->shard_begin_ = {0};
+  std::uint32_t last_shard = 0;  // of this data set, for the image before
+  for (std::size_t k = 0; k < ids.size(); ++k) {
+    const std::uint64_t id = ids[k];
+    if (id >= size() || (k > 0 && id <= ids[k - 1]))
+      throw std::invalid_argument("ImageDataset::subset: id " + std::to_string(id) + " at " + std::to_string(k) +
+                                  (id >= size() ? " is not below the data set's " + std::to_string(size()) + " images"
+                                                : " does not follow " + std::to_string(ids[k - 1])));
+    Item item = items_[id];
+    if (kind_ == Kind::tar) {  // ids increase, so shards come in order: number those that keep an image
+      if (data->shards_.empty() || item.shard != last_shard) {
+        if (!data->shards_.empty()) data->shard_begin_.push_back(data->items_.size());
+        data->shards_.push_back(shards_[item.shard]);
+        last_shard = item.shard;
+      }
+      item.shard = static_cast<std::uint32_t>(data->shards_.size() - 1);
+    }
+    data->add(stored_name(items_[id]), item);
+  }
+  if (kind_ == Kind::tar) data->shard_begin_.push_back(data->items_.size());
+  // "list data/train.txt (subset): 500 images, hash ...": the hash is of the subset's names and labels.
+  std::string what = fingerprint_.substr(0, fingerprint_.rfind(": "));
+  if (!what.ends_with(" (subset)")) what += " (subset)";
+  data->seal(what);
+  return data;
+}
+
 std::string ImageDataset::name(std::uint64_t id) const {
   if (id >= size())
     throw std::out_of_range("image id " + std::to_string(id) + " is out of range: the data set has " +

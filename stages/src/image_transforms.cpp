@@ -223,8 +223,13 @@ std::array<ResampleAxis, 2> RandomResizedCrop::axes(const PlannedCrop& crop, con
 
 void RandomResizedCrop::apply_into(const Sample& region, Region where, const PlannedCrop& crop,
                                    std::span<std::byte> out) const {
+  apply_into(region, where, crop, normalizer(), options_.layout.value_or(layout_of(region.shape)), out);
+}
+
+void RandomResizedCrop::apply_into(const Sample& region, Region where, const PlannedCrop& crop,
+                                   const Normalizer* normalize, Layout layout, std::span<std::byte> out) const {
   check_image(region, "RandomResizedCrop");
-  if (normalizer_) normalizer_->check(region.shape, "RandomResizedCrop");
+  if (normalize) normalize->check(region.shape, "RandomResizedCrop");
   std::array<ResampleAxis, 2> a;
   try {
     a = axes(crop, region.shape, where);
@@ -235,8 +240,7 @@ void RandomResizedCrop::apply_into(const Sample& region, Region where, const Pla
   thread_local ResampleTaps rows, cols;
   rows.reset(a[0]);
   cols.reset(a[1]);
-  resample_into(region, rows.view(), cols.view(), crop.flips, normalizer(),
-                options_.layout.value_or(layout_of(region.shape)), out);
+  resample_into(region, rows.view(), cols.view(), crop.flips, normalize, layout, out);
 }
 
 Sample RandomResizedCrop::apply(const Sample& region, Region where, const PlannedCrop& crop) const {

@@ -189,13 +189,14 @@ ImageInfo jpeg_header(std::span<const std::byte> bytes, const std::string& name)
 }
 
 DecodedWindow jpeg_window(std::span<const std::byte> bytes, const std::string& name, BufferPool& pool,
-                          const WindowRequest& request, const DecodeOptions& options, const StageContext& ctx) {
+                          WindowChooser choose, const DecodeOptions& options, const StageContext& ctx) {
   JpegDecoder decoder;
   decoder.read_header(bytes, name);
   auto& cinfo = decoder.get().cinfo;
   DecodedWindow result;
   result.info = decoder.info();
   check_pixels(cinfo.image_width, cinfo.image_height, options, name, "JPEG");
+  const WindowRequest request = choose(result.info);
   const PixelRect& w = request.window;
   check_window(w, result.info, name);
 
@@ -236,8 +237,9 @@ DecodedWindow jpeg_window(std::span<const std::byte> bytes, const std::string& n
 
   // Sizes are known and bounded by the pixel limit: only now is anything allocated.
   result.image = make_image(pool, image_shape(plan.rows, plan.window_width, channels_of(options.color)), ctx);
-  std::vector<unsigned char> row(std::size_t{result.scaled_width} *
-                                 static_cast<std::size_t>(cinfo.out_color_components));
+  // One decoded row, kept by the thread: a crop stage decodes many windows one after another.
+  thread_local std::vector<unsigned char> row;
+  row.resize(std::size_t{result.scaled_width} * static_cast<std::size_t>(cinfo.out_color_components));
   plan.row = row.data();
   plan.out = reinterpret_cast<unsigned char*>(result.image.data.data());
   decoder.check(step_decode(&decoder.get(), &plan), name);

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "stoker/config.h"
+#include "stoker/stages/image_encode.h"
+#include "stoker/stages/sample.h"
 #include "stoker/version.h"
 #include "support.h"
 
@@ -323,4 +325,96 @@ TEST_CASE("a log level from the environment that names none is a bad argument, n
     else
       CHECK(err.find("absent") != std::string::npos);  // the data set, not the level
   }
+namespace {
+
+// `count` small images as files with a list, `dir/list.txt`: JPEGs of 60 to 99 x 80 pixels, or
+// 28x28 gray PNGs of labels 0 to 9.
+fs::path write_images(const TempDir& dir, int count, bool jpeg) {
+  auto pool = stoker::BufferPool::create();
+  std::string list;
+  for (int i = 0; i < count; ++i) {
+    const std::uint32_t height = jpeg ? 60 + static_cast<std::uint32_t>(i % 40) : 28, width = jpeg ? 80 : 28;
+    const std::uint32_t channels = jpeg ? 3 : 1;
+    stoker::Sample s(*pool, {.channels = channels, .height = height, .width = width, .channels_last = true},
+                     stoker::DType::u8);
+    auto p = s.as<std::uint8_t>();
+    for (std::size_t k = 0; k < p.size(); ++k)
+      p[k] = static_cast<std::uint8_t>((k * 7 + static_cast<std::size_t>(i) * 31) % 251);
+    const auto bytes = jpeg ? stoker::encode_jpeg(s) : stoker::encode_png(s);
+    const std::string name = "img" + std::to_string(i) + (jpeg ? ".jpg" : ".png");
+    std::ofstream(dir / name, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    list += name + " " + std::to_string(i % 10) + "\n";
+  }
+  std::ofstream(dir / "list.txt") << list;
+  return dir / "list.txt";
+}
+
+nlohmann::json last_json_line(const std::string& out) {
+  const auto end = out.find_last_not_of('\n');
+  const auto start = out.rfind('\n', end);
+  return nlohmann::json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
+}
+
+}  // namespace
+
+TEST_CASE("stoker-bench images: the JSON line holds both contenders at every N, their ratio and the memory bound" *
+          doctest::timeout(120)) {
+  const TempDir dir("cli");
+  const fs::path list = write_images(dir, 24, true);
+  Child bench({STOKER_BENCH, "images", "--data", list.string(), "--threads", "1,2", "--repeats", "1", "--batch", "5",
+               "--size", "32", "--json"},
+              dir);
+  const int status = bench.wait();
+  const std::string out = bench.out();
+  INFO("stdout: " << out << "\nstderr: " << bench.err());
+  REQUIRE(status == 0);
+  const auto j = last_json_line(out);
+  CHECK(j["suite"] == "images");
+  CHECK(j["config"]["images"] == 24);
+  const char* names[] = {"stoker_pipeline", "stoker_pipeline_resize_in_map", "tight_loop"};
+  REQUIRE(j["results"].size() == 6);
+  for (std::size_t i = 0; i < 6; ++i) {
+    const auto& r = j["results"][i];
+    CHECK(r["name"] == names[i % 3]);
+    CHECK(r["threads"] == (i < 3 ? 1 : 2));
+    CHECK(r["images_per_s_median"].get<double>() > 0);
+    CHECK(r["samples"].size() == 1);
+  }
+  CHECK(j["results"][0]["memory_bound_mib"].get<double>() > 0);
+  CHECK(j["results"][1]["memory_bound_mib"].get<double>() > 0);
+  REQUIRE(j["ratios"].size() == 2);
+  CHECK(j["ratios"][1]["threads"] == 2);
+  CHECK(j["ratios"][1]["stoker_over_tight_loop"].get<double>() > 0);
+  CHECK(j["ratios"][1]["resize_in_map_over_tight_loop"].get<double>() > 0);
+  CHECK(j["ratio"]["stoker_over_tight_loop"].contains("1"));
+  CHECK(j["page_cache"]["resident_before_runs"].get<double>() > 0.99);
+  CHECK(j["verified"]["same_crops_in_pipeline_and_loop"] == true);
+}
+
+TEST_CASE("stoker-train --images: a bad file fails the run naming it, or is skipped and counted in the JSON" *
+          doctest::timeout(120)) {
+  const TempDir dir("cli");
+  const fs::path list = write_images(dir, 40, false);
+  fs::resize_file(dir / "img3.png", fs::file_size(dir / "img3.png") - 10);  // a training image, cut short
+  const std::vector<std::string> run{kTrain,     "--device", "cpu",          "--images", list.string(),
+                                     "--epochs", "1",        "--batch-size", "20",       "--json"};
+  Child failing(run, dir);
+  CHECK(failing.wait() == 1);
+  const std::string err = failing.err();
+  CHECK_MESSAGE(err.find((dir / "img3.png").string() + ": damaged PNG") != std::string::npos, err);
+  CHECK(std::count(err.begin(), err.end(), '\n') == 1);
+
+  std::vector<std::string> skip = run;
+  skip.insert(skip.end(), {"--on-bad-input", "skip"});
+  Child skipping(skip, dir);
+  const int status = skipping.wait();
+  const std::string out = skipping.out();
+  INFO("stdout: " << out << "\nstderr: " << skipping.err());
+  REQUIRE(status == 0);
+  const auto j = last_json_line(out);
+  CHECK(j["train_images"] == 36);
+  CHECK(j["test_images"] == 4);
+  CHECK(j["skipped_images"] == 1);  // in the training set or the test set: one epoch, so once
+  CHECK(out.find("4 test images from a tenth of " + list.string() + " drawn at random, held out") != std::string::npos);
 }

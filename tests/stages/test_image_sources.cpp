@@ -502,6 +502,41 @@ TEST_CASE("bad files in a running pipeline: skipped and counted with on_error = 
   }
 }
 
+TEST_CASE("a subset of a data set: the images asked for, renumbered, read as before; its shards those it uses") {
+  ImageFiles files(20);
+  auto pool = BufferPool::create();
+  const std::vector<std::uint64_t> ids{1, 2, 7, 12, 13, 19};
+  for (const auto& data : {ImageDataset::open(files.dir / "list.txt"), ImageDataset::open(files.dir / "folder"),
+                           ImageDataset::from_tars(files.tars(5))}) {
+    CAPTURE(data->fingerprint());
+    const auto part = data->subset(ids);
+    REQUIRE(part->size() == ids.size());
+    CHECK(part->classes() == data->classes());
+    CHECK(part->fingerprint() != data->fingerprint());
+    for (std::uint64_t k = 0; k < ids.size(); ++k) {
+      CHECK(part->name(k) == data->name(ids[k]));
+      const auto want = data->read(ids[k], *pool), got = part->read(k, *pool);
+      CHECK(got.label == want.label);
+      CHECK(got.id == k);
+      CHECK(text_of(got.bytes()) == text_of(want.bytes()));
+    }
+    if (data->shards() > 1) {  // shards of 5: ids 1 2 | 7 | 12 13 | 19, every shard used
+      REQUIRE(part->shards() == 4);
+      CHECK(part->shard_begin(1) == 2);
+      CHECK(part->shard_begin(2) == 3);
+      CHECK(part->shard_begin(3) == 5);
+      CHECK(data->subset(std::vector<std::uint64_t>{0, 16})->shards() == 2);  // the empty ones left out
+    } else {
+      CHECK(part->shards() == 1);
+    }
+    CHECK_THROWS_WITH_AS(data->subset(std::vector<std::uint64_t>{3, 3}), doctest::Contains("does not follow 3"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(data->subset(std::vector<std::uint64_t>{20}), doctest::Contains("is not below"),
+                         std::invalid_argument);
+    CHECK_THROWS_AS(data->subset({}), std::invalid_argument);
+  }
+}
+
 TEST_CASE("files of many sizes recycle one another's buffers, and each keeps its exact size") {
   TempDir dir("sizes");
   std::string list;

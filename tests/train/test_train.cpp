@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <memory>
@@ -16,10 +17,13 @@
 #include <string>
 #include <vector>
 
+#include "stoker/core/stage_error.h"
 #include "stoker/core/state.h"
 #include "stoker/gpu/device.h"
 #include "stoker/gpu/nn.h"
 #include "stoker/stages/idx.h"
+#include "stoker/stages/image_encode.h"
+#include "stoker/stages/reader.h"
 #include "support.h"
 #include "train.h"
 #include "cuda_cases.h"
@@ -671,4 +675,173 @@ TEST_CASE(
   CHECK(resident.transfers.h2d_copies <= 3 + 2 * calls);
   REQUIRE(streaming.pipeline.has_value());
   CHECK(streaming.pipeline->consumed == streaming.batches());
+}
+
+namespace {
+
+// Writes `images` 28x28 gray PNGs with a list file (`dir/list.txt`) and returns the list: image i
+// of class i % 10, `pixels(i)` its pixels. The files are the PNGs stoker-make-data writes.
+template <class Pixels>
+std::filesystem::path write_png_list(const std::filesystem::path& dir, std::size_t images, Pixels&& pixels,
+                                     const std::function<std::int32_t(std::size_t)>& label) {
+  auto pool = stoker::BufferPool::create();
+  std::string list;
+  for (std::size_t i = 0; i < images; ++i) {
+    stoker::Sample s(*pool, {.channels = 1, .height = 28, .width = 28, .channels_last = true}, stoker::DType::u8);
+    pixels(i, s.as<std::uint8_t>());
+    const std::string name = std::to_string(label(i)) + "/" + std::to_string(i) + ".png";
+    std::filesystem::create_directories(dir / std::to_string(label(i)));
+    const auto png = stoker::encode_png(s);
+    std::ofstream(dir / name, std::ios::binary)
+        .write(reinterpret_cast<const char*>(png.data()), static_cast<std::streamsize>(png.size()));
+    list += name + " " + std::to_string(label(i)) + "\n";
+  }
+  std::ofstream(dir / "list.txt") << list;
+  return dir / "list.txt";
+}
+
+// Classes told apart by a smooth pattern of their own, the same mirrored, under noise: what the
+// model learns in an epoch or two.
+std::filesystem::path write_pattern_classes(const std::filesystem::path& dir, std::size_t images) {
+  return write_png_list(
+      dir, images,
+      [](std::size_t i, std::span<std::uint8_t> p) {
+        const double c = static_cast<double>(i % 10);
+        std::uint64_t state = i * 0x9e3779b97f4a7c15ULL + 1;
+        for (std::size_t k = 0; k < p.size(); ++k) {
+          const double y = static_cast<double>(k / 28), x = static_cast<double>(k % 28) - 13.5;
+          state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+          const double v = 120 + 90 * std::sin((0.1 + 0.04 * c) * y + c) * std::cos((0.08 + 0.03 * (9 - c)) * x);
+          p[k] = static_cast<std::uint8_t>(v + static_cast<double>(state >> 60));
+        }
+      },
+      [](std::size_t i) { return static_cast<std::int32_t>(i % 10); });
+}
+
+stoker::train::TrainOptions image_run(const std::filesystem::path& list) {
+  auto o = small_run("pipelined", 0);
+  o.images = list.string();
+  o.epochs = 2;
+  o.batch_size = 32;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("--images: a PNG list trains, a tenth held out for testing, and bad files fail or are skipped and counted" *
+          doctest::timeout(120)) {
+  const stoker::test::TempDir dir("train_images");
+  const auto list = write_pattern_classes(dir.path(), 400);
+  auto o = image_run(list);
+  const auto r = stoker::train::run_training(o);
+  CHECK(r.train_images == 360);
+  CHECK(r.test_images == 40);
+  CHECK(r.test_source == "a tenth of " + list.string() + " drawn at random, held out");
+  CHECK(r.skipped_images == 0);
+  REQUIRE(r.epochs.size() == 2);
+  for (const auto& e : r.epochs) CHECK(e.samples == 360u * 5);
+  CHECK(r.test_accuracy() > 0.8);  // chance is 0.1: the tenth holds every class
+
+  // Checkpoints: a resume goes on with the same files, and is refused with others.
+  auto checkpointed = o;
+  checkpointed.checkpoint = (dir.path() / "checkpoint").string();
+  checkpointed.deterministic = true;
+  stoker::train::run_training(checkpointed);
+  auto resumed = checkpointed;
+  resumed.checkpoint.clear();
+  resumed.resume = checkpointed.checkpoint;
+  const auto again = stoker::train::run_training(resumed);
+  CHECK(again.nothing_to_train);
+  CHECK(again.test_accuracy() > 0.8);
+  resumed.images = (dir.path() / "other.txt").string();
+  std::filesystem::copy_file(list, resumed.images);
+  std::ofstream(resumed.images, std::ios::app) << "0/0.png 0\n";  // one more image
+  CHECK_THROWS_WITH_AS(stoker::train::run_training(resumed),
+                       doctest::Contains("cannot resume from a state of another pipeline"), stoker::StateError);
+
+  // A test list of its own; a truncated PNG among the training images and one among the test's.
+  const auto test_list = write_pattern_classes(dir.path() / "test", 30);
+  o.test_images = test_list.string();
+  for (const auto& victim : {dir.path() / "0/0.png", dir.path() / "test/9/9.png"})
+    std::filesystem::resize_file(victim, std::filesystem::file_size(victim) / 2);
+  try {
+    stoker::train::run_training(o);
+    FAIL("a bad file did not stop the run");
+  } catch (const stoker::StageError& e) {  // the test set is decoded first
+    CHECK_MESSAGE(std::string(e.what()).find("test/9/9.png: damaged PNG") != std::string::npos, e.what());
+  }
+  o.on_bad_input = "skip";
+  const auto skipped = stoker::train::run_training(o);
+  CHECK(skipped.skipped_images == 1 + 2);  // the test file once, the training file every epoch
+  CHECK(skipped.train_images == 400);      // read every epoch, one of them bad
+  CHECK(skipped.test_images == 30);
+  CHECK(skipped.test_source == test_list.string());
+  for (const auto& e : skipped.epochs) CHECK(e.samples == 399u * 5);
+
+  // --limit: the first 100 training and test images, the two bad ones among them.
+  o.limit = 100;
+  const auto limited = stoker::train::run_training(o);
+  CHECK(limited.train_images == 100);
+  CHECK(limited.test_images == 30);
+  CHECK(limited.skipped_images == 1 + 2);
+  // Crops larger than the images: each image is refused, naming it.
+  o.on_bad_input = "fail";
+  o.image_size = 30;
+  CHECK_THROWS_WITH_AS(stoker::train::run_training(o), doctest::Contains("smaller than the 30x30 crops"),
+                       stoker::StageError);
+}
+
+TEST_CASE("--images options are refused naming the option" * doctest::timeout(10)) {
+  using stoker::train::validate;
+  auto o = small_run("pipelined", 100);
+  auto bad = o;
+  bad.test_images = "test.txt";
+  CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--test-images needs --images"), std::invalid_argument);
+  bad = o;
+  bad.on_bad_input = "skip";
+  CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--on-bad-input skip needs --images"), std::invalid_argument);
+  bad.images = "list.txt";
+  CHECK_NOTHROW(validate(bad));
+  bad.on_bad_input = "ignore";
+  CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--on-bad-input must be fail or skip"), std::invalid_argument);
+  bad = o;
+  bad.images = "list.txt";
+  bad.mode = "sync";
+  CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--images needs --mode pipelined"), std::invalid_argument);
+  bad = o;
+  bad.image_size = 20;
+  CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--image-size needs --images"), std::invalid_argument);
+  bad.images = "/nonexistent/list.txt";
+  CHECK_THROWS_WITH_AS(stoker::train::run_training(bad), doctest::Contains("/nonexistent/list.txt: does not exist"),
+                       stoker::DataError);
+}
+
+TEST_CASE("--images on Fashion-MNIST as PNG files learns as the IDX files do, with the same model and crops" *
+          doctest::timeout(240)) {
+  if (!have_fashion_mnist()) {
+    MESSAGE("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped");
+    return;
+  }
+  // The first 2000 training and 500 test images, written as the PNG files stoker-make-data writes.
+  const stoker::test::TempDir dir("train_fmnist");
+  const auto train = stoker::fashion_mnist(stoker::kFashionMnistDir, "train");
+  const auto test = stoker::fashion_mnist(stoker::kFashionMnistDir, "t10k");
+  const auto copy = [](const stoker::IdxDataset& d) {
+    return [&d](std::size_t i, std::span<std::uint8_t> p) { std::ranges::copy(d.image(i), p.begin()); };
+  };
+  const auto label_of = [](const stoker::IdxDataset& d) { return [&d](std::size_t i) { return d.labels[i]; }; };
+  auto idx = small_run("pipelined", 2000);
+  auto files = idx;
+  files.images = write_png_list(dir.path() / "train", 2000, copy(train), label_of(train)).string();
+  files.test_images = write_png_list(dir.path() / "test", 2000, copy(test), label_of(test)).string();
+  const auto from_idx = stoker::train::run_training(idx);
+  const auto from_files = stoker::train::run_training(files);
+  CHECK(from_files.train_images == from_idx.train_images);
+  CHECK(from_files.test_images == from_idx.test_images);
+  CHECK(from_files.samples() == from_idx.samples());
+  MESSAGE("test accuracy after 2 epochs on 2000 images: IDX " << from_idx.test_accuracy() << ", PNG files "
+                                                              << from_files.test_accuracy());
+  CHECK(from_files.test_accuracy() > 0.6);
+  // Other draws of the same crops (image ids, the files' order): close, not equal.
+  CHECK(std::abs(from_files.test_accuracy() - from_idx.test_accuracy()) < 0.05);
 }

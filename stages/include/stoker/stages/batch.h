@@ -126,9 +126,18 @@ Batch make_batch(std::vector<Sample>&& samples, Layout layout, const Normalizer*
 Batch make_batch(std::vector<DeferredCrop>&& crops, Layout layout, const Normalizer* normalize, BufferPool& pool,
                  const StageContext& ctx = {});
 
+struct DeferredResize;  // decode_crop.h
+
+/// Resizes `crops` (DecodeCropWindow's) straight into one batch from `pool`, laid out as `layout`,
+/// normalized by their own normalization or by `normalize` (throws std::invalid_argument for
+/// both), mirrored as drawn: every element of the batch is written once. Equals, bit for bit,
+/// make_batch of the same crops made by DecodeResizedCrop. Releases the crops.
+Batch make_batch(std::vector<DeferredResize>&& crops, Layout layout, const Normalizer* normalize, BufferPool& pool,
+                 const StageContext& ctx = {});
+
 /// make_batch as a pipeline stage function, following `.batch(name, n)`:
 ///   .batch("batch", 255).map("collate", stoker::Collate{})
-/// of Samples or of DeferredCrops. Batches are planar, (N, C, H, W), unless `layout` says
+/// of Samples, DeferredCrops or DeferredResizes. Batches are planar, (N, C, H, W), unless `layout` says
 /// channels_last, (N, H, W, C); decoded (channels-last) images are converted on the way.
 /// Thread-safe; copies share the pool.
 struct Collate {
@@ -142,6 +151,8 @@ struct Collate {
   Batch operator()(std::vector<DeferredCrop> crops, const StageContext& ctx = {}) const {
     return make_batch(std::move(crops), layout, normalize ? &*normalize : nullptr, *pool, ctx);
   }
+  /// Resizes crops whose windows DecodeCropWindow decoded (decode_crop.h).
+  Batch operator()(std::vector<DeferredResize> crops, const StageContext& ctx = {}) const;
   /// One batch at a time from a pool that waits for free buffers (a pinned staging pool): a
   /// body then holds none of its own batches while it waits (StageOptions::max_chunk).
   std::size_t max_chunk() const { return pool->waits() ? 1 : std::numeric_limits<std::size_t>::max(); }

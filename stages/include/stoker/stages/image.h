@@ -7,6 +7,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "stoker/core/stage.h"
 #include "stoker/stages/buffer_pool.h"
@@ -121,6 +122,33 @@ struct DecodedWindow {
 DecodedWindow decode_window(std::span<const std::byte> bytes, const std::string& name, BufferPool& pool,
                             const WindowRequest& request, const DecodeOptions& options = {},
                             const StageContext& ctx = {});
+
+/// Chooses the window to decode once the header is read: a reference to a callable taking the
+/// file's `const ImageInfo&` (at full resolution) and returning the WindowRequest, called once,
+/// on the calling thread, before anything is allocated for the pixels. Refers to the callable,
+/// which must outlive the call it is passed to.
+class WindowChooser {
+ public:
+  template <class F, class = std::enable_if_t<!std::is_same_v<std::remove_cvref_t<F>, WindowChooser> &&
+                                              std::is_invocable_r_v<WindowRequest, const F&, const ImageInfo&>>>
+  WindowChooser(const F& choose) noexcept  // NOLINT(google-explicit-constructor): passed as a lambda
+      : f_(&choose), call_(&call<F>) {}
+  WindowRequest operator()(const ImageInfo& info) const { return call_(f_, info); }
+
+ private:
+  template <class F>
+  static WindowRequest call(const void* f, const ImageInfo& info) {
+    return (*static_cast<const F*>(f))(info);
+  }
+  const void* f_;
+  WindowRequest (*call_)(const void*, const ImageInfo&);
+};
+
+/// decode_window() of a window that depends on the image's size (a random crop's): the header is
+/// read once, `choose` picks the window from it, and only that window is decoded. This is how a
+/// crop stage decodes no more than its crop needs without reading the header twice.
+DecodedWindow decode_window(std::span<const std::byte> bytes, const std::string& name, BufferPool& pool,
+                            WindowChooser choose, const DecodeOptions& options = {}, const StageContext& ctx = {});
 
 /// The scale n/8 (returned as n: 1, 2, 3 or 8) that decode_window() picks for a JPEG: the smallest
 /// that keeps a `width` x `height` window at least `min_width` x `min_height`, except that 4/8 to

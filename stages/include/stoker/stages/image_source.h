@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,12 @@ class ImageDataset {
   /// What `path` is: a folder -> from_folder(), a file ending in ".tar" -> from_tars({path}),
   /// any other file -> from_list(). Throws DataError when it does not exist.
   static std::shared_ptr<const ImageDataset> open(const std::filesystem::path& path);
+
+  /// The images `ids` (strictly increasing, each below size()) as a data set of their own, with
+  /// ids 0 .. ids.size() - 1 in that order and the same files, labels and classes: a held-out
+  /// split, or the first n images. Tar shards left with no image are left out. Throws
+  /// std::invalid_argument for no id, or ids out of order or out of range.
+  std::shared_ptr<const ImageDataset> subset(std::span<const std::uint64_t> ids) const;
 
   std::uint64_t size() const noexcept { return items_.size(); }
   /// The file (list, folder) or "shard.tar:member" (tar) of image `id`, as errors name it.

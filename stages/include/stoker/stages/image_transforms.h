@@ -95,6 +95,10 @@ class RandomResizedCrop {
   /// (output_bytes() bytes). A whole image decoded at full resolution is `where = {}`. Throws
   /// std::invalid_argument for a region that does not hold the window.
   void apply_into(const Sample& region, Region where, const PlannedCrop& crop, std::span<std::byte> out) const;
+  /// The same, normalized with `normalize` (none: the input's dtype) and laid out as `layout`
+  /// rather than as the options say: for a batch that sets them (Collate).
+  void apply_into(const Sample& region, Region where, const PlannedCrop& crop, const Normalizer* normalize,
+                  Layout layout, std::span<std::byte> out) const;
   /// The same into a new sample with the region's label and the crop's id.
   Sample apply(const Sample& region, Region where, const PlannedCrop& crop) const;
 
