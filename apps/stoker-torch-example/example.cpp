@@ -73,7 +73,7 @@ double accuracy(Net& model, const BatchTensors& test) {
   for (std::int64_t i = 0; i < n; i += 1000) {
     const std::int64_t end = std::min(n, i + 1000);
     const torch::Tensor predicted = model->forward(test.samples.slice(0, i, end)).argmax(1);
-    correct += predicted.eq(test.labels.slice(0, i, end).to(torch::kInt64)).sum().item<std::int64_t>();
+    correct += predicted.eq(test.labels.slice(0, i, end)).sum().item<std::int64_t>();
   }
   return n > 0 ? static_cast<double>(correct) / static_cast<double>(n) : 0;
 }
@@ -159,7 +159,7 @@ ExampleReport run_example(const ExampleOptions& o, const ExampleCallbacks& callb
       if (training) {
         optimizer.zero_grad();
         const torch::Tensor logits = model->forward(x);
-        const torch::Tensor labels = y.to(torch::kInt64);  // cross_entropy wants int64; n values
+        const torch::Tensor& labels = y;  // int64 from both loaders, as cross_entropy wants
         const torch::Tensor loss = torch::nn::functional::cross_entropy(logits, labels);
         loss.backward();
         optimizer.step();
