@@ -11,6 +11,7 @@ STOKER_PACKAGES=(
   cmake g++ ninja-build
   libtbb-dev libspdlog-dev libconcurrentqueue-dev doctest-dev libcli11-dev nlohmann-json3-dev
   zlib1g-dev libopenblas-dev libdlpack-dev libopenmpi-dev openmpi-bin
+  python3-dev python3-pybind11
   dataset-fashion-mnist
 )
 

@@ -1,0 +1,95 @@
+#!/usr/bin/python3
+"""Measures what the Python module costs, and stoker against torch.utils.data.DataLoader, in one
+run, each measurement a fresh process, the contenders interleaved (so that a machine whose load
+changes treats them alike), medians of --repeats.
+
+    PYTHONPATH=build/python python3 examples/python/bench.py \\
+        --cpp build/apps/stoker-torch-example/stoker-torch-example [--repeats 5] [--workers 2] [--json]
+
+binding: the reference job (docs/benchmarks.md) through the same pipeline, its batches taken as
+  torch tensors without training: from C++ (stoker-torch-example --steps none: to_dlpack and
+  at::fromDLPack) and from Python (fashion_train.py --steps none: torch.from_dlpack). The
+  figure is Python's crops/s over C++'s.
+training: fashion_train.py training its CNN for one epoch, fed by stoker and by the DataLoader
+  (worker processes, the same crops): samples/s and the share of the loop spent waiting for
+  input (starvation), for each.
+
+The load average before and after is reported with the figures: other work on the machine
+slows every contender, and the ratios are what to read.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TRAIN = os.path.join(HERE, "fashion_train.py")
+
+
+def run(command):
+    out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cpp", required=True, help="the stoker-torch-example program")
+    p.add_argument("--workers", type=int, default=os.cpu_count())
+    p.add_argument("--repeats", type=int, default=5, help="runs of each input-only contender")
+    p.add_argument("--train-repeats", type=int, default=3, help="runs of each training contender (0: none)")
+    p.add_argument("--intra-op-threads", type=int, default=0, help="PyTorch's, for the training runs")
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args()
+    py = [sys.executable, TRAIN, "--json", "--workers", str(args.workers)]
+    load_before = os.getloadavg()
+
+    cpp, python = [], []
+    for r in range(args.repeats):
+        cpp.append(run([args.cpp, "--loader", "stoker", "--steps", "none", "--workers", str(args.workers), "--json"]))
+        python.append(run(py + ["--loader", "stoker", "--steps", "none"]))
+        print(f"binding {r + 1}/{args.repeats}: C++ {cpp[-1]['samples_per_s']:,.0f}, "
+              f"Python {python[-1]['samples_per_s']:,.0f} crops/s", file=sys.stderr)
+    trained = {"stoker": [], "dataloader": []}
+    for r in range(args.train_repeats):
+        for loader in trained:
+            trained[loader].append(run(py + ["--loader", loader, "--steps", "train",
+                                             "--intra-op-threads", str(args.intra_op_threads)]))
+            t = trained[loader][-1]
+            print(f"training {r + 1}/{args.train_repeats}, {loader}: {t['samples_per_s']:,.0f} samples/s, "
+                  f"starved {t['starvation_pct']:.1f}%, test accuracy {t['test_accuracy']:.3f}", file=sys.stderr)
+
+    def median(runs, field):
+        return statistics.median(x[field] for x in runs)
+
+    result = {
+        "suite": "python", "workers": args.workers, "cpus": os.cpu_count(),
+        "load_before": load_before, "load_after": os.getloadavg(),
+        "binding": {
+            "cpp_crops_per_s": median(cpp, "samples_per_s"),
+            "python_crops_per_s": median(python, "samples_per_s"),
+            "python_over_cpp": median(python, "samples_per_s") / median(cpp, "samples_per_s"),
+            "runs_cpp": [x["samples_per_s"] for x in cpp], "runs_python": [x["samples_per_s"] for x in python],
+        },
+    }
+    if args.train_repeats:
+        result["training"] = {
+            loader: {"samples_per_s": median(runs, "samples_per_s"),
+                     "starvation_pct": median(runs, "starvation_pct"),
+                     "test_accuracy": median(runs, "test_accuracy"),
+                     "runs_samples_per_s": [x["samples_per_s"] for x in runs],
+                     "runs_starvation_pct": [x["starvation_pct"] for x in runs]}
+            for loader, runs in trained.items()}
+        result["training"]["stoker_over_dataloader"] = (result["training"]["stoker"]["samples_per_s"]
+                                                         / result["training"]["dataloader"]["samples_per_s"])
+    b = result["binding"]
+    print(f"binding: Python {b['python_crops_per_s']:,.0f} crops/s, C++ {b['cpp_crops_per_s']:,.0f}: "
+          f"{b['python_over_cpp']:.3f}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
