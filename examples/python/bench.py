@@ -41,6 +41,8 @@ def main():
     p.add_argument("--repeats", type=int, default=5, help="runs of each input-only contender")
     p.add_argument("--train-repeats", type=int, default=3, help="runs of each training contender (0: none)")
     p.add_argument("--intra-op-threads", type=int, default=0, help="PyTorch's, for the training runs")
+    p.add_argument("--train-images", type=int, default=0,
+                   help="train on the first N images only (0: all 60,000), for a shorter run")
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
     py = [sys.executable, TRAIN, "--json", "--workers", str(args.workers)]
@@ -50,13 +52,17 @@ def main():
     for r in range(args.repeats):
         cpp.append(run([args.cpp, "--loader", "stoker", "--steps", "none", "--workers", str(args.workers), "--json"]))
         python.append(run(py + ["--loader", "stoker", "--steps", "none"]))
+        for x in (cpp[-1], python[-1]):
+            x["samples_per_cpu_s"] = x["samples"] / x["cpu_seconds"]
         print(f"binding {r + 1}/{args.repeats}: C++ {cpp[-1]['samples_per_s']:,.0f}, "
-              f"Python {python[-1]['samples_per_s']:,.0f} crops/s", file=sys.stderr)
+              f"Python {python[-1]['samples_per_s']:,.0f} crops/s; per CPU second "
+              f"{cpp[-1]['samples_per_cpu_s']:,.0f} and {python[-1]['samples_per_cpu_s']:,.0f}", file=sys.stderr)
     trained = {"stoker": [], "dataloader": []}
     for r in range(args.train_repeats):
         for loader in trained:
             trained[loader].append(run(py + ["--loader", loader, "--steps", "train",
-                                             "--intra-op-threads", str(args.intra_op_threads)]))
+                                             "--intra-op-threads", str(args.intra_op_threads),
+                                             "--images", str(args.train_images)]))
             t = trained[loader][-1]
             print(f"training {r + 1}/{args.train_repeats}, {loader}: {t['samples_per_s']:,.0f} samples/s, "
                   f"starved {t['starvation_pct']:.1f}%, test accuracy {t['test_accuracy']:.3f}", file=sys.stderr)
@@ -65,13 +71,20 @@ def main():
         return statistics.median(x[field] for x in runs)
 
     result = {
-        "suite": "python", "workers": args.workers, "cpus": os.cpu_count(),
+        "suite": "python", "workers": args.workers, "cpus": os.cpu_count(), "train_images": args.train_images,
         "load_before": load_before, "load_after": os.getloadavg(),
         "binding": {
             "cpp_crops_per_s": median(cpp, "samples_per_s"),
             "python_crops_per_s": median(python, "samples_per_s"),
             "python_over_cpp": median(python, "samples_per_s") / median(cpp, "samples_per_s"),
+            # The work each takes, all threads' CPU time in the timed window: less disturbed by
+            # other work on the machine than the wall time.
+            "cpp_crops_per_cpu_s": median(cpp, "samples_per_cpu_s"),
+            "python_crops_per_cpu_s": median(python, "samples_per_cpu_s"),
+            "python_over_cpp_per_cpu_s": median(python, "samples_per_cpu_s") / median(cpp, "samples_per_cpu_s"),
             "runs_cpp": [x["samples_per_s"] for x in cpp], "runs_python": [x["samples_per_s"] for x in python],
+            "runs_cpp_per_cpu_s": [x["samples_per_cpu_s"] for x in cpp],
+            "runs_python_per_cpu_s": [x["samples_per_cpu_s"] for x in python],
         },
     }
     if args.train_repeats:
@@ -86,7 +99,7 @@ def main():
                                                          / result["training"]["dataloader"]["samples_per_s"])
     b = result["binding"]
     print(f"binding: Python {b['python_crops_per_s']:,.0f} crops/s, C++ {b['cpp_crops_per_s']:,.0f}: "
-          f"{b['python_over_cpp']:.3f}", file=sys.stderr)
+          f"{b['python_over_cpp']:.3f}; per CPU second {b['python_over_cpp_per_cpu_s']:.3f}", file=sys.stderr)
     if args.json:
         print(json.dumps(result))
 

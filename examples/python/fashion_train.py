@@ -160,7 +160,7 @@ def main():
     model = Net()
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
 
-    t_run = time.perf_counter()
+    t_run, cpu_run = time.perf_counter(), time.process_time()
     make = stoker_loader if args.loader == "stoker" else dataloader_loader
     pipe, epoch = make(train, args)
     samples = batches = 0
@@ -184,11 +184,12 @@ def main():
                 checksum += float(x.view(-1)[0])  # touch the batch, no more
             samples += len(y)
             batches += 1
-    seconds = time.perf_counter() - t_run
+    seconds, cpu_seconds = time.perf_counter() - t_run, time.process_time() - cpu_run
 
     result = {
         "loader": args.loader, "workers": args.workers, "epochs": args.epochs, "steps": args.steps,
         "samples": samples, "batches": batches, "seconds": seconds,
+        "cpu_seconds": cpu_seconds,  # this process's threads (not the DataLoader's worker processes)
         "samples_per_s": samples / seconds, "starvation_pct": 100 * waited / seconds,
         "torch_version": torch.__version__, "intra_op_threads": torch.get_num_threads(),
     }
