@@ -9,34 +9,14 @@
 #include <cstdint>
 #include <memory>
 
+#include "stages/counting_pool.h"
 #include "stoker/stages/batch.h"
 #include "stoker/stages/dlpack.h"
 
 using namespace stoker;
+using stoker::test::CountingPool;
 
 namespace {
-
-// A pool that says its memory is `kind` (on a machine without a GPU, ordinary memory): what a
-// consumer is told is what is tested.
-class PoolOf final : public BufferPool {
- public:
-  static std::shared_ptr<PoolOf> create(MemoryKind kind, std::shared_ptr<std::atomic<int>> released) {
-    return std::shared_ptr<PoolOf>(new PoolOf(kind, std::move(released)));
-  }
-  MemoryKind memory_kind() const noexcept override { return kind_; }
-
- protected:
-  void release(std::byte* data, std::size_t size) noexcept override {
-    released_->fetch_add(1);
-    BufferPool::release(data, size);
-  }
-
- private:
-  PoolOf(MemoryKind kind, std::shared_ptr<std::atomic<int>> released)
-      : BufferPool(std::size_t{1} << 24), kind_(kind), released_(std::move(released)) {}
-  MemoryKind kind_;
-  std::shared_ptr<std::atomic<int>> released_;
-};
 
 constexpr std::size_t kCount = 5;
 
@@ -55,7 +35,7 @@ TEST_CASE("at::fromDLPack takes batches from host and pinned memory, labels int3
       CAPTURE(static_cast<int>(kind));
       CAPTURE(static_cast<int>(labels));
       const auto released = std::make_shared<std::atomic<int>>(0);
-      const auto pool = PoolOf::create(kind, released);
+      const auto pool = CountingPool::create(released, kind);  // says it is `kind`
       Batch batch = batch_from(*pool);
       const void* storage = batch.data();
       DLPackBatch t = to_dlpack(std::move(batch), {.labels = labels});
@@ -77,7 +57,7 @@ TEST_CASE("at::fromDLPack takes batches from host and pinned memory, labels int3
 
 TEST_CASE("the batch's buffer goes back to its pool when libtorch frees the last of its two tensors") {
   const auto released = std::make_shared<std::atomic<int>>(0);
-  const auto pool = PoolOf::create(MemoryKind::pinned, released);
+  const auto pool = CountingPool::create(released, MemoryKind::pinned);
   DLPackBatch t = to_dlpack(batch_from(*pool));
   {
     const at::Tensor y = at::fromDLPack(t.labels);

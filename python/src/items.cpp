@@ -136,18 +136,27 @@ py::object to_python(Sample&& item, const ExportOptions&) {
 
 py::object to_python(DeferredCrop&& item, const ExportOptions&) { return py::cast(std::move(item)); }
 
-py::object to_python(Batch&& item, const ExportOptions& options) {
-  const MemoryKind memory = item.storage.pool() ? item.storage.pool()->memory_kind() : MemoryKind::host;
-  const std::size_t count = item.count;
-  const DLPackBatch t = to_dlpack(std::move(item), {.labels = options.labels});
+namespace {
+
+template <class View>
+py::object view_of(const DLPackBatch& t, std::size_t count, MemoryKind memory,
+                   const std::shared_ptr<Readiness>& ready = nullptr) {
   auto samples = own(t.samples);
   auto labels = own(t.labels);
-  BatchView view;
-  view.samples = std::make_shared<Tensor>(std::move(samples), memory);
-  view.labels = std::make_shared<Tensor>(std::move(labels), memory);
+  View view;
+  view.samples = std::make_shared<Tensor>(std::move(samples), memory, ready);
+  view.labels = std::make_shared<Tensor>(std::move(labels), memory, ready);
   view.count = count;
   view.memory = memory;
   return py::cast(std::move(view));
+}
+
+}  // namespace
+
+py::object to_python(Batch&& item, const ExportOptions& options) {
+  const MemoryKind memory = item.storage.pool() ? item.storage.pool()->memory_kind() : MemoryKind::host;
+  const std::size_t count = item.count;
+  return view_of<BatchView>(to_dlpack(std::move(item), {.labels = options.labels}), count, memory);
 }
 
 py::object to_python(gpu::DeviceBatch&& item, const ExportOptions& options) {
@@ -157,15 +166,8 @@ py::object to_python(gpu::DeviceBatch&& item, const ExportOptions& options) {
   ready->event = &item.ready();  // taken before the export, which empties the batch
   const std::size_t count = item.count;
   const DLPackBatch t = to_dlpack(std::move(item));
-  auto samples = own(t.samples);
-  auto labels = own(t.labels);
-  const MemoryKind memory = samples->dl_tensor.device.device_type == kDLCUDA ? MemoryKind::device : MemoryKind::host;
-  DeviceBatchView view;
-  view.samples = std::make_shared<Tensor>(std::move(samples), memory, ready);
-  view.labels = std::make_shared<Tensor>(std::move(labels), memory, std::move(ready));
-  view.count = count;
-  view.memory = memory;
-  return py::cast(std::move(view));
+  const bool on_device = t.samples->dl_tensor.device.device_type == kDLCUDA;
+  return view_of<DeviceBatchView>(t, count, on_device ? MemoryKind::device : MemoryKind::host, ready);
 }
 
 py::object to_python(Object&& item, const ExportOptions&) { return item.take(); }

@@ -5,6 +5,7 @@
 PYBIND11_MODULE(stoker, m) {
   namespace python = stoker::python;
   m.doc() = "stoker: multi-stage input pipelines for training, run in C++, consumed from Python.";
+  m.attr("__version__") = STOKER_VERSION;
   pybind11::module_ gpu = m.def_submodule("gpu");
   python::bind_errors(m, gpu);
   python::bind_items(m);

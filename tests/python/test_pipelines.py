@@ -136,7 +136,7 @@ def test_a_python_source_and_its_epochs():
 
 def test_to_device_on_the_cpu_backend_hands_over_device_batches(small):
     device = stoker.gpu.Device.open("cpu")
-    bytes_per_batch = 4 * 100 * 24 * 24 + 64 + 100 * 12 + 64
+    bytes_per_batch = stoker.Batch.storage_bytes(stoker.Shape(1, 1, 24, 24), "float32", 100)
     to_device = stoker.gpu.ToDevice(device, bytes=bytes_per_batch, device_buffers=5)
     pipe = (stoker.PipelineBuilder().threads(2).epochs(1).counters(stoker.gpu.transfer_counters(device))
             .source("read", stoker.IdxReader(small))
@@ -150,6 +150,9 @@ def test_to_device_on_the_cpu_backend_hands_over_device_batches(small):
         assert isinstance(batch, stoker.gpu.DeviceBatch)
         x = torch.from_dlpack(batch.samples)  # the CPU backend's device memory is host memory
         assert x.shape == (100, 1, 24, 24) and batch.labels.dtype == "int32"
+        # A consumer's stream, as torch passes it for CUDA memory: the CPU backend has none to
+        # make wait, so the host waits for the copy instead.
+        assert torch.from_dlpack(batch.labels.__dlpack__(stream=1)).shape == (100,)
         total += len(batch)
     assert total == len(small)
     assert pipe.summary()["counters"]["h2d_copies"] == len(small) // 100
@@ -234,3 +237,7 @@ def test_bad_options_name_the_option(small):
         stoker.RandomCrops(size=(1, 2, 3, 4))
     with pytest.raises(ValueError, match="scale"):
         stoker.Normalizer(scale=0)
+
+
+def test_the_module_says_its_version():
+    assert stoker.__version__.count(".") == 2
