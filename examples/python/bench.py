@@ -48,18 +48,23 @@ def main():
     py = [sys.executable, TRAIN, "--json", "--workers", str(args.workers)]
     load_before = os.getloadavg()
 
-    cpp, python = [], []
+    cpp, python, taken = [], [], []
+    contenders = [(cpp, [args.cpp, "--loader", "stoker", "--steps", "none", "--workers", str(args.workers), "--json"]),
+                  (python, py + ["--loader", "stoker", "--steps", "none"]),
+                  (taken, py + ["--loader", "stoker", "--steps", "take"])]
     for r in range(args.repeats):
-        cpp.append(run([args.cpp, "--loader", "stoker", "--steps", "none", "--workers", str(args.workers), "--json"]))
-        python.append(run(py + ["--loader", "stoker", "--steps", "none"]))
-        for x in (cpp[-1], python[-1]):
+        # Each round starts with the next contender: none always runs right after another.
+        for runs, command in contenders[r % 3:] + contenders[:r % 3]:
+            runs.append(run(command))
+        for x in (cpp[-1], python[-1], taken[-1]):
             x["samples_per_cpu_s"] = x["samples"] / x["cpu_seconds"]
         print(f"binding {r + 1}/{args.repeats}: C++ {cpp[-1]['samples_per_s']:,.0f}, "
-              f"Python {python[-1]['samples_per_s']:,.0f} crops/s; per CPU second "
-              f"{cpp[-1]['samples_per_cpu_s']:,.0f} and {python[-1]['samples_per_cpu_s']:,.0f}", file=sys.stderr)
+              f"Python {python[-1]['samples_per_s']:,.0f}, taken only {taken[-1]['samples_per_s']:,.0f} crops/s; "
+              f"per CPU second {cpp[-1]['samples_per_cpu_s']:,.0f}, {python[-1]['samples_per_cpu_s']:,.0f} and "
+              f"{taken[-1]['samples_per_cpu_s']:,.0f}", file=sys.stderr)
     trained = {"stoker": [], "dataloader": []}
     for r in range(args.train_repeats):
-        for loader in trained:
+        for loader in (["stoker", "dataloader"] if r % 2 == 0 else ["dataloader", "stoker"]):
             trained[loader].append(run(py + ["--loader", loader, "--steps", "train",
                                              "--intra-op-threads", str(args.intra_op_threads),
                                              "--images", str(args.train_images)]))
@@ -85,6 +90,11 @@ def main():
             "runs_cpp": [x["samples_per_s"] for x in cpp], "runs_python": [x["samples_per_s"] for x in python],
             "runs_cpp_per_cpu_s": [x["samples_per_cpu_s"] for x in cpp],
             "runs_python_per_cpu_s": [x["samples_per_cpu_s"] for x in python],
+            # The batches only taken from Python, no torch: the pipeline and the binding alone.
+            "taken_crops_per_s": median(taken, "samples_per_s"),
+            "taken_crops_per_cpu_s": median(taken, "samples_per_cpu_s"),
+            "taken_over_cpp_per_cpu_s": median(taken, "samples_per_cpu_s") / median(cpp, "samples_per_cpu_s"),
+            "runs_taken_per_cpu_s": [x["samples_per_cpu_s"] for x in taken],
         },
     }
     if args.train_repeats:

@@ -138,14 +138,18 @@ def main():
     p.add_argument("--images", type=int, default=0, help="only the first N training images (0: all 60,000)")
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--steps", choices=["train", "none"], default="train",
-                   help="none: only touch each batch, to measure the loader alone")
+    p.add_argument("--steps", choices=["train", "none", "take"], default="train",
+                   help="none: only make each batch's tensors and read their first element, to measure the "
+                        "loader alone; take: (stoker) only take each batch, to measure the pipeline and the "
+                        "binding without torch")
     p.add_argument("--intra-op-threads", type=int, default=0,
                    help="PyTorch's intra-op threads for the model (0: its own default)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
     args = p.parse_args()
     if args.workers < (1 if args.loader == "stoker" else 0):
         p.error("--workers must be at least 1 for stoker, 0 for the DataLoader")
+    if args.steps == "take" and args.loader != "stoker":
+        p.error("--steps take is for the stoker loader")
     if args.epochs < 1 or not 1 <= args.batch_size <= SHUFFLE_CAPACITY - MIN_AFTER_DEQUEUE:
         p.error("--epochs must be at least 1 and --batch-size in [1, 8000]")
 
@@ -166,8 +170,19 @@ def main():
     samples = batches = 0
     waited = checksum = 0.0
     for e in range(args.epochs):
-        model.train()
+        if args.steps == "take":
+            for batch in pipe.epoch():
+                samples += len(batch)
+                batches += 1
+            continue
         batches_of_epoch = epoch()
+        if not training:  # the loader alone, its batches touched and nothing timed
+            for x, y in batches_of_epoch:
+                checksum += float(x.view(-1)[0])
+                samples += len(y)
+                batches += 1
+            continue
+        model.train()
         while True:
             t0 = time.perf_counter()
             xy = next(batches_of_epoch, None)
@@ -175,13 +190,10 @@ def main():
             if xy is None:
                 break
             x, y = xy
-            if training:
-                optimizer.zero_grad()
-                loss = F.cross_entropy(model(x), y)
-                loss.backward()
-                optimizer.step()
-            else:
-                checksum += float(x.view(-1)[0])  # touch the batch, no more
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
             samples += len(y)
             batches += 1
     seconds, cpu_seconds = time.perf_counter() - t_run, time.process_time() - cpu_run
@@ -190,10 +202,11 @@ def main():
         "loader": args.loader, "workers": args.workers, "epochs": args.epochs, "steps": args.steps,
         "samples": samples, "batches": batches, "seconds": seconds,
         "cpu_seconds": cpu_seconds,  # this process's threads (not the DataLoader's worker processes)
-        "samples_per_s": samples / seconds, "starvation_pct": 100 * waited / seconds,
+        "samples_per_s": samples / seconds,
         "torch_version": torch.__version__, "intra_op_threads": torch.get_num_threads(),
     }
     if training:
+        result["starvation_pct"] = 100 * waited / seconds
         result["test_accuracy"] = accuracy(model, test_x, test_y)
     else:
         result["checksum"] = checksum
@@ -201,9 +214,9 @@ def main():
         summary = pipe.summary()
         result["pipeline_consumer_wait_s"] = summary["consumer_wait_s"]
         pipe.stop()
-    print(f"{args.loader}: {samples} samples in {seconds:.2f} s, {result['samples_per_s']:,.0f} samples/s, "
-          f"waiting for input {result['starvation_pct']:.1f}% of the time"
-          + (f", test accuracy {result['test_accuracy']:.4f}" if training else ""), file=sys.stderr)
+    print(f"{args.loader}: {samples} samples in {seconds:.2f} s, {result['samples_per_s']:,.0f} samples/s"
+          + (f", waiting for input {result['starvation_pct']:.1f}% of the time, test accuracy "
+             f"{result['test_accuracy']:.4f}" if training else ""), file=sys.stderr)
     if args.json:
         print(json.dumps(result))
 
