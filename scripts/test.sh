@@ -30,8 +30,9 @@ case "$build_dir" in /*) ;; *) build_dir="$root/$build_dir" ;; esac
 export STOKER_BUILD_DIR="$build_dir"
 
 # libtorch's CPU build, for the example client (apps/stoker-torch-example), which is tested
-# when it is found; the demo does not need it.
-export STOKER_EXTRA_PACKAGES="${STOKER_EXTRA_PACKAGES:-} libtorch-dev chromium pkgconf"
+# when it is found, and PyTorch, pytest and NumPy for the Python module's tests; the demo needs
+# none of them.
+export STOKER_EXTRA_PACKAGES="${STOKER_EXTRA_PACKAGES:-} libtorch-dev chromium pkgconf python3-torch python3-pytest python3-pytest-timeout python3-numpy"
 bash "$root/scripts/build.sh"
 
 ctest_args=()
@@ -50,6 +51,19 @@ if grep -q '^STOKER_HAVE_TORCH:INTERNAL=ON$' "$build_dir/CMakeCache.txt" 2>/dev/
   fi
 else
   echo "test: libtorch not found (or STOKER_TORCH=OFF, or a sanitizer build): the libtorch example was not built"
+fi
+
+# The Python module is optional too (python/CMakeLists.txt, STOKER_PYTHON): its pytest suite
+# runs against the module in the build tree, with the Python it was built for. A test that hangs
+# fails after 120 s; one that hangs holding the GIL (which pytest-timeout then cannot break)
+# fails the suite after 20 minutes.
+if grep -q '^STOKER_HAVE_PYTHON:INTERNAL=ON$' "$build_dir/CMakeCache.txt" 2>/dev/null; then
+  python="$(sed -n 's/^Python_EXECUTABLE:FILEPATH=//p' "$build_dir/CMakeCache.txt")"
+  echo "test: running the Python module's tests (tests/python) with $python"
+  PYTHONPATH="$build_dir/python${PYTHONPATH:+:$PYTHONPATH}" timeout --kill-after=30s 20m \
+    "$python" -m pytest -q -p no:cacheprovider --timeout=120 --timeout-method=thread tests/python
+else
+  echo "test: the Python module was not built (STOKER_PYTHON=OFF, a sanitizer build, or no pybind11): its tests did not run"
 fi
 
 if ((consumer)); then
@@ -138,6 +152,11 @@ if ((consumer)); then
     "${CXX:-c++}" -std=c++20 -O1 "$source" "${pc_cflags[@]}" "${pc_libs[@]}" -Wl,-rpath,"$pc_libdir" -o "$out"
   done
   "$consumer_dir/pkgconfig-main"
+  if [[ -n "${python:-}" ]]; then
+    echo "test: importing the Python module installed in $prefix"
+    site="$(sed -n 's/^STOKER_PYTHON_INSTALL_DIR:STRING=//p' "$build_dir/CMakeCache.txt")"
+    (cd / && PYTHONPATH="$prefix/$site" "$python" -c 'import stoker; stoker.PipelineBuilder()')
+  fi
 fi
 
 echo "test.sh: PASSED ($([[ $consumer == 1 ]] && echo "tests and find_package consumer" || echo "tests") in ${build_dir#"$root"/})"

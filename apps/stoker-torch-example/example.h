@@ -60,6 +60,9 @@ struct ExampleReport {
   /// From just before the loader (the pipeline, or the DataLoader and its workers) was made
   /// until the last batch had been used: what samples_per_s() is measured over.
   double seconds = 0;
+  /// CPU time the process used over `seconds`, all its threads: a measure of the work done
+  /// that a machine busy with other work disturbs less than the wall time.
+  double cpu_seconds = 0;
   /// The first batch's tensors alias the loader's memory: stoker's batch storage (data_ptr
   /// compared once). Always false for libtorch's DataLoader, whose Stack copies every sample.
   bool zero_copy = false;

@@ -16,7 +16,7 @@
 namespace stoker::torch_example {
 
 /// What the loop is handed for each batch: samples float32 [n, 1, 24, 24], normalized, and
-/// labels [n] (int32 from stoker, int64 from libtorch's Stack).
+/// labels int64 [n], what cross_entropy takes.
 using UseBatch = std::function<void(const torch::Tensor& samples, const torch::Tensor& labels)>;
 
 class Loader {
@@ -33,7 +33,8 @@ class Loader {
 };
 
 /// A stoker::Batch as two libtorch tensors over its own storage, through to_dlpack and
-/// at::fromDLPack: samples [count, C, H, W] of the batch's dtype and labels int32 [count].
+/// at::fromDLPack: samples [count, C, H, W] of the batch's dtype and labels int64 [count]
+/// (written over the batch's ids: DLPackOptions).
 /// No copy: the tensors own the batch's buffer now, and the last of them to go returns it to
 /// its pool (through the DLPack deleters).
 struct BatchTensors {

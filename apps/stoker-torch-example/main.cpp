@@ -87,6 +87,7 @@ Json to_json(const ExampleOptions& o, const ExampleReport& r) {
   out["samples"] = r.samples();
   out["batches"] = r.batches();
   out["seconds"] = r.seconds;
+  out["cpu_seconds"] = r.cpu_seconds;
   out["batch_size"] = o.batch_size;
   out["train_images"] = r.train_images;
   out["test_images"] = r.test_images;

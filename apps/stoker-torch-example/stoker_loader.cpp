@@ -71,7 +71,7 @@ class StokerLoader final : public Loader {
       }
       // Once: the tensors must point into the batch's own storage, and hold what it held.
       const void* storage = batch.data();
-      const void* labels_at = batch.label_values().data();
+      const void* labels_at = batch.id_values().data();  // int64 labels go where the ids were
       const std::int32_t first_label = batch.label_values()[0];
       const float first_value = batch.as<float>()[0];
       const std::size_t count = batch.count;
@@ -80,7 +80,7 @@ class StokerLoader final : public Loader {
       const bool same_values = t.samples.size(0) == static_cast<std::int64_t>(count) &&
                                t.labels.size(0) == static_cast<std::int64_t>(count) &&
                                t.samples.data_ptr<float>()[0] == first_value &&
-                               t.labels.data_ptr<std::int32_t>()[0] == first_label;
+                               t.labels.data_ptr<std::int64_t>()[0] == first_label;
       zero_copy_ = same_memory && same_values;
       std::ostringstream e;
       e << "batch storage " << address(storage) << ", samples tensor data_ptr " << address(t.samples.data_ptr())
@@ -117,7 +117,7 @@ class StokerLoader final : public Loader {
 }  // namespace
 
 BatchTensors to_tensors(Batch&& batch) {
-  DLPackGuard g{to_dlpack(std::move(batch))};
+  DLPackGuard g{to_dlpack(std::move(batch), {.labels = LabelType::i64})};
   if (g.b.samples == nullptr || g.b.labels == nullptr) throw std::logic_error("to_dlpack gave no tensor");
   BatchTensors t;
   t.samples = adopt(g.b.samples);

@@ -10,38 +10,15 @@
 #include <thread>
 #include <vector>
 
+#include "stages/counting_pool.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/stages/batch.h"
 #include "stoker/stages/dlpack.h"
 
 using namespace stoker;
+using stoker::test::CountingPool;
 
 namespace {
-
-// Counts the buffers it takes back, in a counter that may outlive it, and says it holds
-// whatever memory the test asks for.
-class CountingPool final : public BufferPool {
- public:
-  static std::shared_ptr<CountingPool> create(std::shared_ptr<std::atomic<int>> released,
-                                              MemoryKind kind = MemoryKind::host, int device = 0) {
-    return std::shared_ptr<CountingPool>(new CountingPool(std::move(released), kind, device));
-  }
-  MemoryKind memory_kind() const noexcept override { return kind_; }
-  int device_id() const noexcept override { return device_; }
-
- protected:
-  void release(std::byte* data, std::size_t size) noexcept override {
-    released_->fetch_add(1);
-    BufferPool::release(data, size);
-  }
-
- private:
-  CountingPool(std::shared_ptr<std::atomic<int>> released, MemoryKind kind, int device)
-      : BufferPool(std::size_t{1} << 24), released_(std::move(released)), kind_(kind), device_(device) {}
-  std::shared_ptr<std::atomic<int>> released_;
-  MemoryKind kind_;
-  int device_;
-};
 
 constexpr std::size_t kCount = 7;
 
@@ -228,7 +205,7 @@ TEST_CASE("DLPack: exported tensors outlive the pipeline that made the batch and
   CHECK(watch.expired());  // the last buffer out took the pool with it
 }
 
-TEST_CASE("DLPack: an exported batch names the memory of its pool: pinned host memory or a device's") {
+TEST_CASE("DLPack: an exported batch names the memory of its pool: host (pinned or not) or a device's") {
   const Shape shape{.channels = 1, .height = 2, .width = 2};
   struct Case {
     MemoryKind kind;
@@ -236,7 +213,8 @@ TEST_CASE("DLPack: an exported batch names the memory of its pool: pinned host m
     DLDeviceType type;
     int id;
   };
-  for (const auto& c : {Case{MemoryKind::pinned, 0, kDLCUDAHost, 0}, Case{MemoryKind::device, 3, kDLCUDA, 3},
+  // Pinned memory goes out as kDLCPU: libtorch's fromDLPack refuses kDLCUDAHost.
+  for (const auto& c : {Case{MemoryKind::pinned, 0, kDLCPU, 0}, Case{MemoryKind::device, 3, kDLCUDA, 3},
                         Case{MemoryKind::host, 0, kDLCPU, 0}}) {
     CAPTURE(static_cast<int>(c.kind));
     const auto released = std::make_shared<std::atomic<int>>(0);
@@ -260,4 +238,88 @@ TEST_CASE("DLPack: to_dlpack rejects a batch without enough storage, and leaves 
   short_batch.count = 10;
   CHECK_THROWS_WITH_AS(to_dlpack(std::move(short_batch)), doctest::Contains("smaller"), std::invalid_argument);
   CHECK_FALSE(short_batch.storage.empty());  // a failed export leaves the batch as it was
+}
+
+TEST_CASE("DLPack: int64 labels, on request, lie over the batch's ids in its own buffer, for host and pinned memory") {
+  const Shape shape{.channels = 1, .height = 3, .width = 3};
+  for (const MemoryKind kind : {MemoryKind::host, MemoryKind::pinned}) {
+    CAPTURE(static_cast<int>(kind));
+    const auto released = std::make_shared<std::atomic<int>>(0);
+    const auto pool = CountingPool::create(released, kind);
+    Batch batch = filled_batch(*pool, shape, DType::f32);
+    const std::byte* storage = batch.data();
+    const auto* ids = reinterpret_cast<const std::byte*>(batch.id_values().data());
+    const auto allocations = pool->allocations();
+
+    DLPackBatch t = to_dlpack(std::move(batch), {.labels = LabelType::i64});
+    const DLTensor& l = t.labels->dl_tensor;
+    CHECK(l.dtype.code == kDLInt);
+    CHECK(l.dtype.bits == 64);
+    CHECK(l.dtype.lanes == 1);
+    CHECK(shape_of(l) == std::vector<std::int64_t>{kCount});
+    CHECK(strides_of(l) == std::vector<std::int64_t>{1});
+    CHECK(l.device.device_type == kDLCPU);
+    CHECK(l.data == ids);  // in the batch's buffer: nothing allocated
+    CHECK(pool->allocations() == allocations);
+    const auto* labels = static_cast<const std::int64_t*>(l.data);
+    for (std::size_t i = 0; i < kCount; ++i) CHECK(labels[i] == 3 * static_cast<std::int64_t>(i) - 5);
+    CHECK(t.samples->dl_tensor.data == storage);  // the samples as before
+    CHECK(static_cast<const float*>(t.samples->dl_tensor.data)[1] == 1.0f);
+
+    release(t.labels);
+    release(t.samples);
+    CHECK(released->load() == 1);
+  }
+}
+
+TEST_CASE("DLPack: int64 labels are refused for a batch in device memory, or without room for its ids") {
+  const Shape shape{.channels = 1, .height = 2, .width = 2};
+  const auto released = std::make_shared<std::atomic<int>>(0);
+  const auto device = CountingPool::create(released, MemoryKind::device, 1);
+  Batch on_device = filled_batch(*device, shape, DType::f32);
+  CHECK_THROWS_WITH_AS(to_dlpack(std::move(on_device), {.labels = LabelType::i64}), doctest::Contains("device memory"),
+                       std::invalid_argument);
+  CHECK_FALSE(on_device.storage.empty());
+
+  // Samples and int32 labels fit, the ids do not: int32 goes, int64 is refused.
+  const auto pool = BufferPool::create();
+  Batch full = filled_batch(*pool, shape, DType::f32);
+  Batch cut{.storage = pool->acquire(full.payload_bytes()), .shape = shape, .dtype = DType::f32, .count = kCount};
+  CHECK_THROWS_WITH_AS(to_dlpack(std::move(cut), {.labels = LabelType::i64}), doctest::Contains("and ids"),
+                       std::invalid_argument);
+  CHECK_FALSE(cut.storage.empty());
+  DLPackBatch t = to_dlpack(std::move(cut));
+  release(t.samples);
+  release(t.labels);
+}
+
+TEST_CASE("DLPack: a shared sample is exported in place, channels first or last, and held until released") {
+  const auto released = std::make_shared<std::atomic<int>>(0);
+  const auto pool = CountingPool::create(released);
+  struct Case {
+    Shape shape;
+    std::vector<std::int64_t> dims, strides;
+  };
+  for (const auto& c :
+       {Case{{.channels = 2, .height = 3, .width = 4}, {2, 3, 4}, {12, 4, 1}},
+        Case{{.channels = 3, .height = 2, .width = 4, .channels_last = true}, {2, 4, 3}, {12, 3, 1}},
+        Case{{.channels = 1, .depth = 2, .height = 3, .width = 2, .volume = true}, {1, 2, 3, 2}, {12, 6, 2, 1}}}) {
+    CAPTURE(c.shape.str());
+    auto sample = std::make_shared<Sample>(*pool, c.shape, DType::u16, 4, 9);
+    for (std::size_t i = 0; i < c.shape.elements(); ++i) sample->as<std::uint16_t>()[i] = static_cast<std::uint16_t>(i);
+    const std::byte* data = sample->data.data();
+    const int before = released->load();
+    DLManagedTensor* t = to_dlpack(std::shared_ptr<const Sample>(std::move(sample)));
+    CHECK(t->dl_tensor.data == data);
+    CHECK(shape_of(t->dl_tensor) == c.dims);
+    CHECK(strides_of(t->dl_tensor) == c.strides);
+    CHECK(t->dl_tensor.dtype.code == kDLUInt);
+    CHECK(t->dl_tensor.dtype.bits == 16);
+    CHECK(t->dl_tensor.device.device_type == kDLCPU);
+    CHECK(static_cast<const std::uint16_t*>(t->dl_tensor.data)[5] == 5);
+    CHECK(released->load() == before);  // the tensor holds the sample
+    t->deleter(t);
+    CHECK(released->load() == before + 1);
+  }
+  CHECK_THROWS_AS(to_dlpack(std::shared_ptr<const Sample>()), std::invalid_argument);
 }

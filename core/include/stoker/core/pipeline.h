@@ -390,6 +390,21 @@ class Pipeline {
     return std::nullopt;  // not reached: the run has failed
   }
 
+  /// Waits until next() would return without waiting, at most `timeout`: true when it would (an
+  /// item, the end of an epoch or of the run, or a stage's error is there), false when the time
+  /// ran out. Takes nothing, so that a consumer that must do something else now and then while it
+  /// waits (a Python loop that checks for Ctrl-C) waits in slices and then calls next(). The
+  /// time waited counts as the consumer's wait in the summary, as next()'s does.
+  template <class Rep, class Period>
+  bool wait_for(std::chrono::duration<Rep, Period> timeout) {
+    if (finished_ || taken_ < chunk_.size() || final_->ready()) return true;
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool ready =
+        final_->wait_until(t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout));
+    core_->consumer_waited(t0, std::chrono::steady_clock::now());
+    return ready;
+  }
+
   /// The rest of the current epoch as an input range: `for (auto& x : pipe.epoch())`.
   class EpochRange;
   EpochRange epoch() { return EpochRange(*this); }

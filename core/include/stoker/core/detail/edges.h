@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <mutex>
@@ -11,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "stoker/core/detail/futex.h"
 #include "stoker/core/detail/spin_lock.h"
 #include "stoker/core/queue_meter.h"
 #include "stoker/core/random.h"
@@ -211,9 +213,25 @@ class EdgeBase : public QueueMeter {
   bool wake_consumer_locked() const noexcept { return consumer_waiting_ && ready(); }
   // The consumer's thread sleeps on `signal_` (a futex): lighter than a condition variable,
   // whose notify contends with the waiter for the variable's own lock.
-  void wake_consumer() noexcept {
-    signal_.fetch_add(1);
-    signal_.notify_one();
+  void wake_consumer() noexcept { signal_.notify_one(); }
+  // Under `lock` (on mutex_), for the consumer's thread: waits while a pop would report `empty`,
+  // until `deadline` if there is one; true when a pop would not.
+  template <class Lock>
+  bool wait_ready(Lock& lock, const std::chrono::steady_clock::time_point* deadline) {
+    while (!ready()) {
+      const auto now = std::chrono::steady_clock::now();
+      if (deadline && now >= *deadline) break;
+      consumer_waiting_ = true;
+      const std::uint32_t seen = signal_.value();  // under the lock: a wake-up after it changes it
+      lock.unlock();
+      if (deadline)
+        signal_.wait(seen, *deadline - now);
+      else
+        signal_.wait(seen);
+      lock.lock();
+    }
+    consumer_waiting_ = false;
+    return ready();
   }
 
   const std::size_t floor_;                              // what a pop leaves behind while the epoch is open
@@ -221,7 +239,7 @@ class EdgeBase : public QueueMeter {
   std::size_t window_ = 0;                               // a shuffle's: what a take draws from
   std::uint64_t seed_ = 0, epoch_seed_ = 0;
   SpinLock mutex_;
-  std::atomic<std::uint32_t> signal_{0};
+  Futex signal_;
   bool consumer_waiting_ = false;  // under mutex_
   std::uint64_t popped_ = 0;       // under mutex_: items taken this epoch
   std::uint64_t pushed_ = 0;       // under mutex_: items put this epoch (their positions)
@@ -333,15 +351,15 @@ class Edge final : public EdgeBase {
   /// would report `empty`.
   Pop pop_wait(Chunk<T>& out, std::size_t max, std::uint64_t& first) {
     std::unique_lock lock(mutex_);
-    while (!ready()) {
-      consumer_waiting_ = true;
-      const std::uint32_t seen = signal_.load();  // under the lock: a wake-up after it changes it
-      lock.unlock();
-      signal_.wait(seen);
-      lock.lock();
-    }
-    consumer_waiting_ = false;
+    wait_ready(lock, nullptr);
     return pop_locked(out, max, first);
+  }
+
+  /// For the consumer's thread: waits until a pop would not report `empty`, or until `deadline`;
+  /// true when it would not.
+  bool wait_until(std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock lock(mutex_);
+    return wait_ready(lock, &deadline);
   }
 
  private:

@@ -1,0 +1,196 @@
+// What the parts of the Python module share: Python objects that C++ threads may hold, the
+// Python form of each item a pipeline carries, and the registration functions of module.cpp.
+// Private to python/.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+#include <initializer_list>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "stoker/gpu/device.h"
+#include "stoker/gpu/staging.h"
+#include "stoker/stages/batch.h"
+#include "stoker/stages/dlpack.h"
+#include "stoker/stages/sample.h"
+#include "stoker/stages/transforms.h"
+
+namespace stoker::python {
+
+namespace py = pybind11;
+
+/// A strong reference to a Python object that C++ threads may move and destroy: the destructor
+/// takes the GIL when there is a reference to drop. Made, and read, with the GIL held. Move-only,
+/// so that items moving through a pipeline's queues never touch the reference count.
+class Object {
+ public:
+  Object() = default;
+  explicit Object(py::object o) noexcept : p_(o.release().ptr()) {}
+  Object(Object&& o) noexcept : p_(std::exchange(o.p_, nullptr)) {}
+  Object& operator=(Object&& o) noexcept {
+    if (this != &o) {
+      reset();
+      p_ = std::exchange(o.p_, nullptr);
+    }
+    return *this;
+  }
+  ~Object() { reset(); }
+
+  /// A new reference; with the GIL held.
+  py::object get() const { return py::reinterpret_borrow<py::object>(p_); }
+  /// This reference, leaving the Object empty; with the GIL held.
+  py::object take() { return py::reinterpret_steal<py::object>(std::exchange(p_, nullptr)); }
+
+ private:
+  void reset() noexcept {
+    if (p_ == nullptr) return;
+    py::gil_scoped_acquire gil;
+    Py_DECREF(std::exchange(p_, nullptr));
+  }
+  PyObject* p_ = nullptr;
+};
+
+/// A Python exception raised by a Python stage function, carried through the pipeline's C++
+/// threads: its message is made while the GIL is held, so that what() needs none (the pipeline
+/// reads it under its own locks, and logs skipped items with it), and the exception itself goes
+/// with it, to be the cause of the StageError raised in the training loop.
+class PythonError : public std::runtime_error {
+ public:
+  PythonError(std::string message, std::shared_ptr<Object> exception)
+      : std::runtime_error(std::move(message)), exception_(std::move(exception)) {}
+  const std::shared_ptr<Object>& exception() const noexcept { return exception_; }
+
+ private:
+  std::shared_ptr<Object> exception_;
+};
+
+/// Runs `f()`, which calls Python, with the GIL held; a Python exception becomes a PythonError.
+template <class F>
+decltype(auto) python_errors(F&& f) {
+  try {
+    return f();
+  } catch (py::error_already_set& e) {
+    std::string message =
+        py::str(e.type().attr("__name__")).cast<std::string>() + ": " + py::str(e.value()).cast<std::string>();
+    // The traceback through the stage function, for the training loop's report.
+    if (e.trace()) PyException_SetTraceback(e.value().ptr(), e.trace().ptr());
+    auto exception = std::make_shared<Object>(e.value());
+    throw PythonError(std::move(message), std::move(exception));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Items as Python sees them
+
+/// Whether a device batch's tensors may be read yet: its ready() event, which the consumer's
+/// stream waits on (CUDA) or the host synchronizes (the CPU backend) at the first export.
+struct Readiness {
+  gpu::Event* event = nullptr;  // valid while the batch's tensors hold its buffer
+  std::mutex mutex;             // the CPU backend's synchronize(), once
+  bool passed = false;
+};
+
+/// One DLPack tensor of an item, shared by every export of it (__dlpack__ may be called more
+/// than once). The memory it points into stays until this object and every tensor exported from
+/// it are gone; the last deleter to run returns it, on whatever thread, without the GIL.
+class Tensor {
+ public:
+  Tensor(std::shared_ptr<DLManagedTensor> tensor, MemoryKind memory, std::shared_ptr<Readiness> ready = nullptr);
+
+  /// A capsule named "dltensor" of a new DLManagedTensor over the same memory. For a device
+  /// batch, `stream` (DLPack's convention: None or 1 the legacy default stream, 2 the per-thread
+  /// one, a cudaStream_t otherwise, -1 none) waits for the batch first.
+  py::object dlpack(const py::object& stream) const;
+  py::tuple dlpack_device() const;
+  const DLTensor& dl() const noexcept { return tensor_->dl_tensor; }
+  MemoryKind memory() const noexcept { return memory_; }
+
+ private:
+  std::shared_ptr<DLManagedTensor> tensor_;
+  MemoryKind memory_;
+  std::shared_ptr<Readiness> ready_;
+};
+
+/// Owns `t`: its deleter runs when the last copy goes (also if this throws).
+std::shared_ptr<DLManagedTensor> own(DLManagedTensor* t);
+/// A capsule named "dltensor" that owns `t` until a consumer takes it (renaming it).
+py::object dlpack_capsule(DLManagedTensor* t);
+
+/// A batch handed to Python: its samples and labels as tensors over its buffer.
+struct BatchView {
+  std::shared_ptr<Tensor> samples, labels;
+  std::size_t count = 0;
+  MemoryKind memory = MemoryKind::host;
+  virtual ~BatchView() = default;
+};
+/// A device batch handed to Python (stoker.gpu.DeviceBatch).
+struct DeviceBatchView : BatchView {};
+
+/// How batches are handed to Python.
+struct ExportOptions {
+  LabelType labels = LabelType::i32;
+};
+
+/// Items in their Python form, with the GIL held. Batches become BatchView (no copy), samples
+/// stoker.Sample, lists Python lists, Python items themselves.
+py::object to_python(Sample&& item, const ExportOptions& options);
+py::object to_python(DeferredCrop&& item, const ExportOptions& options);
+py::object to_python(Batch&& item, const ExportOptions& options);
+py::object to_python(gpu::DeviceBatch&& item, const ExportOptions& options);
+py::object to_python(Object&& item, const ExportOptions& options);
+template <class T>
+py::object to_python(std::vector<T>&& items, const ExportOptions& options) {
+  py::list out(items.size());
+  for (std::size_t i = 0; i < items.size(); ++i) out[i] = to_python(std::move(items[i]), options);
+  return out;
+}
+
+/// The CUDA stream `stream` (a cudaStream_t, or 1 or 2 for the default streams) waits for
+/// `event` (a cudaEvent_t) without the host waiting.
+void stream_wait_event(std::uintptr_t stream, void* event);
+
+/// What PipelineBuilder.counters() and .timeline() take: counters kept outside the graph (a
+/// device's copies) and work timed outside it (a device's streams), from stoker.gpu.
+struct Counters {
+  CounterSource source;
+};
+struct Timeline {
+  std::shared_ptr<TimelineSource> source;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Option parsing shared by the bindings: each names the option in its error.
+
+/// The value called `name` among `choices`; a ValueError naming the option and the choices
+/// otherwise.
+template <class E>
+E parse_choice(std::string_view name, const char* option,
+               std::initializer_list<std::pair<std::string_view, E>> choices) {
+  std::string names;
+  for (const auto& [n, value] : choices) {
+    if (n == name) return value;
+    names += (names.empty() ? "'" : ", '") + std::string(n) + "'";
+  }
+  throw py::value_error(std::string(option) + " must be one of " + names + ", not '" + std::string(name) + "'");
+}
+DType parse_dtype(std::string_view name, const char* option);  ///< dtype_name()'s: "uint8", ...
+OnError parse_on_error(std::string_view name);
+const char* memory_name(MemoryKind m) noexcept;  ///< "host", "pinned", "device"
+CropSize parse_crop_size(const py::sequence& size, const char* option);
+
+// ---------------------------------------------------------------------------------------------
+// Registration, in the order module.cpp calls them.
+
+void bind_errors(py::module_& m, py::module_& gpu);
+void bind_items(py::module_& m);
+void bind_stages(py::module_& m);
+void bind_gpu(py::module_& gpu);
+void bind_pipeline(py::module_& m);
+
+}  // namespace stoker::python

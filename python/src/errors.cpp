@@ -1,0 +1,101 @@
+// stoker's C++ errors as Python exceptions: StageError naming the stage (its cause, the stage's
+// own exception, chained as __cause__), DataError naming the file, StateError, and the device's.
+#include <exception>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#include "binding.h"
+#include "stoker/core/stage_error.h"
+#include "stoker/core/state.h"
+#include "stoker/stages/reader.h"
+
+namespace stoker::python {
+
+namespace {
+
+// The classes, registered once; they live as long as the module.
+struct Classes {
+  py::handle stage, data, state, device, pool_timeout;
+};
+Classes& classes() {
+  static Classes c;
+  return c;
+}
+
+py::object make(py::handle type, const char* message) { return type(message); }
+
+// A Python exception object for the C++ exception `e`, cause included.
+py::object as_python(std::exception_ptr e);
+
+py::object stage_error(const StageError& e) {
+  py::object exc = make(classes().stage, e.what());
+  exc.attr("stage") = e.stage();
+  if (e.original()) {
+    py::object cause = as_python(e.original());
+    PyException_SetCause(exc.ptr(), cause.release().ptr());  // steals; also sets __suppress_context__
+  }
+  return exc;
+}
+
+py::object as_python(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const PythonError& x) {
+    return x.exception()->get();  // what the Python stage raised, with its traceback
+  } catch (const StageError& x) {
+    return stage_error(x);
+  } catch (const DataError& x) {
+    py::object exc = make(classes().data, x.what());
+    exc.attr("file") = x.file();
+    return exc;
+  } catch (const StateError& x) {
+    return make(classes().state, x.what());
+  } catch (const gpu::PoolTimeout& x) {
+    return make(classes().pool_timeout, x.what());
+  } catch (const gpu::DeviceError& x) {
+    return make(classes().device, x.what());
+  } catch (const std::invalid_argument& x) {
+    return make(PyExc_ValueError, x.what());
+  } catch (const std::out_of_range& x) {
+    return make(PyExc_IndexError, x.what());
+  } catch (const std::bad_alloc& x) {
+    return make(PyExc_MemoryError, x.what());
+  } catch (const std::exception& x) {
+    return make(PyExc_RuntimeError, x.what());
+  } catch (...) {
+    return make(PyExc_RuntimeError, "unknown C++ exception");
+  }
+}
+
+void raise(const py::object& exc) { PyErr_SetObject(py::type::handle_of(exc).ptr(), exc.ptr()); }
+
+}  // namespace
+
+void bind_errors(py::module_& m, py::module_& gpu) {
+  Classes& c = classes();
+  c.stage = py::register_exception<StageError>(m, "StageError", PyExc_RuntimeError);
+  c.data = py::register_exception<DataError>(m, "DataError", PyExc_RuntimeError);
+  c.state = py::register_exception<StateError>(m, "StateError", PyExc_ValueError);
+  c.device = py::register_exception<gpu::DeviceError>(gpu, "DeviceError", PyExc_RuntimeError);
+  c.pool_timeout = py::register_exception<gpu::PoolTimeout>(gpu, "PoolTimeout", c.device.ptr());
+  m.attr("StageError").attr("__doc__") =
+      "A stage failed. stage: its name; __cause__: what it raised (a stoker.DataError naming "
+      "the file, or the Python stage's own exception).";
+  m.attr("DataError").attr("__doc__") = "Bad input data. file: the file; the message says what is wrong.";
+
+  // Tried before register_exception's own translators: these also set the attributes.
+  py::register_exception_translator([](std::exception_ptr e) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const StageError&) {
+      raise(as_python(e));
+    } catch (const DataError&) {
+      raise(as_python(e));
+    } catch (const PythonError& x) {  // a Python source's error outside a pipeline's run
+      raise(x.exception()->get());
+    }
+  });
+}
+
+}  // namespace stoker::python
