@@ -4,7 +4,7 @@
 # the Fashion-MNIST files). Each step has its own time limit, and a failed step does not stop
 # the others; logs go to $OUT/logs.tar.gz (or ./gpu-out), a table of verdicts is printed last.
 #
-#   scripts/gpu-check.sh [STEP...]     steps: tests sanitizer transfer train bench (default: all)
+#   scripts/gpu-check.sh [STEP...]     steps: tests sanitizer transfer train bench images (default: all)
 #   STOKER_GPU_CROP_THREADS="4 8"      train also with --augment cpu at these crop threads
 set -uo pipefail
 
@@ -23,7 +23,7 @@ export PATH="/usr/local/cuda/bin:$PATH"
 export STOKER_REQUIRE_CUDA=1
 
 steps=("$@")
-((${#steps[@]})) || steps=(tests sanitizer transfer train bench)
+((${#steps[@]})) || steps=(tests sanitizer transfer train bench images)
 verdicts=()
 
 # run NAME LIMIT_S CMD...: output to $out/NAME.log, its tail on the console.
@@ -111,6 +111,10 @@ for step in "${steps[@]}"; do
     bench)
       run augment 300 "$bin/stoker-bench" augment --json
       run pipeline 300 "$bin/stoker-bench" pipeline --json
+      ;;
+    images)
+      # GpuResizedCrop against a device-to-device copy of its bytes and the CPU crop on all cores.
+      run gpu_resize 300 "$bin/stoker-bench" gpu_resize --device cuda --json
       ;;
     *) echo "gpu-check: unknown step '$step'" >&2; exit 2 ;;
   esac

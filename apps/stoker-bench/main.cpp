@@ -25,6 +25,7 @@ SuiteRun setup_remote(CLI::App& command);    // bench_remote.cpp
 SuiteRun setup_decode(CLI::App& command);    // bench_decode.cpp
 SuiteRun setup_resize(CLI::App& command);    // bench_resize.cpp
 SuiteRun setup_images(CLI::App& command);    // bench_images.cpp
+SuiteRun setup_gpu_resize(CLI::App& command);  // bench_gpu_resize.cpp
 
 namespace {
 
@@ -52,6 +53,10 @@ constexpr Suite kSuites[] = {
      "the image job (JPEGs -> RandomResizedCrop 224, mirror, normalize, batches of 256) in images/s on N threads: "
      "stoker pipeline vs a tight loop (and torchvision's DataLoader)",
      &setup_images},
+    {"gpu_resize",
+     "GpuResizedCrop on batches of decoded images: kernel vs a device-to-device copy of the same bytes, vs the CPU's "
+     "RandomResizedCrop on all cores",
+     &setup_gpu_resize},
 };
 
 // One field of /proc/cpuinfo or /proc/meminfo, without the key; empty when absent.

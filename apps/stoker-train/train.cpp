@@ -1067,7 +1067,9 @@ Setup set_up(const TrainOptions& options, int world, int trainers, bool trainer)
   if (!options.images.empty()) {
     s.images = open_image_sets(options);
     if (trainer) {
-      s.test_crops = decode_test_crops(s.images.test, options, fashion_normalization());
+      TrainOptions sized = options;  // the test crops are --image-size's
+      if (sized.image_size != 0) sized.crop_size = sized.image_size;
+      s.test_crops = decode_test_crops(s.images.test, sized, fashion_normalization());
       if (s.test_crops.crops.empty()) throw DataError(s.images.test_source, "no test image could be decoded");
     }
   } else {

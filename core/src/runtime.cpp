@@ -836,7 +836,7 @@ void PipelineCore::fit_to_budget(int budget) {
     split += (i == 0 ? "" : ", ") + tuned[i]->name() + " " + std::to_string(share[i]);
     tuned[i]->set_threads(share[i]);
   }
-  spdlog::info(
+  log::info(
       "autotune: the stages it tunes ask for {} threads in all, more than its budget of {}; they start with "
       "{}{}",
       asked, budget, split, total > budget ? " (one each, which is over the budget)" : "");

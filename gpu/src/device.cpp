@@ -38,7 +38,7 @@ std::shared_ptr<Device> Device::open(std::string_view backend) {
   if (backend == "auto") {
     if (cuda_device_count() > 0) return detail::open_cuda_device(detail::current_cuda_device());
     if (const std::string problem = cuda_problem(); !problem.empty())
-      spdlog::warn("stoker::gpu: device 'auto': CUDA cannot start ({}); using the CPU backend", problem);
+      log::warn("stoker::gpu: device 'auto': CUDA cannot start ({}); using the CPU backend", problem);
     return detail::open_cpu_device();
   }
   if (backend == "cuda" || backend.starts_with("cuda:")) {

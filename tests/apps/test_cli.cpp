@@ -325,6 +325,8 @@ TEST_CASE("a log level from the environment that names none is a bad argument, n
     else
       CHECK(err.find("absent") != std::string::npos);  // the data set, not the level
   }
+}
+
 namespace {
 
 // `count` small images as files with a list, `dir/list.txt`: JPEGs of 60 to 99 x 80 pixels, or
