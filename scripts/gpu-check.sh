@@ -39,6 +39,9 @@ run() {
   local halves
   halves="$(grep -o 'CUDA halves: [0-9]* ran, [0-9]* skipped' "$out/$name.log" | tail -n 1)"
   verdicts+=("$(printf '%-28s exit %-3s %4ds  %s' "$name" "$status" $((SECONDS - start)) "$halves")")
+  # The logs so far, after every step: a run cut short by its caller's limit keeps them.
+  printf '%s\n' "${verdicts[@]}" >"$out/verdicts.txt"
+  tar -C "$out" -czf "$final/logs.tar.gz" .
 }
 
 # The cases of test program $1 whose names match the doctest filter $2, one per line.
