@@ -1266,8 +1266,6 @@ TrainReport run_training(const TrainOptions& options, const TrainCallbacks& call
   report.device = gpu::backend_name(trainer.device().backend());
   report.device_name = trainer.device().name();
   report.parameters = trainer.model().parameter_count();
-  report.graph_steps = trainer.graph_steps();
-  report.graph = report.graph_steps > 0;
   report.load_seconds = seconds_since(t_load);
   if (callbacks.on_start) callbacks.on_start(report);
 
@@ -1281,6 +1279,8 @@ TrainReport run_training(const TrainOptions& options, const TrainCallbacks& call
   else
     (gpu_augment ? train_pipelined_gpu : train_pipelined)(o, std::move(train_data), trainer, test, report);
   report.transfers = trainer.device().transfers();
+  report.graph_steps = trainer.graph_steps();
+  report.graph = report.graph_steps > 0;
   if (trainer.stopped()) report.interrupted = trainer.current();
   if (trainers > 1) gather_ranks(*ranks, trainer, report);
   return report;
