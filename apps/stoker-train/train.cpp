@@ -558,16 +558,9 @@ void train_pipelined(const TrainOptions& o, std::shared_ptr<const IdxDataset> da
                 .build()
                 .state();
   }
-  auto pipe =
-      pipeline_builder(o, trainer, trainer.resume_point(blank))
-          .source("read", source(), {.queue = o.read_queue})
-          .flat_map<DeferredCrop>("crops", random_crops(o), crops)
-          .shuffle("shuffle", shuffle_options(o))
-          .batch("batch", o.batch_size, {.queue = o.batch_queue})
-          .map("collate", Collate{.pool = to_device.staging(), .normalize = Normalizer(fashion_normalization())},
-               {.threads = o.collate_threads, .queue = o.batch_queue})
-          .map("h2d", to_device, {.queue = o.batch_queue, .autotune = false})
-          .build();
+  auto pipe = crops_to_device(
+      pipeline_builder(o, trainer, trainer.resume_point(blank)).source("read", source(), {.queue = o.read_queue}), o,
+      to_device);
   train_from(pipe, o, trainer, test, report);
 }
 
