@@ -83,20 +83,25 @@ DecodeResizedCropOptions decode_crop_options(const RandomResizedCropOptions& cro
 void bind_images(py::module_& m) {
   py::class_<ImageDataset, std::shared_ptr<ImageDataset>>(m, "ImageDataset", R"(Where the images of a data set
 are and what their labels are: a list file of `path label` lines, a folder per class, or
-WebDataset tar shards. Images have ids 0 .. len - 1. Immutable: share one between sources.)")
+WebDataset tar shards. Images have ids 0 .. len - 1. Immutable: share one between sources.
+Opening one reads folders or tar headers without the GIL.)")
       .def_static(
           "open", [](const std::filesystem::path& path) { return held(ImageDataset::open(path)); }, py::arg("path"),
+          py::call_guard<py::gil_scoped_release>(),
           "A folder (from_folder), a .tar file (from_tars) or a list file (from_list).")
       .def_static(
           "from_list", [](const std::filesystem::path& list) { return held(ImageDataset::from_list(list)); },
-          py::arg("list"), "`path label` lines, paths relative to the list's folder unless absolute.")
+          py::arg("list"), py::call_guard<py::gil_scoped_release>(),
+          "`path label` lines, paths relative to the list's folder unless absolute.")
       .def_static(
           "from_folder", [](const std::filesystem::path& root) { return held(ImageDataset::from_folder(root)); },
-          py::arg("root"), "A subfolder per class, as torchvision's ImageFolder: labels in the classes' name order.")
+          py::arg("root"), py::call_guard<py::gil_scoped_release>(),
+          "A subfolder per class, as torchvision's ImageFolder: labels in the classes' name order.")
       .def_static(
           "from_tars",
           [](const std::vector<std::filesystem::path>& shards) { return held(ImageDataset::from_tars(shards)); },
-          py::arg("shards"), "WebDataset tar shards: each sample an image and its .cls label.")
+          py::arg("shards"), py::call_guard<py::gil_scoped_release>(),
+          "WebDataset tar shards: each sample an image and its .cls label.")
       .def(
           "subset", [](const ImageDataset& d, const std::vector<std::uint64_t>& ids) { return held(d.subset(ids)); },
           py::arg("ids"), "The images `ids` (strictly increasing) as a data set of their own.")

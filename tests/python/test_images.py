@@ -3,6 +3,7 @@ colour transforms, batches of them into PyTorch, and bad files as errors naming 
 
 import collections
 import pathlib
+import tarfile
 
 import numpy as np
 import pytest
@@ -192,6 +193,25 @@ def test_a_folder_per_class_gives_the_classes_in_name_order(images):
         assert e.bytes() == pathlib.Path(e.name).read_bytes() and len(e) == len(e.bytes())
     first = data.subset([0, 5])
     assert len(first) == 2 and first.name(1) == data.name(5)
+
+
+def test_webdataset_tar_shards_give_each_sample_its_cls_label(images, tmp_path):
+    labels = labels_of(images)
+    with tarfile.open(tmp_path / "shard-0.tar", "w") as tar:
+        for i, line in enumerate((images / "train.txt").read_text().splitlines()):
+            name = line.split()[0]
+            tar.add(images / name, arcname=f"s{i:02d}" + name[name.index("."):])
+            cls = tmp_path / f"s{i:02d}.cls"
+            cls.write_text(str(labels[i]))
+            tar.add(cls, arcname=cls.name)
+    data = stoker.ImageDataset.open(tmp_path / "shard-0.tar")
+    assert len(data) == COUNT and data.shards == 1 and data.name(2).endswith("shard-0.tar:s02.jpg")
+    pipe = (stoker.PipelineBuilder().threads(2).epochs(1)
+            .source("read", stoker.ImageSource(data, order="shards"))
+            .map("decode", stoker.ImageDecoder(), threads=2)
+            .build())
+    got = {s.id: s.label for s in pipe}
+    assert got == dict(enumerate(labels))
 
 
 def test_ranks_read_disjoint_shares_of_every_epoch(images):
