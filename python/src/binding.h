@@ -8,6 +8,7 @@
 #include <initializer_list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -17,7 +18,9 @@
 #include "stoker/gpu/device.h"
 #include "stoker/gpu/staging.h"
 #include "stoker/stages/batch.h"
+#include "stoker/stages/decode_crop.h"
 #include "stoker/stages/dlpack.h"
+#include "stoker/stages/image.h"
 #include "stoker/stages/sample.h"
 #include "stoker/stages/transforms.h"
 
@@ -138,9 +141,12 @@ struct ExportOptions {
 };
 
 /// Items in their Python form, with the GIL held. Batches become BatchView (no copy), samples
-/// stoker.Sample, lists Python lists, Python items themselves.
+/// stoker.Sample, encoded images and decoded crop windows their classes (no copy), lists Python
+/// lists, Python items themselves.
 py::object to_python(Sample&& item, const ExportOptions& options);
 py::object to_python(DeferredCrop&& item, const ExportOptions& options);
+py::object to_python(EncodedImage&& item, const ExportOptions& options);
+py::object to_python(DeferredResize&& item, const ExportOptions& options);
 py::object to_python(Batch&& item, const ExportOptions& options);
 py::object to_python(gpu::DeviceBatch&& item, const ExportOptions& options);
 py::object to_python(Object&& item, const ExportOptions& options);
@@ -183,6 +189,10 @@ DType parse_dtype(std::string_view name, const char* option);  ///< dtype_name()
 OnError parse_on_error(std::string_view name);
 const char* memory_name(MemoryKind m) noexcept;  ///< "host", "pinned", "device"
 CropSize parse_crop_size(const py::sequence& size, const char* option);
+/// `mirror=`: None or False for none, True for MirrorOptions' defaults, or a MirrorOptions.
+std::optional<MirrorOptions> parse_mirror(const py::object& mirror);
+std::optional<Normalization> parse_normalize(const std::optional<Normalizer>& n);
+Layout parse_layout(std::string_view name, const char* option);  ///< layout_name()'s
 
 // ---------------------------------------------------------------------------------------------
 // Registration, in the order module.cpp calls them.
@@ -190,6 +200,7 @@ CropSize parse_crop_size(const py::sequence& size, const char* option);
 void bind_errors(py::module_& m, py::module_& gpu);
 void bind_items(py::module_& m);
 void bind_stages(py::module_& m);
+void bind_images(py::module_& m);
 void bind_gpu(py::module_& gpu);
 void bind_pipeline(py::module_& m);
 

@@ -82,6 +82,15 @@ std::string dtype_of(const DLTensor& t) {
   }
 }
 
+py::dict window_dict(const Window& w) {
+  return py::dict(py::arg("z") = w.z, py::arg("y") = w.y, py::arg("x") = w.x, py::arg("depth") = w.depth,
+                  py::arg("height") = w.height, py::arg("width") = w.width);
+}
+
+py::dict flips_dict(const Flips& f) {
+  return py::dict(py::arg("depth") = f.depth, py::arg("height") = f.height, py::arg("width") = f.width);
+}
+
 std::uintptr_t address_of(const DLTensor& t) {
   return reinterpret_cast<std::uintptr_t>(t.data) + static_cast<std::uintptr_t>(t.byte_offset);
 }
@@ -135,6 +144,14 @@ py::object to_python(Sample&& item, const ExportOptions&) {
 }
 
 py::object to_python(DeferredCrop&& item, const ExportOptions&) { return py::cast(std::move(item)); }
+
+py::object to_python(EncodedImage&& item, const ExportOptions&) {
+  return py::cast(std::make_shared<EncodedImage>(std::move(item)));
+}
+
+py::object to_python(DeferredResize&& item, const ExportOptions&) {
+  return py::cast(std::make_shared<DeferredResize>(std::move(item)));
+}
 
 namespace {
 
@@ -205,6 +222,23 @@ CropSize parse_crop_size(const py::sequence& size, const char* option) {
   throw py::value_error(std::string(option) + " must be (height, width) or (depth, height, width)");
 }
 
+std::optional<MirrorOptions> parse_mirror(const py::object& mirror) {
+  if (mirror.is_none()) return std::nullopt;
+  if (py::isinstance<py::bool_>(mirror)) return mirror.cast<bool>() ? std::optional(MirrorOptions{}) : std::nullopt;
+  if (py::isinstance<MirrorOptions>(mirror)) return mirror.cast<MirrorOptions>();
+  throw py::type_error("mirror must be None, a bool or a stoker.MirrorOptions");
+}
+
+std::optional<Normalization> parse_normalize(const std::optional<Normalizer>& n) {
+  return n ? std::optional(n->options()) : std::nullopt;
+}
+
+Layout parse_layout(std::string_view name, const char* option) {
+  return parse_choice<Layout>(
+      name, option,
+      {{layout_name(Layout::planar), Layout::planar}, {layout_name(Layout::channels_last), Layout::channels_last}});
+}
+
 // ---------------------------------------------------------------------------------------------
 
 void bind_items(py::module_& m) {
@@ -260,17 +294,36 @@ a copy, as [C, (D,) H, W] (or [(D,) H, W, C] when its channels come last).)")
 sample and the axes it reverses. Collate cuts it into its batch.)")
       .def_property_readonly("id", [](const DeferredCrop& c) { return c.crop.id; })
       .def_property_readonly("label", [](const DeferredCrop& c) { return c.source ? c.source->label : 0; })
-      .def_property_readonly("window",
-                             [](const DeferredCrop& c) {
-                               const Window& w = c.crop.window;
-                               return py::dict(py::arg("z") = w.z, py::arg("y") = w.y, py::arg("x") = w.x,
-                                               py::arg("depth") = w.depth, py::arg("height") = w.height,
-                                               py::arg("width") = w.width);
-                             })
-      .def_property_readonly("flips", [](const DeferredCrop& c) {
-        const Flips& f = c.crop.flips;
-        return py::dict(py::arg("depth") = f.depth, py::arg("height") = f.height, py::arg("width") = f.width);
-      });
+      .def_property_readonly("window", [](const DeferredCrop& c) { return window_dict(c.crop.window); })
+      .def_property_readonly("flips", [](const DeferredCrop& c) { return flips_dict(c.crop.flips); });
+
+  py::class_<EncodedImage, std::shared_ptr<EncodedImage>>(m, "EncodedImage", R"(One image file's bytes as
+ImageSource reads them, with its label, id and name (the file, or "shard.tar:member"):
+what ImageDecoder and DecodeCropWindow take.)")
+      .def_readonly("label", &EncodedImage::label)
+      .def_readonly("id", &EncodedImage::id)
+      .def_readonly("name", &EncodedImage::name)
+      .def("__len__", [](const EncodedImage& e) { return e.data.size(); })
+      .def(
+          "bytes",
+          [](const EncodedImage& e) { return py::bytes(reinterpret_cast<const char*>(e.data.data()), e.data.size()); },
+          "A copy of the file's bytes.");
+
+  py::class_<DeferredResize, std::shared_ptr<DeferredResize>>(m, "DeferredResize", R"(A crop DecodeCropWindow
+has drawn and whose window it has decoded, not yet resized: Collate resizes it straight into
+its batch.)")
+      .def_property_readonly("id", [](const DeferredResize& c) { return c.decoded.crop.id; })
+      .def_property_readonly("label", [](const DeferredResize& c) { return c.decoded.label; })
+      .def_property_readonly(
+          "window", [](const DeferredResize& c) { return window_dict(c.decoded.crop.window); },
+          "The crop, in the image's full-resolution pixels.")
+      .def_property_readonly("flips", [](const DeferredResize& c) { return flips_dict(c.decoded.crop.flips); })
+      .def_property_readonly(
+          "scale",
+          [](const DeferredResize& c) {
+            return py::make_tuple(c.decoded.decoded.scale_num, c.decoded.decoded.scale_denom);
+          },
+          "(num, denom): the scale its window was decoded at.");
 }
 
 }  // namespace stoker::python

@@ -10,6 +10,7 @@ PYBIND11_MODULE(stoker, m) {
   python::bind_errors(m, gpu);
   python::bind_items(m);
   python::bind_stages(m);
+  python::bind_images(m);
   python::bind_gpu(gpu);
   python::bind_pipeline(m);
 }

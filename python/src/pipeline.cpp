@@ -29,7 +29,11 @@
 #include "binding.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/gpu/augment.h"
+#include "stoker/stages/decode_crop.h"
 #include "stoker/stages/idx.h"
+#include "stoker/stages/image.h"
+#include "stoker/stages/image_source.h"
+#include "stoker/stages/image_transforms.h"
 #include "stoker/stages/npy.h"
 #include "stoker/stages/raw.h"
 #include "stoker/stages/shard.h"
@@ -59,11 +63,12 @@ struct item_of<Builder<T>> {
 };
 
 // What a Python pipeline carries between its stages.
-using Items = Types<Sample, DeferredCrop, std::vector<Sample>, std::vector<DeferredCrop>, Batch, gpu::DeviceBatch,
-                    Object, std::vector<Object>>;
+using Items = Types<Sample, DeferredCrop, std::vector<Sample>, std::vector<DeferredCrop>, EncodedImage, DeferredResize,
+                    std::vector<DeferredResize>, Batch, gpu::DeviceBatch, Object, std::vector<Object>>;
 // The C++ stage functions a Python pipeline runs, by the step that takes them.
-using Sources = Types<IdxReader, NpyReader, RawVolumeReader, SyntheticSource, ShuffledShard>;
-using Maps = Types<CenterCrop, RandomMirror, Normalize, Collate, gpu::ToDevice>;
+using Sources = Types<IdxReader, NpyReader, RawVolumeReader, SyntheticSource, ShuffledShard, ImageSource>;
+using Maps = Types<CenterCrop, RandomMirror, Normalize, Collate, ImageDecoder, DecodeCropWindow, DecodeResizedCrop,
+                   RandomResizedCrop, Resize, gpu::ToDevice>;
 using FlatMaps = Types<RandomCrops, gpu::GpuAugment>;
 
 template <class T>
@@ -79,6 +84,10 @@ std::string item_name() {
     return "Sample";
   else if constexpr (std::is_same_v<T, DeferredCrop>)
     return "DeferredCrop";
+  else if constexpr (std::is_same_v<T, EncodedImage>)
+    return "EncodedImage";
+  else if constexpr (std::is_same_v<T, DeferredResize>)
+    return "DeferredResize";
   else if constexpr (std::is_same_v<T, Batch>)
     return "Batch";
   else if constexpr (std::is_same_v<T, gpu::DeviceBatch>)
@@ -94,6 +103,10 @@ py::object python_type() {
     return py::type::of<Sample>();
   else if constexpr (std::is_same_v<T, DeferredCrop>)
     return py::type::of<DeferredCrop>();
+  else if constexpr (std::is_same_v<T, EncodedImage>)
+    return py::type::of<EncodedImage>();
+  else if constexpr (std::is_same_v<T, DeferredResize>)
+    return py::type::of<DeferredResize>();
   else if constexpr (std::is_same_v<T, Batch>)
     return py::type::of<BatchView>();
   else if constexpr (std::is_same_v<T, gpu::DeviceBatch>)
@@ -345,7 +358,7 @@ class PythonBuilder {
     if (!next) {
       if (!PyCallable_Check(s.fn.ptr()))
         throw py::type_error("source '" + s.name + "': a " + class_name(s.fn) +
-                             " is not a source (a reader, a ShuffledShard, or a Python callable)");
+                             " is not a source (a reader, a ShuffledShard, an ImageSource, or a Python callable)");
       next.emplace(start->source(s.name, PythonSource{hold(s.fn)}, o));
       python_stages_.insert(s.name);
     }
@@ -401,8 +414,8 @@ class PythonBuilder {
         return b.batch(name, size, o);
       else
         throw py::type_error("batch '" + name + "': the items of '" + last_ + "' are " + item_name<T>() +
-                             ", which a Python pipeline does not batch (it batches Sample, DeferredCrop and "
-                             "Python objects)");
+                             ", which a Python pipeline does not batch (it batches Sample, DeferredCrop, "
+                             "DeferredResize and Python objects)");
     });
   }
 
@@ -593,8 +606,8 @@ Python callables (which hold the GIL: one call at a time, whatever their threads
            }),
            py::arg("name"), py::arg("fn"), py::arg("queue") = 64u, py::arg("max_chunk") = 0u,
            py::arg("on_error") = "fail",
-           "A reader (IdxReader, NpyReader, RawVolumeReader, SyntheticSource), a ShuffledShard, or a "
-           "Python callable returning an item, or None at the end of each epoch.")
+           "A reader (IdxReader, NpyReader, RawVolumeReader, SyntheticSource), a ShuffledShard, an "
+           "ImageSource, or a Python callable returning an item, or None at the end of each epoch.")
       .def("map",
            chained([](PythonBuilder& b, const std::string& name, const py::object& fn, int threads, std::size_t queue,
                       std::size_t max_chunk, std::string_view on_error, bool copy_per_body, bool autotune) {

@@ -31,18 +31,6 @@ Axis parse_axis(std::string_view name) {
                              {axis_name(Axis::width), Axis::width}});
 }
 
-// `mirror=`: None or False for none, True for MirrorOptions' defaults, or a MirrorOptions.
-std::optional<MirrorOptions> parse_mirror(const py::object& mirror) {
-  if (mirror.is_none()) return std::nullopt;
-  if (py::isinstance<py::bool_>(mirror)) return mirror.cast<bool>() ? std::optional(MirrorOptions{}) : std::nullopt;
-  if (py::isinstance<MirrorOptions>(mirror)) return mirror.cast<MirrorOptions>();
-  throw py::type_error("mirror must be None, a bool or a stoker.MirrorOptions");
-}
-
-std::optional<Normalization> parse_normalize(const std::optional<Normalizer>& n) {
-  return n ? std::optional(n->options()) : std::nullopt;
-}
-
 ReaderOptions reader_options(std::uint32_t shard_index, std::uint32_t num_shards, std::shared_ptr<BufferPool> pool) {
   return {.shard_index = shard_index, .num_shards = num_shards, .pool = std::move(pool)};
 }
@@ -274,14 +262,20 @@ the crops, and Collate cuts them into the batch.)")
            }),
            py::arg("normalize"), py::arg("pool") = nullptr);
 
-  py::class_<Collate>(m, "Collate", R"(A list of samples or deferred crops (after .batch()) into one
-contiguous stoker.Batch (a map stage); with normalize, cast to float32 and normalized on
-the way. pool: where batches are made, e.g. a pinned staging pool.)")
-      .def(py::init([](std::shared_ptr<BufferPool> pool, const std::optional<Normalizer>& normalize) {
-             return Collate{.pool = pool ? std::move(pool) : BufferPool::create(), .normalize = normalize};
+  py::class_<Collate>(m, "Collate", R"(A list of samples, deferred crops or deferred resizes (after .batch())
+into one contiguous stoker.Batch (a map stage); with normalize, cast to float32 and
+normalized on the way. layout: 'planar' [N, C, H, W] or 'channels_last' [N, H, W, C];
+decoded (channels-last) images are converted on the way. pool: where batches are made,
+e.g. a pinned staging pool.)")
+      .def(py::init([](std::shared_ptr<BufferPool> pool, const std::optional<Normalizer>& normalize,
+                       std::string_view layout) {
+             return Collate{.pool = pool ? std::move(pool) : BufferPool::create(),
+                            .normalize = normalize,
+                            .layout = parse_layout(layout, "layout")};
            }),
-           py::arg("pool") = nullptr, py::arg("normalize") = py::none())
-      .def_readonly("pool", &Collate::pool);
+           py::arg("pool") = nullptr, py::arg("normalize") = py::none(), py::arg("layout") = "planar")
+      .def_readonly("pool", &Collate::pool)
+      .def_property_readonly("layout", [](const Collate& c) { return layout_name(c.layout); });
 
   py::class_<ShuffleOptions>(m, "ShuffleOptions", "A random-shuffle buffer's capacity, min_after_dequeue and seed.")
       .def(py::init([](std::size_t capacity, std::size_t min_after_dequeue, std::optional<std::uint64_t> seed) {

@@ -198,7 +198,8 @@ def test_int64_labels_on_request_equal_the_int32_ones(small):
     (lambda b: b.map("mirror", stoker.RandomMirror()),
      "map 'mirror': RandomMirror takes Sample, but 'crops' gives DeferredCrop"),
     (lambda b: b.map("collate", stoker.Collate()),
-     "map 'collate': Collate takes list of Sample or list of DeferredCrop, but 'crops' gives DeferredCrop "
+     "map 'collate': Collate takes list of Sample or list of DeferredCrop or list of DeferredResize, but 'crops' "
+     "gives DeferredCrop "
      "(a .batch() before it makes lists)"),
     (lambda b: b.map("collate", 42), "map 'collate': a int is not a stage function"),
     (lambda b: b.flat_map("again", stoker.RandomCrops(size=(4, 4))),

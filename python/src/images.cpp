@@ -1,0 +1,232 @@
+// Image files from Python: data sets of image files, the source that reads their bytes, the
+// decoders and the colour image transforms, with the C++ names and the option structs' fields as
+// keyword arguments. Option structs that another option holds (RandomResizedCropOptions in
+// DecodeCropWindow's `crop`, DecodeOptions in its `decode`, ShardOptions in ImageSource's `shard`)
+// are classes of their own, so that a call reads as the C++ one.
+#include <pybind11/stl.h>
+#include <pybind11/stl/filesystem.h>
+
+#include <array>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "binding.h"
+#include "stoker/stages/decode_crop.h"
+#include "stoker/stages/image.h"
+#include "stoker/stages/image_source.h"
+#include "stoker/stages/image_transforms.h"
+#include "stoker/stages/shard.h"
+
+namespace stoker::python {
+
+namespace {
+
+ImageColor parse_color(std::string_view name) {
+  return parse_choice<ImageColor>(name, "color", {{"rgb", ImageColor::rgb}, {"gray", ImageColor::gray}});
+}
+const char* color_name(ImageColor c) noexcept { return c == ImageColor::gray ? "gray" : "rgb"; }
+
+std::optional<Layout> parse_optional_layout(const std::optional<std::string>& name) {
+  return name ? std::optional(parse_layout(*name, "layout")) : std::nullopt;
+}
+
+CropSize parse_optional_size(const std::optional<py::sequence>& size, const char* option) {
+  return size ? parse_crop_size(*size, option) : CropSize{};
+}
+
+// The data sets' factories give shared_ptr<const ImageDataset>, which Python holds as a
+// shared_ptr<ImageDataset> with no method that changes it.
+std::shared_ptr<ImageDataset> held(std::shared_ptr<const ImageDataset> d) {
+  return std::const_pointer_cast<ImageDataset>(std::move(d));
+}
+
+// RandomResizedCrop and RandomResizedCropOptions take the same keyword arguments.
+RandomResizedCropOptions crop_options(const py::sequence& size, std::array<double, 2> scale,
+                                      std::array<double, 2> ratio, int attempts, bool antialias,
+                                      const py::object& mirror, const std::optional<Normalizer>& normalize,
+                                      const std::optional<std::string>& layout, std::shared_ptr<BufferPool> pool,
+                                      std::uint64_t salt) {
+  return {.size = parse_crop_size(size, "size"),
+          .scale = scale,
+          .ratio = ratio,
+          .attempts = attempts,
+          .antialias = antialias,
+          .mirror = parse_mirror(mirror),
+          .normalize = parse_normalize(normalize),
+          .layout = parse_optional_layout(layout),
+          .pool = std::move(pool),
+          .salt = salt};
+}
+
+#define STOKER_RESIZED_CROP_ARGS                                                                                   \
+  py::arg("size"), py::arg("scale") = std::array<double, 2>{0.08, 1.0},                                            \
+                   py::arg("ratio") = std::array<double, 2>{3.0 / 4.0, 4.0 / 3.0}, py::arg("attempts") = 10,       \
+                   py::arg("antialias") = true, py::arg("mirror") = py::none(), py::arg("normalize") = py::none(), \
+                   py::arg("layout") = py::none(), py::arg("pool") = nullptr, py::arg("salt") = kResizedCropSalt
+
+// DecodeCropWindow and DecodeResizedCrop take the same keyword arguments.
+DecodeResizedCropOptions decode_crop_options(const RandomResizedCropOptions& crop, const DecodeOptions& decode,
+                                             bool dct_scaling, std::shared_ptr<BufferPool> scratch) {
+  return {.crop = crop, .decode = decode, .dct_scaling = dct_scaling, .scratch = std::move(scratch)};
+}
+
+#define STOKER_DECODE_CROP_ARGS \
+  py::arg("crop"), py::arg("decode") = DecodeOptions{}, py::arg("dct_scaling") = true, py::arg("scratch") = nullptr
+
+}  // namespace
+
+void bind_images(py::module_& m) {
+  py::class_<ImageDataset, std::shared_ptr<ImageDataset>>(m, "ImageDataset", R"(Where the images of a data set
+are and what their labels are: a list file of `path label` lines, a folder per class, or
+WebDataset tar shards. Images have ids 0 .. len - 1. Immutable: share one between sources.
+Opening one reads folders or tar headers without the GIL.)")
+      .def_static(
+          "open", [](const std::filesystem::path& path) { return held(ImageDataset::open(path)); }, py::arg("path"),
+          py::call_guard<py::gil_scoped_release>(),
+          "A folder (from_folder), a .tar file (from_tars) or a list file (from_list).")
+      .def_static(
+          "from_list", [](const std::filesystem::path& list) { return held(ImageDataset::from_list(list)); },
+          py::arg("list"), py::call_guard<py::gil_scoped_release>(),
+          "`path label` lines, paths relative to the list's folder unless absolute.")
+      .def_static(
+          "from_folder", [](const std::filesystem::path& root) { return held(ImageDataset::from_folder(root)); },
+          py::arg("root"), py::call_guard<py::gil_scoped_release>(),
+          "A subfolder per class, as torchvision's ImageFolder: labels in the classes' name order.")
+      .def_static(
+          "from_tars",
+          [](const std::vector<std::filesystem::path>& shards) { return held(ImageDataset::from_tars(shards)); },
+          py::arg("shards"), py::call_guard<py::gil_scoped_release>(),
+          "WebDataset tar shards: each sample an image and its .cls label.")
+      .def(
+          "subset", [](const ImageDataset& d, const std::vector<std::uint64_t>& ids) { return held(d.subset(ids)); },
+          py::arg("ids"), "The images `ids` (strictly increasing) as a data set of their own.")
+      .def("__len__", &ImageDataset::size)
+      .def("name", &ImageDataset::name, py::arg("id"), "The file (or shard.tar:member) of image `id`.")
+      .def_property_readonly("classes", &ImageDataset::classes,
+                             "Class names, label i being classes[i] (a folder per class; empty otherwise).")
+      .def_property_readonly("shards", &ImageDataset::shards)
+      .def("fingerprint", &ImageDataset::fingerprint);
+
+  py::class_<ShardOptions>(m, "ShardOptions", R"(This rank's share of each epoch: the epoch's k-th sample
+goes to rank k % world; remainder 'drop' or 'pad'.)")
+      .def(py::init([](std::uint32_t rank, std::uint32_t world, std::string_view remainder) {
+             return ShardOptions{.rank = rank,
+                                 .world = world,
+                                 .remainder = parse_choice<Remainder>(
+                                     remainder, "remainder", {{"drop", Remainder::drop}, {"pad", Remainder::pad}})};
+           }),
+           py::arg("rank") = 0u, py::arg("world") = 1u, py::arg("remainder") = "drop")
+      .def_readonly("rank", &ShardOptions::rank)
+      .def_readonly("world", &ShardOptions::world);
+
+  py::class_<ImageSource>(m, "ImageSource", R"(A pipeline source of one rank's images of an ImageDataset, as
+stoker.EncodedImage (the file's bytes, label, id, name), for a map stage to decode on many
+threads. order: 'shuffle' (a new order of all images each epoch), 'shards' (a new order of
+the tar shards, each read front to back) or 'fixed'. pool: where the bytes go.)")
+      .def(py::init([](std::shared_ptr<ImageDataset> data, const ShardOptions& shard, std::string_view order,
+                       std::shared_ptr<BufferPool> pool) {
+             return ImageSource(
+                 std::move(data),
+                 {.shard = shard,
+                  .order = parse_choice<ImageOrder>(
+                      order, "order",
+                      {{"shuffle", ImageOrder::shuffle}, {"shards", ImageOrder::shards}, {"fixed", ImageOrder::fixed}}),
+                  .pool = std::move(pool)});
+           }),
+           py::arg("data").none(false), py::arg("shard") = ShardOptions{}, py::arg("order") = "shuffle",
+           py::arg("pool") = nullptr)
+      .def("__len__", &ImageSource::size, "Images this rank reads per epoch.")
+      .def("id_at", &ImageSource::id_at, py::arg("seed"), py::arg("epoch"), py::arg("k"),
+           "The id of this rank's k-th image in an epoch of a pipeline seeded with `seed`.")
+      .def_property_readonly("pool", &ImageSource::pool);
+
+  py::class_<DecodeOptions>(m, "DecodeOptions", R"(color: 'rgb' (3 channels) or 'gray' (1); images whose
+header claims more than max_pixels pixels are refused before anything is allocated.)")
+      .def(py::init([](std::string_view color, std::uint64_t max_pixels) {
+             return DecodeOptions{.color = parse_color(color), .max_pixels = max_pixels};
+           }),
+           py::arg("color") = "rgb", py::arg("max_pixels") = kDefaultMaxPixels)
+      .def_property_readonly("color", [](const DecodeOptions& o) { return color_name(o.color); })
+      .def_readonly("max_pixels", &DecodeOptions::max_pixels);
+
+  py::class_<ImageDecoder>(m, "ImageDecoder", R"(Decodes an EncodedImage (JPEG or PNG) into a uint8 Sample,
+channels last ([H, W, C] through DLPack), with its label and id (a map stage). A bad image
+is a stoker.DataError naming the file.)")
+      .def(py::init([](std::string_view color, std::uint64_t max_pixels, std::shared_ptr<BufferPool> pool) {
+             return ImageDecoder({.color = parse_color(color), .max_pixels = max_pixels}, std::move(pool));
+           }),
+           py::arg("color") = "rgb", py::arg("max_pixels") = kDefaultMaxPixels, py::arg("pool") = nullptr)
+      .def_property_readonly("pool", &ImageDecoder::pool);
+
+  py::class_<RandomResizedCropOptions>(m, "RandomResizedCropOptions", R"(torchvision's RandomResizedCrop: the
+output's size (height, width), scale (of the area) and ratio (width / height) ranges,
+attempts before the centred fallback, antialias, and, fused into the same write, mirror
+(None, a bool or a MirrorOptions) and normalize (a Normalizer: float32 out); layout
+('planar' or 'channels_last'; the input's unless set); pool: where outputs go.)")
+      .def(py::init(&crop_options), STOKER_RESIZED_CROP_ARGS)
+      .def_property_readonly("size", [](const RandomResizedCropOptions& o) { return o.size.str(); })
+      .def_readonly("scale", &RandomResizedCropOptions::scale)
+      .def_readonly("ratio", &RandomResizedCropOptions::ratio)
+      .def_readonly("antialias", &RandomResizedCropOptions::antialias);
+
+  py::class_<RandomResizedCrop>(m, "RandomResizedCrop", R"(torchvision's RandomResizedCrop of a decoded image
+(a map stage), with the keyword arguments of RandomResizedCropOptions. Keeps the label and
+id; each sample's draw follows from the pipeline's seed, the epoch and its id.)")
+      .def(py::init([](const py::sequence& size, std::array<double, 2> scale, std::array<double, 2> ratio, int attempts,
+                       bool antialias, const py::object& mirror, const std::optional<Normalizer>& normalize,
+                       const std::optional<std::string>& layout, std::shared_ptr<BufferPool> pool, std::uint64_t salt) {
+             return RandomResizedCrop(crop_options(size, scale, ratio, attempts, antialias, mirror, normalize, layout,
+                                                   std::move(pool), salt));
+           }),
+           STOKER_RESIZED_CROP_ARGS);
+
+  py::class_<Resize>(m, "Resize", R"(A resize of the whole image, then optionally its centre crop, for
+evaluation (a map stage): torchvision's Resize(256) + CenterCrop(224) is
+Resize(shorter=256, crop=(224, 224)); Resize(size=(h, w)) resizes to exactly that.)")
+      .def(py::init([](std::uint32_t shorter, const std::optional<py::sequence>& size,
+                       const std::optional<py::sequence>& crop, bool antialias,
+                       const std::optional<Normalizer>& normalize, const std::optional<std::string>& layout,
+                       std::shared_ptr<BufferPool> pool) {
+             return Resize({.shorter = shorter,
+                            .size = parse_optional_size(size, "size"),
+                            .crop = parse_optional_size(crop, "crop"),
+                            .antialias = antialias,
+                            .normalize = parse_normalize(normalize),
+                            .layout = parse_optional_layout(layout),
+                            .pool = std::move(pool)});
+           }),
+           py::arg("shorter") = 0u, py::arg("size") = py::none(), py::arg("crop") = py::none(),
+           py::arg("antialias") = true, py::arg("normalize") = py::none(), py::arg("layout") = py::none(),
+           py::arg("pool") = nullptr);
+
+  py::class_<DecodeResizedCrop>(m, "DecodeResizedCrop", R"(Decode and RandomResizedCrop in one map stage:
+the crop is drawn from the header, only its window is decoded (JPEG: at the smallest DCT
+scale that serves it, unless dct_scaling=False), then resized into the output Sample.
+crop: a RandomResizedCropOptions; decode: a DecodeOptions; scratch: where windows go.)")
+      .def(py::init([](const RandomResizedCropOptions& crop, const DecodeOptions& decode, bool dct_scaling,
+                       std::shared_ptr<BufferPool> scratch) {
+             return DecodeResizedCrop(decode_crop_options(crop, decode, dct_scaling, std::move(scratch)));
+           }),
+           STOKER_DECODE_CROP_ARGS)
+      .def_property_readonly("output_shape", &DecodeResizedCrop::output_shape)
+      .def_property_readonly("output_dtype", [](const DecodeResizedCrop& d) { return dtype_name(d.output_dtype()); });
+
+  py::class_<DecodeCropWindow>(m, "DecodeCropWindow", R"(DecodeResizedCrop with the resize left to Collate
+(a map stage): it gives stoker.DeferredResize, and Collate, after .batch(), resizes,
+mirrors and normalizes each crop straight into the batch. The same arguments.)")
+      .def(py::init([](const RandomResizedCropOptions& crop, const DecodeOptions& decode, bool dct_scaling,
+                       std::shared_ptr<BufferPool> scratch) {
+             return DecodeCropWindow(decode_crop_options(crop, decode, dct_scaling, std::move(scratch)));
+           }),
+           STOKER_DECODE_CROP_ARGS)
+      .def_property_readonly("output_shape", [](const DecodeCropWindow& d) { return d.resize().output_shape(); })
+      .def_property_readonly("output_dtype",
+                             [](const DecodeCropWindow& d) { return dtype_name(d.resize().output_dtype()); });
+}
+
+}  // namespace stoker::python
