@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # moodycamel's ConcurrentQueue, a header-only library that ships no CMake package of its own in
 # Debian (libconcurrentqueue-dev). stoker's public headers include
 # <concurrentqueue/concurrentqueue.h>, so stoker's build and find_package(stoker) both use this

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # libspng (Debian: libspng-dev), which ships a pkg-config file but no CMake package. stoker's
 # build and find_package(stoker) of a static build use this module, installed beside
 # stokerConfig.cmake.

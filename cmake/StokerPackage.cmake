@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # stoker's components and their installed package: the libraries, their headers, the CMake
 # package (find_package(stoker COMPONENTS ...)), stoker.pc for pkg-config, and the generated
 # headers stoker/version.h and stoker/config.h.

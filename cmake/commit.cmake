@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # cmake -DSOURCE_DIR=... -DOUTPUT=... -P commit.cmake
 #
 # Writes OUTPUT, a header that defines STOKER_COMMIT as SOURCE_DIR's commit (git describe

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs missing dependencies, then configures (once) and builds stoker incrementally.
 # Shared by test.sh, demo.sh and .ci/run.
 #

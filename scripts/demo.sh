@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds stoker into build/ (incrementally), trains the demo classifier on Fashion-MNIST
 # through a full pipeline (on the GPU when there is one, else on the CPU), then reads the
 # run's queue-occupancy log with stoker-inspect. Arguments go to stoker-train,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Makes sure the Debian packages stoker needs are installed.
 #
 #   scripts/deps.sh [EXTRA_PACKAGE...]      or      source scripts/deps.sh; stoker_deps [EXTRA...]

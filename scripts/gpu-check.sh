@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs stoker's GPU checks and GPU figures on a machine with a CUDA device, from programs built
 # elsewhere and packed with ../shared/tools/gpu-carry.sh into .gpu/ (bin/, lib/, and data/ with
 # the Fashion-MNIST files). Each step has its own time limit, and a failed step does not stop

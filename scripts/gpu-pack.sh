@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Packs what scripts/gpu-check.sh needs on a GPU machine into .gpu-pack/ (ignored by git): the
 # GPU test programs, stoker-train and stoker-bench with their shared libraries
 # (../shared/tools/gpu-carry.sh), compressed, and the Fashion-MNIST files. Build first

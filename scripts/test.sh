@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds stoker into build/ (incrementally), runs every test, then installs it and proves that
 # the install works: every installed program starts (--help, --version), and tests/consumer
 # builds against it with find_package(stoker) and its components (every installed header, every
@@ -24,6 +25,9 @@ for arg in "$@"; do
     *) echo "test.sh: unknown argument '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
+
+# Every source file says its license (scripts/spdx.sh adds the line where it is missing).
+bash "$root/scripts/spdx.sh" --check
 
 build_dir="${STOKER_BUILD_DIR:-build}"
 case "$build_dir" in /*) ;; *) build_dir="$root/$build_dir" ;; esac

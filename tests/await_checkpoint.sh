@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Sourced by the tests that kill a training run mid-epoch (tests/train/kill_resume.sh,
 # tests/cluster/train_ranks.sh).
 #   await_checkpoint FILE   waits up to 10 s for FILE to appear, then lets the run train on

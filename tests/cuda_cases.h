@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Whether a test case's CUDA half runs here, decided and said the same way by every test.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The log level of the programs that run stoker's libraries, from the environment. Private to
 // apps/.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What every stoker program does the same way at its edges. Private to apps/.
 #pragma once
 

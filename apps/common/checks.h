@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Checks of numeric options that every stoker program uses, so that a bad value gets the same
 // short message naming the option everywhere. Private to apps/.
 #pragma once

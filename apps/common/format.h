@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Small text helpers that stoker's programs share. Private to apps/ (and their tests); no
 // dependency beyond the standard library.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "version_text.h"
 
 #include "stoker/config.h"

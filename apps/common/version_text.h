@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What every stoker program prints for --version. Private to apps/.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The `augment` suite: the reference job (Fashion-MNIST, 5 random 24x24 crops per
 // image, mirrored with p = 0.5, normalized to float32, shuffled, batched by 255) through a
 // real stoker pipeline, and, in the same run, two loops doing the same arithmetic with no

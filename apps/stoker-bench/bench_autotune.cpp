@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // stoker-bench autotune: how close the autotuner gets, and how fast, to the best hand-chosen
 // split of a thread budget between a slow and a cheap stage, and what it costs a pipeline
 // that is already well set.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The `decode` suite: what decoding only a crop's window, and DCT scaling, gain over decoding the
 // whole JPEG and cutting the crop out of it. Each JPEG of a list gets one crop window drawn as
 // RandomResizedCrop draws them (area 8% to 100%, aspect ratio 3/4 to 4/3, 10 tries, then the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The `gpu_resize` suite: GpuResizedCrop (torchvision's RandomResizedCrop, the mirror and the
 // normalization of decoded images, on the device) on batches of the image job's images
 // (160-512 pixels a side, channels-last uint8, as decoded), against

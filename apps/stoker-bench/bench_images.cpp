@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The `images` suite: the image job (each JPEG read from the page cache, RandomResizedCrop to
 // 224x224 with torchvision's parameters, mirrored with p = 0.5, normalized with ImageNet's mean
 // and std, batched by 256 as float32 NCHW with int32 labels) on N threads, interleaved:

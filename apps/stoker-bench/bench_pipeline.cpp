@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The `pipeline` suite: how close a stoker pipeline comes to its slowest stage, and what the
 // framework costs per item against tbb::parallel_pipeline, both measured in the same run.
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The `queues` suite: items/s through stoker::BoundedQueue, tbb::concurrent_bounded_queue and
 // a plain mutex + condition_variable ring, P producers x P consumers, all in one run.
 #include <array>

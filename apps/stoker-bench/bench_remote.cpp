@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The `remote` suite, run under `mpirun -np N` (N >= 2): rank 0 is the trainer, the others its
 // workers. For small (1 KiB) and batch-sized (600 KiB) items, in the same run:
 //   - items/s through a remote edge: each worker's pipeline reads the shards it is handed (a

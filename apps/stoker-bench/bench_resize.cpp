@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The `resize` suite: what RandomResizedCrop costs a core per crop, on images of the image
 // job's sizes (160-512 pixels a side, channels-last uint8, as decoded), for the options the job
 // may use, against a plain crop that writes the same output (the transform with no resampling:

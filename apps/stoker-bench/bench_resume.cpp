@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The `resume` suite: resuming the reference job (Fashion-MNIST, 5 random 24x24 crops per image,
 // a 10,000-crop shuffle buffer, batches of 255, collate), stopped halfway through an epoch.
 // Deterministic, in the same run:

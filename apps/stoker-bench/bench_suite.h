@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What every stoker-bench suite shares: the common options, the registration contract and
 // the statistics the figures are made of.
 #pragma once

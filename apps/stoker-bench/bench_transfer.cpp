@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The `transfer` suite: what stoker's device layer moves and how fast, each figure next to its
 // baseline in the same run: host-to-device bandwidth from pinned and from pageable memory;
 // a pipeline that streams images to GpuAugment (collate into pinned memory, one copy + crops

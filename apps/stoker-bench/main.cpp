@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // stoker-bench SUITE [options]: micro- and macro-benchmarks of stoker against the baselines
 // it has to beat, each measured in the same run so that machine noise hits all of them.
 #include <algorithm>

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """The image job the way a PyTorch user writes it, for stoker-bench images to compare against.
 
 An ImageFolder-style data set on a list file of `path label` lines (or torchvision's ImageFolder

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The logs of the ranks of one job, read together: which rank holds the others back, and why.
 #pragma once
 

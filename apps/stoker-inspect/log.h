@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A pipeline's occupancy log (the JSON Lines that `.occupancy_log()` writes), read into records:
 // who wrote it, every sample of every queue, each stage's counters, the consumer's waits.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // stoker-inspect LOG [options]: reads a pipeline's occupancy log, sums up each queue and
 // stage, names the stage that limits the pipeline with the evidence, and plots the queues.
 #include <CLI/CLI.hpp>

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # stoker-inspect's reading of a log, its verdict, reports and plots: a library of its own, so that
 # the program and the tests (tests/inspect, built in every build, the apps' or not) share it. It
 # needs only nlohmann-json, not the stoker libraries.

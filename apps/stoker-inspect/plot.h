@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The run as one picture: the verdict on top, a lane per queue with its fill over time and a
 // strip under it for the time its producer waited for room, each stage's busy, starved and
 // blocked shares between the lanes, the epochs and the autotuner's moves.

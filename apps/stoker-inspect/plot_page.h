@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The HTML page around the plot (plot.cpp, plot_html): a style sheet, the picture's SVG,
 // its data, and a plain script that redraws the lanes for a zoomed time range and shows each
 // queue's fill under the pointer. Nothing is loaded from elsewhere. The page is also

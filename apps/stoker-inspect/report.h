@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A run's report for people (tables and the verdict) and as one JSON object.
 #pragma once
 

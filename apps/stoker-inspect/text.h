@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Text helpers the report, the plot and the job's report share. Private to stoker-inspect.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The verdict: which part of a run holds it back, from every record of its occupancy log (the
 // queues' fills, each stage's busy, starved and blocked time, the training loop's waits, the
 // pipeline's threads against the machine's cores), with the evidence and a suggestion spelled

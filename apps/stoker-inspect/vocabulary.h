@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // How a suggestion is spelled for the program that wrote the log: stoker-train's options for a
 // stoker-train log (`--crop-threads 4`), the C++ API for a program built on the library
 // (`{.threads = 4}`).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // stoker-make-data KIND DIR [options]: writes an image data set to disk, with nothing to
 // download: an ImageNet-like folder of JPEGs, or Fashion-MNIST as PNG files.
 #include <CLI/CLI.hpp>

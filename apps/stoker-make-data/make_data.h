@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Image data sets written to disk, with nothing to download: an ImageNet-like folder of JPEGs and
 // Fashion-MNIST as PNG files. Private to apps/ and their tests.
 #pragma once

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Runs PROGRAM with ARGS (a ;-list) and checks what the command-line contract promises:
 #   cmake -DPROGRAM=... -DARGS="a;b" [-DLOADER=stoker|torch] [-DEXPECT_FAILURE=ON] -P check_run.cmake
 # Success expected: exit status 0, and a last stdout line that parses as a JSON object with

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // stoker-torch-example's run, apart from its command line: a small CNN trained with libtorch
 // on Fashion-MNIST crops, fed either by a stoker pipeline whose batches reach libtorch through
 // DLPack without a copy, or by libtorch's own DataLoader doing the same job. See docs/torch.md.

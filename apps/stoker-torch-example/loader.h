@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The two loaders of the same job, behind one interface for the training loop. Private to
 // stoker-torch-example.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // stoker-torch-example [options]: a client of stoker written against libtorch. It trains a small
 // CNN on Fashion-MNIST crops with libtorch's own optimizer, on the CPU, fed either by a stoker
 // pipeline (its batches reach libtorch through DLPack, without a copy) or by libtorch's own

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The stoker side: the reference job as a pipeline, its batches handed to libtorch through
 // DLPack without a copy.
 #include <ATen/DLConvertor.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libtorch's own DLPack import (at::fromDLPack, 1.13) takes stoker's batches as they are exported:
 // from host memory and from pinned memory (the usual pipeline collates into pinned staging, then
 // copies to the device non-blocking), with int32 or int64 labels, without a copy.

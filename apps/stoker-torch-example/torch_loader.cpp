@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The libtorch side: the same job through libtorch's own C++ data API, the way its docs
 // recommend: a Dataset whose get(index) makes one example, make_data_loader with a
 // RandomSampler, worker threads, and the Stack collation.

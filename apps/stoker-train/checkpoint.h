@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // stoker-train's checkpoints: the model, its optimizer, where the schedule and the epoch stand,
 // and the pipeline's state, in one file that is replaced atomically.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // stoker-train --images: the training and test sets as image files (a list file or a class
 // folder), decoded to gray for the model, and the test set's centre crops.
 #pragma once

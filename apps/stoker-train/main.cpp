@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // stoker-train [options]: trains a multilayer perceptron on Fashion-MNIST through a stoker
 // pipeline, on the GPU when there is one and on the CPU when there is none, and reports test
 // accuracy, throughput and how much the trainer waited for its input.

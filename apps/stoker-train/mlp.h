@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A multilayer perceptron classifier built only on stoker::gpu::nn ops, so that the same code
 // trains on a CUDA device or on the CPU backend. All its state lives in device memory; the
 // host issues work and reads the running counters back once per epoch.

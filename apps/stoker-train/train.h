@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // stoker-train's training run, apart from its command line so that tests can run it: an MLP
 // trained on Fashion-MNIST crops fed by a stoker pipeline (or, in sync mode, by the same work
 // done one step after another), evaluated on the test set after every epoch.

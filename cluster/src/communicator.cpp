@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What every communicator shares, and the one of a single process.
 #include <algorithm>
 #include <cstdint>

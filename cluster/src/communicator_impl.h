@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Internal: what the world's communicators (MPI's, or none) share.
 #pragma once
 

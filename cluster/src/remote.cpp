@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a remote edge is, whatever carries it: its options' rules and the workers' source.
 #include <algorithm>
 #include <iterator>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A remote edge over MPI.
 //
 // The protocol, on a communicator of the edge's own (MPI_Comm_dup), one tag per kind of message:

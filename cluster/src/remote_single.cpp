@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A remote edge without MPI: there is no other rank to reach.
 #include "communicator_impl.h"
 #include "stoker/cluster/plain_transfer.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The world over MPI. Every call's error comes back (MPI_ERRORS_RETURN) and is thrown as a
 // ClusterError naming the rank and the call.
 //

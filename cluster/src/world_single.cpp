@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The world without MPI: one process.
 #include "communicator_impl.h"
 

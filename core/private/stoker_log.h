@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // How stoker's libraries write to stoker's log (stoker/core/log.h): log::warn("stage '{}': ...",
 // name), formatted as spdlog formats, and only when the level is on. Private to the libraries'
 // sources (the stoker_logging target); a host never sees spdlog through stoker.

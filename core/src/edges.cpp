@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The queues between stages: what does not depend on the item type.
 #include <algorithm>
 #include <cstdint>

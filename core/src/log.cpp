@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "stoker/core/log.h"
 
 #include <spdlog/sinks/base_sink.h>

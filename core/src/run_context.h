@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What an occupancy log records about the run around the pipeline: which program wrote it, the
 // job and rank it belongs to, and how much CPU the machine and the process spent. Internal.
 #pragma once

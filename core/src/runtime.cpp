@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "stoker/core/detail/runtime.h"
 
 #include <spdlog/async.h>

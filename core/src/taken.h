@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Which items the consumer of a free-order pipeline has taken, for Pipeline::state(). Internal
 // to the library.
 #pragma once

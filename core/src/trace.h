@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A run's timeline as Chrome trace events (the JSON that Perfetto's UI and chrome://tracing
 // open). Internal to the library: PipelineBuilder::trace() turns it on.
 #pragma once

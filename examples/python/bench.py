@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Measures what the Python module costs, and stoker against torch.utils.data.DataLoader, in one
 run, each measurement a fresh process, the contenders interleaved (so that a machine whose load
 changes treats them alike), medians of --repeats.

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """A PyTorch training loop on Fashion-MNIST, fed by a stoker pipeline or by
 torch.utils.data.DataLoader doing the same crops.
 

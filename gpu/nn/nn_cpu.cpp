@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // nn.h's entry points, each with its CPU implementation next to it; the CUDA ones are in
 // nn_cuda.cu. On the CPU backend an op runs on the stream's worker thread, in stream order.
 #include "stoker/gpu/nn.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // nn.h on CUDA: small elementwise kernels and their launchers, and matrix products through
 // cuBLAS.
 #include <cublas_v2.h>

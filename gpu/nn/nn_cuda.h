@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA side of nn.h: each launches on the cudaStream_t it is given (as void*, so that
 // this header stays plain C++). Defined in nn_cuda.cu, or in nn_nocuda.cpp for a build
 // without CUDA, where no CUDA stream can exist to call them with. Private to gpu/.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A build without CUDA has no CUDA stream, so launch() never takes the CUDA branch; these
 // only satisfy the linker.
 #include <stdexcept>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The crop and gather kernels behind one entry point for both backends: the CUDA kernels, or
 // on the CPU backend the CPU transform itself (crop_mirror_normalize_into), so that the two
 // agree bit for bit by construction on the CPU side and by test on the CUDA side.

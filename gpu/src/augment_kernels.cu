@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The crop and gather kernels and their launchers. The host logic is in augment*.cpp.
 #include <cuda_runtime.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the crop and gather kernels read, shared by their CUDA launchers (augment_kernels.cu)
 // and the host code. Plain C++ that nvcc compiles too: no CUDA header, and no stoker header
 // but core/random.h, whose integer-only counter-based generator nvcc compiles for the device

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA launchers in a build without CUDA: unreachable, since only a CUDA stream has a
 // native handle to launch on.
 #include <stdexcept>

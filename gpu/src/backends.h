@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The backends behind Device::open, and what gpu/'s kernels need to launch on either.
 // Private to gpu/.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one checked path for CUDA runtime calls. Private to gpu/.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CPU backend: device memory is host memory, a stream is a worker thread that runs its
 // work in order, and an event completes when that worker reaches it.
 #include <condition_variable>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA backend. Every call goes through STOKER_CUDA_CHECK; destructors never throw.
 #include <cuda.h>
 #include <cuda_runtime_api.h>

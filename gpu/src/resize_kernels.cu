@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The resized-crop kernel and its launcher. The host logic is in image_augment.cpp.
 #include <cuda_runtime.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the resized-crop kernel reads, shared by its CUDA launcher (resize_kernels.cu) and the
 // host code (image_augment.cpp). Plain C++ that nvcc compiles too. Private to gpu/.
 #pragma once

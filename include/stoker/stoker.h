@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // All of stoker in one include: the pipeline, its queues and its log (core), samples, readers,
 // image files, transforms, batching and DLPack export (stages), the device path (gpu) and the
 // ranks of a job (cluster); the version and what the build has (STOKER_VERSION,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the parts of the Python module share: Python objects that C++ threads may hold, the
 // Python form of each item a pipeline carries, and the registration functions of module.cpp.
 // Private to python/.

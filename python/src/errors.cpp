@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // stoker's C++ errors as Python exceptions: StageError naming the stage (its cause, the stage's
 // own exception, chained as __cause__), DataError naming the file, StateError, and the device's.
 #include <exception>

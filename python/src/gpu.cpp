@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // stoker.gpu: devices (CUDA, or the CPU backend), pinned and device buffer pools, and the stages
 // that move batches to a device (ToDevice) and crop them there (GpuAugment).
 #include <dlfcn.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Image files from Python: data sets of image files, the source that reads their bytes, the
 // decoders and the colour image transforms, with the C++ names and the option structs' fields as
 // keyword arguments. Option structs that another option holds (RandomResizedCropOptions in

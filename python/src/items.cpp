@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Items in their Python form: samples, crops, and batches whose tensors leave through DLPack
 // without a copy.
 #include <cstdint>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Python module `stoker`: pipelines of stoker's stages built and run from Python, their
 // batches handed to PyTorch (or any DLPack consumer) without a copy. docs/python.md.
 #include "binding.h"

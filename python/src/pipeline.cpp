@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PipelineBuilder and Pipeline for Python: the C++ builder, typed by each stage's output, driven
 // by stages chosen at run time.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // stoker's data sets, readers and transforms as Python classes, with the C++ names and the
 // option structs' fields as keyword arguments. They run in C++: a pipeline copies them, as the
 // C++ builder does, and calls them on its own threads without the GIL.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reading files for the readers; every failure is a DataError that names the file.
 // Private to stoker_stages.
 #pragma once

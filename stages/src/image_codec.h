@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the JPEG and PNG code shares. Private to stoker_stages.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Telling JPEG from PNG by their bytes, and decoding them: JPEG through TurboJPEG (one handle per
 // thread), PNG through libspng (a fresh context per image, with limits, as its documentation
 // asks for untrusted files).

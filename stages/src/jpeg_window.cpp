@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // JPEG through the libjpeg API: headers, and windows decoded at a DCT scale.
 //
 // libjpeg reports errors by calling error_exit, which must not return: here it longjmps back to

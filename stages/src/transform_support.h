@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the CPU transforms share. Private to stages/.
 #pragma once
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # scripts/demo.sh --help answers at once and builds nothing: given a build directory that does
 # not exist, it prints its usage within seconds and leaves that directory unmade.
 #   demo_help.sh DEMO_SH WORK_DIR

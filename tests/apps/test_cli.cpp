@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The programs through their command lines: what a user types, what the programs print and
 // with which exit status, and the files they leave behind.
 #include <doctest/doctest.h>

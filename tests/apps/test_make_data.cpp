@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // stoker-make-data: what it writes (through the generator's own code), and its command line.
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The data-parallel pipeline of the elastic resume tests (test_cluster in one process, mpi_ranks
 // over ranks): 1,003 samples, 3 units of each (a flat_map of fanout 3, as crops), a shuffle that
 // mixes the units of many samples, batches of `batch`. Each item is a batch's units, named by

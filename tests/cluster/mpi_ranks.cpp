@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Run by `mpirun -np N mpi_ranks MODE` (tests/cluster/mpi_test.sh); exits 0 when every check of
 // MODE passes on every rank, and names the failed check otherwise.
 //   collectives   barrier, broadcast, allreduce and gather give what they promise

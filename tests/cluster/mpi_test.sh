@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs tests/cluster/mpi_ranks on N ranks of this machine.
 #   mpi_test.sh MPIEXEC MPI_RANKS N MODE [STOKER_INSPECT]
 # mpirun's settings for a test machine live here, not in the user's environment: CI runs as

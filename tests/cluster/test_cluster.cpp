@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The communicator of one process: what code written for many ranks gets when run alone.
 #include <doctest/doctest.h>
 

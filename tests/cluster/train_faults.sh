@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # mpirun stoker-train when a rank differs, hangs or dies: ranks with different data are refused
 # before the first step, naming the ranks and what differs; a data-parallel rank stopped
 # (SIGSTOP) ends the job after --rank-timeout, naming it; a remote worker stopped or killed loses

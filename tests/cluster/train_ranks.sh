@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # mpirun -np N stoker-train: data-parallel training on N ranks of this machine learns, reports
 # every rank, and ends with the same weights on every rank (stoker-train checks that itself,
 # and fails when they differ); the default batch divides among 2 and 3 ranks, and a step

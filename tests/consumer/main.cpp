@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Compiles and links against an installed stoker: proves the exported headers, targets
 // and dependencies are complete, and that a queue works across the install boundary.
 #include <cstdio>

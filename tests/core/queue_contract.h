@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Behaviour every stoker queue shares, checked against each queue type.
 #pragma once
 

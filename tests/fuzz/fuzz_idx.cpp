@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: the IDX parsers, and the gzip decoder in front of them, on any bytes.
 #include <cstddef>
 #include <cstdint>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: the image decoders (JPEG through TurboJPEG and libjpeg, PNG through libspng)
 // on any bytes: read_image_info, decode_image in RGB and gray, and decode_window of the middle of
 // the image at full size and DCT-scaled. Every input must decode or throw DataError; what decodes

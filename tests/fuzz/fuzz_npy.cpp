@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: the .npy parser on any bytes.
 #include <cstddef>
 #include <cstdint>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target: the pipeline state's parser (PipelineState::from_json) on any bytes.
 #include <cstddef>
 #include <cstdint>

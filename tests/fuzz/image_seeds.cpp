@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writes the seed corpus of fuzz_image into the folder given: small JPEGs of every kind the
 // decoder takes (baseline, progressive, gray, CMYK, each chroma subsampling) and PNGs of 1 to 4
 // channels, made with stoker's own encoders.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds the libFuzzer targets (tests/fuzz) with clang in their own build tree and runs
 # each for a bounded time, starting from a small seed corpus of valid files.
 #

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The device layer (test_gpu) and the kernels (test_augment: crops, and resized crops of
 # images), each case on every backend: the CUDA halves skip at run time without a GPU. They hold streams back and spin on the device
 # with a few test kernels (stream_tools_cuda.cu), which a build without CUDA replaces by stubs.

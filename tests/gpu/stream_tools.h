@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the device-layer tests need to hold streams back and to see CUDA's per-thread state, on
 // either backend, without CUDA headers: the CUDA halves are kernels in stream_tools_cuda.cu.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA halves of stream_tools.h: test kernels and the current device.
 #include <cuda.h>
 #include <cuda_runtime.h>

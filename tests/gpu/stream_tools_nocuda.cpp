@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // stream_tools.h in a build without CUDA: no stream has a native handle to launch on.
 #include <stdexcept>
 

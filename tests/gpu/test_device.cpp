@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The device layer on every backend this machine has: streams, events, pools and the
 // host-to-device stage, each case on the CPU backend and, when a GPU is visible, on CUDA (the
 // CUDA half says so when it is skipped). test_augment covers the kernels.

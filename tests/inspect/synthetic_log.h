@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Occupancy logs made up to order, for the plot's tests: the shape of stoker-train's pipeline
 // (read -> crops -> shuffle -> batch -> collate -> h2d -> the training loop) with one stage
 // as the bottleneck, of any length, with or without epochs, stage records and counters.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The plot in a real browser: headless Chromium loads the HTML page, which must draw without
 // a script error, zoom to the range in its address, and answer the pointer; both the page and
 // the SVG must render to PNG. Without chromium (Debian's package chromium) the program says so

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The verdict as a model: records made up to order go in, a verdict with its evidence comes out.
 // The pictures of each bottleneck, the rules that keep the verdict from contradicting the run's own
 // figures, the program's terms in suggestions, a job's ranks, and files that are not logs.

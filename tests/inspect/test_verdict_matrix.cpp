@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The verdict on real runs whose bottleneck is known: a pipeline made slow in one place (a
 // training loop, each stage in turn, the device's copies, too few threads, too few cores, a
 // source that waits) runs for a fixed time, writes its occupancy log, and stoker-inspect's

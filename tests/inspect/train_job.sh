@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # mpirun stoker-train --occupancy-log: every rank writes its log, labelled with its rank (and, with
 # remote workers, its role) and of one job, data-parallel ranks with their wait in the gradient
 # exchange; stoker-inspect reads them as one job, and stoker-train's JSON has each worker's samples.

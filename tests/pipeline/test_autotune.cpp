@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The autotuner (PipelineBuilder::autotune): it moves threads to the stage that holds the
 // pipeline back, says why, and leaves a well-set pipeline alone.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Pipeline::wait_for: the consumer's timed wait, for a consumer that must do something else now
 // and then while it waits (a Python loop checking for Ctrl-C).
 #include <doctest/doctest.h>

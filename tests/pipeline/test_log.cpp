@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // stoker's log in a host's hands: a handler of the host's receives what a failing stage logs,
 // the level filters it, and the handler can be replaced safely while stages log.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Exact resume: Pipeline::state() and PipelineBuilder::resume_from().
 #include <doctest/doctest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The runtime's promises under the settings users reach for: shuffles of any ratio, a host
 // that limits oneTBB, stage functions that use oneTBB themselves, exceptions anywhere, stop at
 // any time; and the options of the stage API.

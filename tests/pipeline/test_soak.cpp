@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Randomized soak of the pipeline runtime: random chains of maps and flat_maps (fan-out 0 to
 // 8), an optional shuffle of any min_after_dequeue / capacity up to 0.99, an optional batch;
 // random threads, queues, chunk limits, modes; per-item spins and sleeps, oneTBB inside stage

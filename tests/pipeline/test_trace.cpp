@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The trace of a run (PipelineBuilder::trace): Chrome trace events, read back as a viewer would.
 #include <doctest/doctest.h>
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Python module's tests: run by scripts/test.sh with PYTHONPATH=<build>/python, or by hand:
 
     PYTHONPATH=build/python /usr/bin/python3 -m pytest tests/python

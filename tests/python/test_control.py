@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Errors as Python exceptions, stop(), with blocks, Ctrl-C, resume and the summary."""
 
 import json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Batches leave through DLPack without a copy, and their buffers go back to the pool when the
 last reference drops, from any thread."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """examples/python runs, with both loaders, and reports what docs/python.md says it does."""
 
 import json

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Image files from Python: data sets of JPEG and PNG files, their source, the decoders and the
 colour transforms, batches of them into PyTorch, and bad files as errors naming them."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Pipelines of every kind built from Python, their items, and the type checks at build time."""
 
 import pathlib

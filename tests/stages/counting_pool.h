@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A pool for tests of exported buffers: it counts what comes back and says what memory it holds.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Images the image tests make, and ways to compare them.
 #pragma once
 

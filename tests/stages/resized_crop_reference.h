@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Written by resized_crop_reference.py with torch 1.13.0a0 and torchvision's
 // RandomResizedCrop.get_params; do not edit.
 // clang-format off

@@ -1,4 +1,5 @@
 #!/usr/bin/python3
+# SPDX-License-Identifier: Apache-2.0
 """Writes tests/stages/resized_crop_reference.h: what torchvision and torch themselves give, for
 test_image_transforms to compare stoker against without Python at test time.
 

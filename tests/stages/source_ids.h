@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a source yields, epoch by epoch, run in a pipeline: the ids of its items.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // DecodeResizedCrop: decoding only a crop's window, at a DCT scale, and resizing it in one stage,
 // against decoding the whole image and running RandomResizedCrop on it.
 #include <doctest/doctest.h>

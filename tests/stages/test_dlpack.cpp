@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Batches exported as DLPack tensors: layout, zero copy, and the buffer's single return to its
 // pool whichever tensor goes last, and however long after the pipeline.
 #include <doctest/doctest.h>

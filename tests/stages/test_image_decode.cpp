@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Decoding JPEG and PNG: every kind against a known pattern or a reference decode, bad files,
 // windows and DCT scaling.
 #include <doctest/doctest.h>

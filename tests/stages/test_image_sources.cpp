@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Image data sets (list file, class folder, tar shards), the source that reads them, sharded and
 // resumed, and bad files in a running pipeline.
 #include <doctest/doctest.h>

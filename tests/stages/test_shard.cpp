@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ShuffledShard: each epoch, every sample reaches exactly one rank, in a new order.
 #include <doctest/doctest.h>
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # stoker-train killed with SIGKILL mid-epoch and resumed from its last checkpoint:
 # - deterministic: ends with exactly the weights, optimizer state and test accuracy of the run
 #   that was never stopped;

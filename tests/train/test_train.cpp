@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // stoker-train: the nn ops against plain reference loops on each backend, and short training
 // runs through the trainer's own code.
 #include <doctest/doctest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Processes working together: the ranks of a data-parallel job. Over MPI when stoker is built
 // with it (STOKER_MPI), as one process otherwise, behind one interface, so that code written
 // against it runs everywhere. Nothing outside cluster/ includes mpi.h.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Elastic resume: a data-parallel job checkpointed at N ranks goes on at M, mid-epoch included,
 // with every sample of the epoch that was not trained yet trained once across the M ranks.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The baseline a remote edge's bandwidth is measured against (stoker-bench remote).
 #pragma once
 

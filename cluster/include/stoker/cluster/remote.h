@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Remote preprocessing workers: a pipeline cut at one edge, the stages before it on worker
 // ranks and those after it on a trainer rank, the edge carrying items between them over MPI,
 // with the capacity bound and exactly-once epochs of a queue inside one process.

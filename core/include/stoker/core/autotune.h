@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Options of the pipeline's autotuner (PipelineBuilder::autotune).
 #pragma once
 

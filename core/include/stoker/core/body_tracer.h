@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A profiler's ranges around every stage body.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A multi-producer multi-consumer queue with a real bound.
 #pragma once
 

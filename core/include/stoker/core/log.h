@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // stoker's log: what its libraries report that is not the error of a call (an item a stage
 // skipped, the first few; the autotuner's moves; a failure of device work met in a destructor;
 // an occupancy log that could not be finished). It goes to stderr unless the host routes it

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The pipeline builder and the pipeline the training loop iterates.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Occupancy accounting shared by every stoker queue.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A queue that hands out its elements in random order (TensorFlow's RandomShuffleQueue).
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a stage function sees of the pipeline that calls it.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a pipeline counts about each of its stages.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Where a deterministic pipeline stands in its run, to resume it exactly after a restart.
 #pragma once
 

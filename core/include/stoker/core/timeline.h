@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Work timed outside the pipeline's threads, such as the copies and kernels on a device's
 // streams, for the pipeline's trace (PipelineOptions::trace, PipelineOptions::timelines).
 #pragma once

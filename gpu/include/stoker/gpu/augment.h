@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Random crops on the device, shuffled on the device, batched on the device.
 //
 //   auto device = stoker::gpu::Device::open("auto");

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One device interface, two backends: CUDA, and a CPU backend that emulates a device on host
 // memory (a stream is an in-order worker thread, an event really records completion), so that
 // everything built on this interface runs and is tested on a machine without a GPU.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Device batches handed to another framework as DLPack tensors, without a copy.
 //
 //   for (auto& b : pipe.epoch()) {

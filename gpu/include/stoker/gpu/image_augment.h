@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // torchvision's RandomResizedCrop on the device: images decoded on the host, of any sizes, go
 // to the device in one copy per batch, and the crops, their resize, mirror and normalization
 // run there (what DALI calls a "mixed" decode).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Moving batches to a device: pools of pinned and device buffers, the host-to-device stage,
 // and the device batch a training loop receives.
 //

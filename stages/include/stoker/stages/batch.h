@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Collation: n samples of one shape into one contiguous batch, the layout a training step
 // (and a single host-to-device copy) wants.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Recycled byte buffers, so that a pipeline's steady state does not allocate per sample.
 #pragma once
 

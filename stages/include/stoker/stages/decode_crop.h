@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Decoding and RandomResizedCrop in one stage: each image's crop is drawn from its header, and
 // only the pixels the crop needs are decoded, at the smallest DCT scale that still serves it.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Batches handed to another framework (libtorch, CuPy, JAX, ...) as DLPack tensors, without a
 // copy: the tensors point into the batch's own buffer and hold it until they are released.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // IDX files (the MNIST / Fashion-MNIST format), gzip-compressed or plain.
 #pragma once
 

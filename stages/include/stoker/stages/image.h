@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // JPEG and PNG files decoded into samples: whole, or only the window a crop needs, at the
 // smallest scale that still serves it.
 #pragma once

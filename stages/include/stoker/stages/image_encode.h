@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writing samples as JPEG and PNG files: for making data sets and test images.
 #pragma once
 

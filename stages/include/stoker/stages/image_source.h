@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Data sets of image files (a list file, a folder per class, WebDataset tar shards) and the
 // pipeline source that reads their bytes, shuffled every epoch and shared out among ranks.
 #pragma once

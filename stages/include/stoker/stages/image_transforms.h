@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Colour image transforms: torchvision's RandomResizedCrop for training, Resize and a centre
 // crop for evaluation, and crops of images in either layout. Decoded images are channels-last
 // uint8 samples (Shape{.channels = 3, .height, .width, .channels_last = true}); every transform

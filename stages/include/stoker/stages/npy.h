@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // NumPy .npy files: 2D images and 3D volumes of uint8, uint16 or float32, one array a file.
 #pragma once
 

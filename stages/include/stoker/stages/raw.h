@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Raw binary volumes: no header, the shape and dtype come from the caller.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What every reader shares: the error for bad input data, the sharding options, and the
 // protocol that makes a reader a pipeline source.
 #pragma once

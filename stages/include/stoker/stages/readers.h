@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every reader: IDX (MNIST), NumPy .npy, raw volumes and synthetic samples.
 #pragma once
 

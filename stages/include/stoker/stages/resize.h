@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Resampling images: where a resize reads, its weights, and the kernel that applies them. The
 // layer under RandomResizedCrop and Resize (image_transforms.h), public so that a decoder that
 // decodes part of an image, or decodes it at a reduced scale, and a device, resize exactly as

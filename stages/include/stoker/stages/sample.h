@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The unit of data that flows through a training pipeline.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One rank's share of a data set, reshuffled every epoch: the source of a data-parallel job.
 #pragma once
 

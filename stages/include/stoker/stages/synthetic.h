@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Samples made up on the fly, for benchmarking the rest of a pipeline without I/O
 // (tensorpack's FakeData).
 #pragma once

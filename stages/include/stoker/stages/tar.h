@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tar archives as WebDataset stores samples in them: listing, writing, and the index that lets a
 // reader start anywhere without reading the archive from its start.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU transforms of Samples: random and center crops (2D and 3D), mirrors, and the cast to
 // float32 with normalization, separately and fused into one pass.
 //

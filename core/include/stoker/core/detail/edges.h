@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The queues between stages, as stages see them, and a stage's output. Internal.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A word one thread sleeps on until another changes it: a Linux futex, with the timed wait that
 // std::atomic::wait lacks. Internal.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The parts of a pipeline that do not depend on item types, as the typed stages and
 // Pipeline<T> see them: a stage's bodies, slots and wake-ups, and the pipeline's core. What
 // runs them (oneTBB), the monitor, the tuner, the trace and the record of taken items are the

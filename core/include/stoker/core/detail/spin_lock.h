@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A lock that spins, then yields. Internal.
 #pragma once
 

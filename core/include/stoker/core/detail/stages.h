@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The typed stages: a source, 1 -> 1 and 1 -> k transforms, and a batcher. Internal.
 #pragma once
 

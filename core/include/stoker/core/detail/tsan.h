@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Happens-before edges for ThreadSanitizer where the ordering comes from a library it does not
 // see: libtbb is not built with TSan, so "a task runs after the enqueue that made it" and "a
 // parallel_for returns after its chunks" are invisible to it. STOKER_TSAN_RELEASE(p) before the

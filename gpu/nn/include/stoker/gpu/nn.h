@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The few neural-network operations a multilayer perceptron needs, on either backend.
 //
 // Every op is issued asynchronously to a Stream and runs in that stream's order; the host
