@@ -375,22 +375,17 @@ int run_world(int argc, char** argv, const std::function<int(Communicator&)>& ma
   if (MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
     throw ClusterError("MPI_Init_thread failed");
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-  // Under Open MPI's --enable-recovery a rank that died does not hold MPI_Finalize back, and
-  // MPI_Abort ends only the rank that calls it.
+  // Under Open MPI's --enable-recovery MPI_Abort ends only the rank that calls it.
   const char* recovery_option = std::getenv("OMPI_MCA_orte_enable_recovery");
   const bool recovery = recovery_option && std::string(recovery_option) == "1";
-  int status = 0;
+  int status = 0, size = 1;
   {
     Mpi comm;
+    size = comm.size();
     status = run_guarded(comm, main);
     // A rank that never said its last word (stopped, or stuck in its pipeline) would hold
     // MPI_Finalize back for ever: end the job here, with this rank's status.
-    if (const auto silent = unresponsive(); !silent.empty()) {
-      std::fflush(stdout);
-      std::fflush(stderr);
-      // Under --enable-recovery, Open MPI 4.1's MPI_Finalize waits for a rank that died all the
-      // same (seen with 4.1.4): this rank ends without it, with its status.
-      if (recovery) std::_Exit(status);
+    if (const auto silent = unresponsive(); !silent.empty() && !recovery) {
       std::fprintf(stderr,
                    "rank %d of %d: %s did not answer at the end: the job ends here (MPI_Abort), as MPI_Finalize would "
                    "wait for it\n",
@@ -400,6 +395,14 @@ int run_world(int argc, char** argv, const std::function<int(Communicator&)>& ma
     }
     // A rank that failed ends now: mpirun ends the others when it sees its exit status.
     if (!recovery && comm.size() > 1 && status == 0) comm.final_barrier();
+  }
+  // Under --enable-recovery a peer may have died, and Open MPI 4.1.4's MPI_Finalize then waits
+  // for it in some runs and not in others: each rank of such a job ends without it, with its
+  // status, which mpirun --enable-recovery takes as the rank's end.
+  if (recovery && size > 1) {
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(status);
   }
   MPI_Finalize();
   return status;
