@@ -34,7 +34,6 @@
 //                 the trainer checkpoints mid-epoch; a job of any number of workers goes on from
 //                 there, every id of the epoch once
 #include <atomic>
-#include <functional>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -352,12 +351,10 @@ std::shared_ptr<const stoker::Reader> remote_reader(std::uint64_t samples = kRem
 // samples, and leaves shards of the epoch to the others.
 constexpr std::uint64_t kUnits = 3;
 template <class Check>
-auto worker_pipeline(std::uint32_t epochs, std::chrono::microseconds work, Check check,
-                     std::function<void(stoker::PipelineBuilder&)> configure = {}) {
+auto worker_pipeline(std::uint32_t epochs, std::chrono::microseconds work, Check check) {
   return [=](stoker::cluster::RemoteShards shards, std::optional<stoker::PipelineState> resume) {
     stoker::PipelineBuilder b;
     b.seed(11).epochs(epochs).threads(2);
-    if (configure) configure(b);
     if (resume) b.resume_from(std::move(*resume));
     return std::move(b)
         .source("read", std::move(shards), {.queue = 4})
@@ -456,14 +453,31 @@ void straggler_remote(Communicator& comm, const std::string& dir) {
   };
   if (worker) {
     const auto work = std::chrono::microseconds(comm.rank() == 1 ? 2000 : 20);
-    edge.serve(remote_reader(), worker_pipeline(1, work, [](std::uint64_t) {}, log));
+    edge.serve(remote_reader(), [&, work](stoker::cluster::RemoteShards shards, std::optional<stoker::PipelineState> resume) {
+      stoker::PipelineBuilder b;
+      b.epochs(1).threads(2);
+      log(b);
+      if (resume) b.resume_from(std::move(*resume));
+      return std::move(b)
+          .source("read", std::move(shards))
+          .map("work",
+               [work](stoker::Sample s) {
+                 std::this_thread::sleep_for(work);
+                 return s.id;
+               })
+          .batch("batch", 7)
+          .map("ids", [](Ids ids) { return ids; })
+          .build();
+    });
     return;
   }
   stoker::PipelineBuilder b;
   b.epochs(1).threads(2);
   log(b);
   auto pipe = std::move(b).source("batches", edge.receiver(), {.queue = 1}).build();
-  require(take_every_id(pipe) == 1, "every unit of the epoch once");
+  std::uint64_t samples = 0;
+  for (const auto& batch : pipe.epoch()) samples += batch.size();
+  require(samples == kRemoteSamples, "every sample of the epoch");
 }
 
 // The last worker stops answering at its 100th sample, 3 ways: `stuck`, its stage sleeps for
