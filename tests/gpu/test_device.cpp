@@ -1010,41 +1010,6 @@ TEST_CASE("a wait in acquire() is woken when the stream passes a buffer released
   }
 }
 
-// acquire() lets go of its lock around help_downstream() (outside a pipeline too, where it does
-// nothing), and a context outside a pipeline does not poll: a buffer given back by another thread
-// in that moment must still end the wait, or it sleeps to its limit. The window is a few
-// instructions wide, so this gives buffers back at every point of many waits; a wait that missed
-// its notification fails at the pool's 2 s limit.
-TEST_CASE("a buffer given back at any point of acquire() ends the wait" * doctest::timeout(120)) {
-  for (const auto& device : devices()) {
-    CAPTURE(device->name());
-    auto pool =
-        SlotPool::create(device, SlotPool::Kind::device, 1, 256, {.name = "test", .sizing = {}, .wait_limit = 2s});
-    std::optional<stoker::Buffer> held = pool->acquire(256);
-    std::atomic<int> round{0};
-    std::mutex m;
-    std::jthread giver([&](std::stop_token stop) {
-      std::mt19937 rng(7);
-      for (int r = 1; !stop.stop_requested(); ++r) {
-        while (round.load() < r && !stop.stop_requested()) std::this_thread::yield();
-        for (int spin = std::uniform_int_distribution(0, 2000)(rng); spin > 0; --spin) std::atomic_signal_fence(std::memory_order_seq_cst);
-        std::lock_guard lock(m);
-        held.reset();  // given back, at a random point of the waiter's acquire()
-      }
-    });
-    int rounds = 0;
-    for (const auto until = std::chrono::steady_clock::now() + 3s; std::chrono::steady_clock::now() < until; ++rounds) {
-      ++round;
-      auto b = pool->acquire(256, stoker::StageContext{});  // throws after 2 s if a notification was missed
-      std::lock_guard lock(m);
-      held = std::move(b);
-    }
-    giver.request_stop();
-    MESSAGE(rounds << " waits");
-    CHECK(rounds > 100);
-  }
-}
-
 TEST_CASE("a pool whose buffers are all held and none coming back fails the wait, naming itself and how to size it" *
           doctest::timeout(60) * doctest::test_suite("gate")) {
   for (const auto& device : devices()) {
