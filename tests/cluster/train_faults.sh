@@ -74,28 +74,24 @@ rank_pid() {  # the pid of rank $1 among the processes matching $2
   done
   return 1
 }
-for signal in STOP; do
-  launcher=("$mpiexec" --oversubscribe)
-  [[ $signal == KILL ]] && launcher+=(--enable-recovery)
-  # Workers of one thread each, so that an epoch takes a while.
-  timeout 120 "${launcher[@]}" -np 3 "$train" --limit 6000 --device cpu --epochs 3 --remote-workers \
-    --threads 1 --crop-threads 1 --rank-timeout 3 --json >"$work/out" 2>&1 &
-  job=$!
-  victim=
-  for _ in $(seq 300); do  # until the first epoch is over (30 s at most)
-    grep -q "epoch  1/3  loss" "$work/out" 2>/dev/null && victim=$(rank_pid 2 "^$train --limit 6000 .*--rank-timeout 3") &&
-      break
-    sleep 0.05
-  done
-  [[ -n $victim ]] || { cat "$work/out" >&2; echo "FAIL: no worker rank 2 to signal after epoch 1" >&2; exit 1; }
-  kill "-$signal" "$victim"
-  status=0
-  wait "$job" || status=$?
-  json=$(grep '^{' "$work/out" | tail -n 1)
-  echo "worker rank 2 got SIG$signal: exit status $status, $(grep -o '"remote_lost":\[[0-9,]*\]' <<<"$json")," \
-    "$(grep -o '"samples":[0-9]*' <<<"$json" | head -n 1)"
-  [[ $status == 0 ]] || { cat "$work/out" >&2; echo "FAIL: the job did not end well ($status)" >&2; exit 1; }
-  grep -q '"remote_lost":\[2\]' <<<"$json" || { echo "FAIL: worker rank 2 is not named lost" >&2; exit 1; }
-  grep -q '"samples":90000,"trained_samples":90000' <<<"$json" ||
-    { echo "FAIL: not every sample of both epochs trained once" >&2; exit 1; }
+# Workers of one thread each, so that an epoch takes a while.
+timeout 120 "$mpiexec" --oversubscribe -np 3 "$train" --limit 6000 --device cpu --epochs 3 --remote-workers \
+  --threads 1 --crop-threads 1 --rank-timeout 3 --json >"$work/out" 2>&1 &
+job=$!
+victim=
+for _ in $(seq 300); do  # until the first epoch is over (30 s at most)
+  grep -q "epoch  1/3  loss" "$work/out" 2>/dev/null && victim=$(rank_pid 2 "^$train --limit 6000 .*--rank-timeout 3") &&
+    break
+  sleep 0.05
 done
+[[ -n $victim ]] || { cat "$work/out" >&2; echo "FAIL: no worker rank 2 to stop after epoch 1" >&2; exit 1; }
+kill -STOP "$victim"
+status=0
+wait "$job" || status=$?
+json=$(grep '^{' "$work/out" | tail -n 1)
+echo "worker rank 2 got SIGSTOP: exit status $status, $(grep -o '"remote_lost":\[[0-9,]*\]' <<<"$json")," \
+  "$(grep -o '"samples":[0-9]*' <<<"$json" | head -n 1)"
+[[ $status == 0 ]] || { cat "$work/out" >&2; echo "FAIL: the job did not end well ($status)" >&2; exit 1; }
+grep -q '"remote_lost":\[2\]' <<<"$json" || { echo "FAIL: worker rank 2 is not named lost" >&2; exit 1; }
+grep -q '"samples":90000,"trained_samples":90000' <<<"$json" ||
+  { echo "FAIL: not every sample of both epochs trained once" >&2; exit 1; }
