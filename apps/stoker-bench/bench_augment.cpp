@@ -106,6 +106,7 @@ struct AugmentOptions {
   int plain_threads = 0;    // 0: every core, for the plain loop and the windowed loop
   std::uint64_t seed = 0;
   std::vector<int> thread_counts;  // --threads: also run the pipeline and the windowed loop on each
+  std::string trace_dir;           // --trace-dir: where a traced run of each --threads pipeline goes
 };
 
 // How the pipeline is laid out on a number of threads.
@@ -624,7 +625,25 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
                          {"stoker_samples", p.rates},
                          {"windowed_loop_samples", w.rates},
                          {"stoker_cpu_ns_per_crop", spread(p.cpu_ns).median},
-                         {"windowed_loop_cpu_ns_per_crop", spread(w.cpu_ns).median}});
+                         {"windowed_loop_cpu_ns_per_crop", spread(w.cpu_ns).median},
+                         {"stoker_last_run", stage_table(p.last.summary)}});
+    }
+    // Where each N's pipeline spends its time: which stage is busy, which starves or waits
+    // for room, and how long the consumer waited.
+    for (std::size_t i = main_contenders; i < contenders.size(); i += 2) {
+      std::cout << "\nlast run of the stoker pipeline on " << contenders[i].scaling_threads << " threads:\n";
+      print_summary(std::cout, contenders[i].last.summary);
+    }
+    // --trace-dir: one more run of each N's pipeline, untimed, writing its trace.
+    if (!opt.trace_dir.empty()) {
+      std::filesystem::create_directories(opt.trace_dir);
+      for (std::size_t i = main_contenders; i < contenders.size(); i += 2) {
+        const Contender& c = contenders[i];
+        const auto file = std::filesystem::path(opt.trace_dir) /
+                          ("augment-threads-" + std::to_string(c.scaling_threads) + ".trace.json");
+        check(c.name.c_str(), run_pipeline(job, c.layout, false, Cut::at_collate, file.string()).tally, job.expected);
+        std::cout << "trace of the pipeline on " << c.scaling_threads << " threads: " << file.string() << "\n";
+      }
     }
   }
 
@@ -727,6 +746,9 @@ SuiteRun setup_augment(CLI::App& command) {
                   "max(1, ceil(N/4)), collate on N) and the windowed loop on N threads, with their ratio")
       ->delimiter(',')
       ->check(apps::in_range(1, 256));
+  command.add_option("--trace-dir", opt->trace_dir,
+                     "With --threads: after the timed runs, run each N's pipeline once more, untimed, writing its "
+                     "trace (PipelineBuilder::trace) to DIR/augment-threads-N.trace.json");
   return [opt](const CommonOptions& common) { return run_augment(*opt, common); };
 }
 

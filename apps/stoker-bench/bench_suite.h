@@ -87,14 +87,34 @@ inline Json stage_table(const PipelineSummary& s) {
   const double wall = std::chrono::duration<double>(s.wall).count();
   for (const StageStats& st : s.stages) {
     const double busy = std::chrono::duration<double>(st.busy).count();
+    const auto share = [&](std::chrono::nanoseconds t) {
+      return wall > 0 ? 100.0 * std::chrono::duration<double>(t).count() / wall : 0.0;
+    };
     stages.push_back({{"name", st.name},
                       {"threads", st.threads},
                       {"items_in", st.items_in},
                       {"items_out", st.items_out},
                       {"busy_s", busy},
-                      {"busy_per_thread_pct", wall > 0 ? 100.0 * busy / (wall * st.threads) : 0.0}});
+                      {"busy_per_thread_pct", wall > 0 ? 100.0 * busy / (wall * st.threads) : 0.0},
+                      {"starved_pct", share(st.starved)},
+                      {"blocked_pct", share(st.blocked)}});
   }
-  return stages;
+  Json queues = Json::array();
+  for (const QueueReport& q : s.queues) {
+    const double life = std::chrono::duration<double>(q.lifetime).count();
+    const auto share = [&](std::chrono::nanoseconds t) {
+      return life > 0 ? 100.0 * std::chrono::duration<double>(t).count() / life : 0.0;
+    };
+    queues.push_back({{"name", q.name},
+                      {"capacity", q.capacity},
+                      {"empty_pct", share(q.time_empty)},
+                      {"full_pct", share(q.time_full)}});
+  }
+  const double waited = std::chrono::duration<double>(s.consumer_wait).count();
+  return {{"wall_s", wall},
+          {"stages", std::move(stages)},
+          {"queues", std::move(queues)},
+          {"consumer_waited_pct", wall > 0 ? 100.0 * waited / wall : 0.0}};
 }
 
 /// Median, minimum and maximum of one figure over the repeats.
