@@ -115,16 +115,23 @@ struct PipelineLayout {
   int crop_threads = 2;
   int collate_threads = 2;
   std::size_t batch_queue = 8;  // batches waiting for collate
+  std::size_t read_queue = 64;  // images waiting for the crop stage
 };
 
 // The layout on N threads for --threads: collate does about 70% of the work (it cuts, mirrors
 // and normalizes every crop), so it may run on all N; drawing the windows is light, so the crop
-// stage gets a quarter of them; and enough batches wait for collate to keep N bodies busy.
+// stage gets a quarter of them; enough batches wait for collate to keep N bodies busy; and
+// enough images wait for the crop stage that each of its bodies takes a whole chunk (about
+// 100 us of work, some 250 images) while the reader refills: a FIFO hands on chunks of at most
+// half its capacity. With the default 64 the crop bodies took a few images at a time, and on 16
+// cores the pipeline made half the crops (docs/benchmarks.md).
 PipelineLayout scaled_layout(int n) {
+  const int crop_threads = std::clamp((n + 3) / 4, 1, 64);
   return {.threads = n,
-          .crop_threads = std::clamp((n + 3) / 4, 1, 64),
+          .crop_threads = crop_threads,
           .collate_threads = std::clamp(n, 1, 64),
-          .batch_queue = std::max<std::size_t>(8, 2 * static_cast<std::size_t>(n))};
+          .batch_queue = std::max<std::size_t>(8, 2 * static_cast<std::size_t>(n)),
+          .read_queue = 512 * static_cast<std::size_t>(crop_threads)};
 }
 
 // What a consumer saw: enough to prove that nothing was lost or repeated, and, when `deep`,
@@ -226,7 +233,7 @@ RunResult run_pipeline(Job& job, const PipelineLayout& layout, bool deep, Cut cu
             .seed(o.seed)
             .epochs(1)
             .trace(trace)
-            .source("read", job.reader)
+            .source("read", job.reader, {.queue = layout.read_queue})
             .template flat_map<Item>("crops", RandomCrops(std::move(crops)), {.threads = layout.crop_threads})
             .shuffle("shuffle",
                      {.capacity = kShuffle.capacity, .min_after_dequeue = kShuffle.min_after_dequeue, .seed = o.seed})
@@ -456,7 +463,7 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
     std::cout << "scaling: on each N of";
     for (int n : opt.thread_counts) std::cout << " " << n;
     std::cout << " threads, the pipeline (.threads(N), crops on max(1, ceil(N/4)), collate on N, " << kBatch
-              << "-crop batch queue max(8, 2N)) and the windowed loop on N threads\n";
+              << "-crop batch queue max(8, 2N), read queue 512 per crop thread) and the windowed loop on N threads\n";
   }
 
   struct Contender {
@@ -619,6 +626,7 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
                          {"crop_threads", p.layout.crop_threads},
                          {"collate_threads", p.layout.collate_threads},
                          {"batch_queue", p.layout.batch_queue},
+                         {"read_queue", p.layout.read_queue},
                          {"stoker_crops_per_s", sp.median},
                          {"windowed_loop_crops_per_s", sw.median},
                          {"ratio", sp.median / sw.median},
@@ -698,7 +706,7 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
       "it is full 255 are taken and cut+mirrored+normalized into the batch by make_batch, as Collate does";
   config["scaling"] =
       "for each N of --threads: the pipeline with .threads(N), crops on max(1, ceil(N/4)), collate "
-      "on N, batch queue max(8, 2N), crops cut at collate; and the windowed loop on N threads";
+      "on N, batch queue max(8, 2N), read queue 512 per crop thread, crops cut at collate; and the windowed loop on N threads";
   Json out;
   out["config"] = std::move(config);
   out["results"] = std::move(results);
