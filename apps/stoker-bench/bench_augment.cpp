@@ -121,17 +121,18 @@ struct PipelineLayout {
 // The layout on N threads for --threads: collate does about 70% of the work (it cuts, mirrors
 // and normalizes every crop), so it may run on all N; drawing the windows is light, so the crop
 // stage gets a quarter of them; enough batches wait for collate to keep N bodies busy; and
-// enough images wait for the crop stage that each of its bodies takes a whole chunk (about
-// 100 us of work, some 250 images) while the reader refills: a FIFO hands on chunks of at most
-// half its capacity. With the default 64 the crop bodies took a few images at a time, and on 16
-// cores the pipeline made half the crops (docs/benchmarks.md).
+// enough images wait for the crop stage, 64 a thread, that each of its bodies takes a whole
+// chunk (about 100 us of work, some 250 images) while the reader refills: a FIFO hands on
+// chunks of at most half its capacity. With the default 64 at every N, the crop bodies took a
+// few images at a time, and on 16 cores the pipeline made about half the crops
+// (docs/benchmarks.md); on one thread a larger queue only costs cache.
 PipelineLayout scaled_layout(int n) {
-  const int crop_threads = std::clamp((n + 3) / 4, 1, 64);
+  const auto threads = static_cast<std::size_t>(std::clamp(n, 1, 64));
   return {.threads = n,
-          .crop_threads = crop_threads,
+          .crop_threads = std::clamp((n + 3) / 4, 1, 64),
           .collate_threads = std::clamp(n, 1, 64),
-          .batch_queue = std::max<std::size_t>(8, 2 * static_cast<std::size_t>(n)),
-          .read_queue = 512 * static_cast<std::size_t>(crop_threads)};
+          .batch_queue = std::max<std::size_t>(8, 2 * threads),
+          .read_queue = 64 * threads};
 }
 
 // What a consumer saw: enough to prove that nothing was lost or repeated, and, when `deep`,
@@ -463,7 +464,7 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
     std::cout << "scaling: on each N of";
     for (int n : opt.thread_counts) std::cout << " " << n;
     std::cout << " threads, the pipeline (.threads(N), crops on max(1, ceil(N/4)), collate on N, " << kBatch
-              << "-crop batch queue max(8, 2N), read queue 512 per crop thread) and the windowed loop on N threads\n";
+              << "-crop batch queue max(8, 2N), read queue 64N) and the windowed loop on N threads\n";
   }
 
   struct Contender {
@@ -706,7 +707,7 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
       "it is full 255 are taken and cut+mirrored+normalized into the batch by make_batch, as Collate does";
   config["scaling"] =
       "for each N of --threads: the pipeline with .threads(N), crops on max(1, ceil(N/4)), collate "
-      "on N, batch queue max(8, 2N), read queue 512 per crop thread, crops cut at collate; and the windowed loop on N threads";
+      "on N, batch queue max(8, 2N), read queue 64N, crops cut at collate; and the windowed loop on N threads";
   Json out;
   out["config"] = std::move(config);
   out["results"] = std::move(results);
