@@ -640,7 +640,8 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
     // Where each N's pipeline spends its time: which stage is busy, which starves or waits
     // for room, and how long the consumer waited.
     for (std::size_t i = main_contenders; i < contenders.size(); i += 2) {
-      std::cout << "\nlast run of the stoker pipeline on " << contenders[i].scaling_threads << " threads:\n";
+      const int n = contenders[i].scaling_threads;
+      std::cout << "\nlast run of the stoker pipeline on " << n << (n == 1 ? " thread:\n" : " threads:\n");
       print_summary(std::cout, contenders[i].last.summary);
     }
     // --trace-dir: one more run of each N's pipeline, untimed, writing its trace.
@@ -749,15 +750,19 @@ SuiteRun setup_augment(CLI::App& command) {
   command.add_option("--seed", opt->seed, "Seed of the crops, mirrors and shuffle")
       ->check(apps::at_least<std::uint64_t>(0))
       ->capture_default_str();
+  CLI::Option* threads =
+      command
+          .add_option("--threads", opt->thread_counts,
+                      "Also run, for each N of this list (e.g. 1,2,4,8), the pipeline on N threads (crops on "
+                      "max(1, ceil(N/4)), collate on N, 64N images queued for the crops) and the windowed loop on N "
+                      "threads, with their ratio")
+          ->delimiter(',')
+          ->check(apps::in_range(1, 256));
   command
-      .add_option("--threads", opt->thread_counts,
-                  "Also run, for each N of this list (e.g. 1,2,4,8), the pipeline on N threads (crops on "
-                  "max(1, ceil(N/4)), collate on N) and the windowed loop on N threads, with their ratio")
-      ->delimiter(',')
-      ->check(apps::in_range(1, 256));
-  command.add_option("--trace-dir", opt->trace_dir,
-                     "With --threads: after the timed runs, run each N's pipeline once more, untimed, writing its "
-                     "trace (PipelineBuilder::trace) to DIR/augment-threads-N.trace.json");
+      .add_option("--trace-dir", opt->trace_dir,
+                  "With --threads: after the timed runs, run each N's pipeline once more, untimed, writing its "
+                  "trace (PipelineBuilder::trace) to DIR/augment-threads-N.trace.json")
+      ->needs(threads);
   return [opt](const CommonOptions& common) { return run_augment(*opt, common); };
 }
 

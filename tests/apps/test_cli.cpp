@@ -395,6 +395,52 @@ TEST_CASE("stoker-bench images: the JSON line holds both contenders at every N, 
   CHECK(j["verified"]["same_crops_in_pipeline_and_loop"] == true);
 }
 
+TEST_CASE("stoker-bench augment --threads: each N's stage summary in the JSON, a trace of each with --trace-dir" *
+          doctest::timeout(120)) {
+  const TempDir dir("cli");
+  {
+    Child refused({STOKER_BENCH, "augment", "--trace-dir", (dir / "traces").string()}, dir);
+    CHECK(refused.wait() == 2);
+    CHECK(refused.err().find("stoker-bench: --trace-dir requires --threads") == 0);
+  }
+  if (!have_fashion_mnist()) {
+    MESSAGE("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped");
+    return;
+  }
+  const fs::path traces = dir / "traces";
+  Child bench({STOKER_BENCH, "augment", "--images", "510", "--threads", "1,3", "--repeats", "1", "--trace-dir",
+               traces.string(), "--json"},
+              dir);
+  const int status = bench.wait();
+  const std::string out = bench.out();
+  INFO("stdout: " << out << "\nstderr: " << bench.err());
+  REQUIRE(status == 0);
+  const auto j = last_json_line(out);
+  REQUIRE(j["scaling"].size() == 2);
+  for (const auto& s : j["scaling"]) {
+    const int n = s["threads"].get<int>();
+    CAPTURE(n);
+    CHECK(s["read_queue"] == 64 * n);
+    const auto& last = s["stoker_last_run"];
+    CHECK(last["wall_s"].get<double>() > 0);
+    std::vector<std::string> stages;
+    for (const auto& st : last["stages"]) stages.push_back(st["name"]);
+    CHECK(stages == std::vector<std::string>{"read", "crops", "batch", "collate"});
+    CHECK(last["stages"][3]["items_in"] == 10);  // 510 images x 5 crops in batches of 255
+    CHECK(last["stages"][3]["threads"] == n);
+    REQUIRE(last["queues"].size() == 4);
+    CHECK(last["queues"][0]["capacity"] == 64 * n);
+    CHECK(out.find("last run of the stoker pipeline on " + std::to_string(n) + (n == 1 ? " thread:" : " threads:")) !=
+          std::string::npos);
+    const fs::path trace = traces / ("augment-threads-" + std::to_string(n) + ".trace.json");
+    REQUIRE(fs::exists(trace));
+    std::ifstream in(trace);
+    const auto events = nlohmann::json::parse(in)["traceEvents"];
+    CHECK(std::count_if(events.begin(), events.end(), [](const auto& e) { return e.value("name", "") == "collate"; }) >=
+          1);
+  }
+}
+
 TEST_CASE("stoker-train --images: a bad file fails the run naming it, or is skipped and counted in the JSON" *
           doctest::timeout(120)) {
   const TempDir dir("cli");
