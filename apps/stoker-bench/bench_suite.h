@@ -81,40 +81,33 @@ inline double cpu_seconds() {
   return seconds(u.ru_utime) + seconds(u.ru_stime);
 }
 
-/// A pipeline's stages as JSON: threads, items in and out, busy seconds and busy share per thread.
+/// A pipeline's summary as JSON: per stage threads, items in and out, busy seconds, busy share
+/// per thread, and the shares of the run it starved and was blocked; per queue its capacity and
+/// the shares of its life it was empty and full; and the share the consumer waited.
 inline Json stage_table(const PipelineSummary& s) {
+  const auto percent = [](std::chrono::nanoseconds part, std::chrono::nanoseconds whole) {
+    return whole.count() > 0 ? 100.0 * static_cast<double>(part.count()) / static_cast<double>(whole.count()) : 0.0;
+  };
   Json stages = Json::array();
-  const double wall = std::chrono::duration<double>(s.wall).count();
-  for (const StageStats& st : s.stages) {
-    const double busy = std::chrono::duration<double>(st.busy).count();
-    const auto share = [&](std::chrono::nanoseconds t) {
-      return wall > 0 ? 100.0 * std::chrono::duration<double>(t).count() / wall : 0.0;
-    };
+  for (const StageStats& st : s.stages)
     stages.push_back({{"name", st.name},
                       {"threads", st.threads},
                       {"items_in", st.items_in},
                       {"items_out", st.items_out},
-                      {"busy_s", busy},
-                      {"busy_per_thread_pct", wall > 0 ? 100.0 * busy / (wall * st.threads) : 0.0},
-                      {"starved_pct", share(st.starved)},
-                      {"blocked_pct", share(st.blocked)}});
-  }
+                      {"busy_s", std::chrono::duration<double>(st.busy).count()},
+                      {"busy_per_thread_pct", percent(st.busy, s.wall * st.threads)},
+                      {"starved_pct", percent(st.starved, s.wall)},
+                      {"blocked_pct", percent(st.blocked, s.wall)}});
   Json queues = Json::array();
-  for (const QueueReport& q : s.queues) {
-    const double life = std::chrono::duration<double>(q.lifetime).count();
-    const auto share = [&](std::chrono::nanoseconds t) {
-      return life > 0 ? 100.0 * std::chrono::duration<double>(t).count() / life : 0.0;
-    };
+  for (const QueueReport& q : s.queues)
     queues.push_back({{"name", q.name},
                       {"capacity", q.capacity},
-                      {"empty_pct", share(q.time_empty)},
-                      {"full_pct", share(q.time_full)}});
-  }
-  const double waited = std::chrono::duration<double>(s.consumer_wait).count();
-  return {{"wall_s", wall},
+                      {"empty_pct", percent(q.time_empty, q.lifetime)},
+                      {"full_pct", percent(q.time_full, q.lifetime)}});
+  return {{"wall_s", std::chrono::duration<double>(s.wall).count()},
           {"stages", std::move(stages)},
           {"queues", std::move(queues)},
-          {"consumer_waited_pct", wall > 0 ? 100.0 * waited / wall : 0.0}};
+          {"consumer_waited_pct", percent(s.consumer_wait, s.wall)}};
 }
 
 /// Median, minimum and maximum of one figure over the repeats.

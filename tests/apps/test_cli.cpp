@@ -14,6 +14,7 @@
 #include <string>
 #include <sys/wait.h>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "stoker/config.h"
@@ -359,20 +360,27 @@ nlohmann::json last_json_line(const std::string& out) {
   return nlohmann::json::parse(out.substr(start == std::string::npos ? 0 : start + 1));
 }
 
+// Runs stoker-bench with `args` (ending in --json), which must succeed; its stdout and its JSON line.
+std::pair<std::string, nlohmann::json> run_bench(std::vector<std::string> args, const TempDir& dir) {
+  args.insert(args.begin(), STOKER_BENCH);
+  Child bench(args, dir);
+  const int status = bench.wait();
+  std::string out = bench.out();
+  INFO("stdout: " << out << "\nstderr: " << bench.err());
+  REQUIRE(status == 0);
+  auto j = last_json_line(out);
+  return {std::move(out), std::move(j)};
+}
+
 }  // namespace
 
 TEST_CASE("stoker-bench images: the JSON line holds both contenders at every N, their ratio and the memory bound" *
           doctest::timeout(120)) {
   const TempDir dir("cli");
   const fs::path list = write_images(dir, 24, true);
-  Child bench({STOKER_BENCH, "images", "--data", list.string(), "--threads", "1,2", "--repeats", "1", "--batch", "5",
-               "--size", "32", "--json"},
-              dir);
-  const int status = bench.wait();
-  const std::string out = bench.out();
-  INFO("stdout: " << out << "\nstderr: " << bench.err());
-  REQUIRE(status == 0);
-  const auto j = last_json_line(out);
+  const auto [out, j] = run_bench({"images", "--data", list.string(), "--threads", "1,2", "--repeats", "1", "--batch",
+                                   "5", "--size", "32", "--json"},
+                                  dir);
   CHECK(j["suite"] == "images");
   CHECK(j["config"]["images"] == 24);
   const char* names[] = {"stoker_pipeline", "stoker_pipeline_resize_in_map", "tight_loop"};
@@ -408,14 +416,9 @@ TEST_CASE("stoker-bench augment --threads: each N's stage summary in the JSON, a
     return;
   }
   const fs::path traces = dir / "traces";
-  Child bench({STOKER_BENCH, "augment", "--images", "510", "--threads", "1,3", "--repeats", "1", "--trace-dir",
-               traces.string(), "--json"},
-              dir);
-  const int status = bench.wait();
-  const std::string out = bench.out();
-  INFO("stdout: " << out << "\nstderr: " << bench.err());
-  REQUIRE(status == 0);
-  const auto j = last_json_line(out);
+  const auto [out, j] = run_bench(
+      {"augment", "--images", "510", "--threads", "1,3", "--repeats", "1", "--trace-dir", traces.string(), "--json"},
+      dir);
   REQUIRE(j["scaling"].size() == 2);
   for (const auto& s : j["scaling"]) {
     const int n = s["threads"].get<int>();
