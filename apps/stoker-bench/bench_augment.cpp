@@ -639,9 +639,9 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
     }
     // Where each N's pipeline spends its time: which stage is busy, which starves or waits
     // for room, and how long the consumer waited.
+    const auto threads = [](int n) { return std::to_string(n) + (n == 1 ? " thread" : " threads"); };
     for (std::size_t i = main_contenders; i < contenders.size(); i += 2) {
-      const int n = contenders[i].scaling_threads;
-      std::cout << "\nlast run of the stoker pipeline on " << n << (n == 1 ? " thread:\n" : " threads:\n");
+      std::cout << "\nlast run of the stoker pipeline on " << threads(contenders[i].scaling_threads) << ":\n";
       print_summary(std::cout, contenders[i].last.summary);
     }
     // --trace-dir: one more run of each N's pipeline, untimed, writing its trace.
@@ -652,7 +652,7 @@ Json run_augment(const AugmentOptions& opt, const CommonOptions& common) {
         const auto file = std::filesystem::path(opt.trace_dir) /
                           ("augment-threads-" + std::to_string(c.scaling_threads) + ".trace.json");
         check(c.name.c_str(), run_pipeline(job, c.layout, false, Cut::at_collate, file.string()).tally, job.expected);
-        std::cout << "trace of the pipeline on " << c.scaling_threads << " threads: " << file.string() << "\n";
+        std::cout << "trace of the pipeline on " << threads(c.scaling_threads) << ": " << file.string() << "\n";
       }
     }
   }
