@@ -34,15 +34,18 @@ std::vector<int> flatten(const std::vector<std::vector<int>>& batches) {
 }
 
 // An item whose throw_at-th move throws, when its value is 777: each move counts, whoever
-// makes it (a stage's outputs, a queue, the consumer).
+// makes it (a stage's outputs, a queue, the consumer). `live` counts those alive.
 struct Fragile {
   static inline int throw_at = 0;
+  static inline std::atomic<long> live{0};
   int value;
   int moves = 0;
-  explicit Fragile(int v) : value(v) {}
+  explicit Fragile(int v) : value(v) { ++live; }
   Fragile(Fragile&& o) : value(o.value), moves(o.moves + 1) {
     if (value == 777 && moves == throw_at) throw std::runtime_error("cannot move 777");
+    ++live;
   }
+  ~Fragile() { --live; }
   Fragile& operator=(Fragile&& o) {
     if (o.value == 777 && o.moves + 1 == throw_at) throw std::runtime_error("cannot move 777");
     value = o.value;
@@ -446,6 +449,62 @@ TEST_SUITE("Pipeline runtime") {
         if (deterministic) CHECK(got == iota(static_cast<int>(got.size())));  // in order up to the failure
       }
     }
+  }
+
+  TEST_CASE("a shuffle ends the life of every item it held, once, whether the run drains, stops or fails on a move" *
+            doctest::timeout(120)) {
+    // A shuffle makes and ends its items' lives in slots of its own, moving them in and out
+    // with its lock released. Moves of item 777: into the map's outputs (1), into the shuffle
+    // (2), out of it into the next stage's inputs (3); 0: none throws. A minimum of capacity - 1
+    // holds nearly all it can when the consumer stops after 100, and takes chunks of one item;
+    // one of 200 takes chunks of up to 400, so that a move can fail halfway through one.
+    for (const bool deterministic : {false, true}) {
+      for (const std::size_t min : {999, 200}) {
+        for (const int throw_at : {0, 1, 2, 3}) {
+          for (const int take : {100, 5000}) {
+            CAPTURE(deterministic);
+            CAPTURE(min);
+            CAPTURE(throw_at);
+            CAPTURE(take);
+            Fragile::throw_at = throw_at;
+            const long alive = Fragile::live.load();
+            bool failed = false;
+            {
+              auto pipe = PipelineBuilder{}
+                              .threads(2)
+                              .deterministic(deterministic)
+                              .epochs(1)
+                              .source("read", CountUpTo{5000})
+                              .map("wrap", [](int x) { return Fragile(x); }, {.threads = 2})
+                              .shuffle("mix", {.capacity = 1000, .min_after_dequeue = min})
+                              .map("unwrap", [](Fragile f) { return f.value; }, {.threads = 2})
+                              .build();
+              std::vector<int> got;
+              try {
+                while (got.size() < static_cast<std::size_t>(take))
+                  if (auto x = pipe.next())
+                    got.push_back(*x);
+                  else
+                    break;
+              } catch (const StageError& e) {
+                failed = true;
+                CHECK(std::string(e.what()).find("cannot move 777") != std::string::npos);
+              }
+              if (throw_at == 0) {
+                CHECK_FALSE(failed);
+                CHECK(got.size() == static_cast<std::size_t>(take));
+                if (take == 5000) CHECK(sorted(got) == iota(5000));
+              } else {
+                if (take == 5000) CHECK(failed);
+                CHECK(std::find(got.begin(), got.end(), 777) == got.end());
+              }
+            }  // stopped, if it still ran, and destroyed
+            CHECK(Fragile::live.load() == alive);
+          }
+        }
+      }
+    }
+    Fragile::throw_at = 0;
   }
 
   TEST_CASE("on_error = skip drops every output of a flat_map call that fails, those emitted before the error too" *

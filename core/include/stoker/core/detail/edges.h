@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -260,6 +261,8 @@ class Edge final : public EdgeBase {
  public:
   using EdgeBase::EdgeBase;
 
+  ~Edge() override { destroy_held_locked(); }
+
   void start(bool deterministic, std::uint64_t seed) override {
     configure(deterministic, seed);
     if (shuffle_options_) shuffle_.emplace(window_, seed_);
@@ -290,21 +293,24 @@ class Edge final : public EdgeBase {
     ResumePlan plan = plan_resume(taken, state);
     const auto& origins = plan.origins;
     std::vector<T> items = origins.empty() ? std::vector<T>() : remake(origins);
-    std::lock_guard lock(mutex_);
+    std::unique_lock lock(mutex_);
     popped_ = taken;
-    pushed_ = plan.next;
-    Count counted(*this, +1);
     if (plan.draws) {
+      Count counted(*this, +1);
+      destroy_held_locked();
       shuffle_ = plan.draws->map([&](std::uint64_t p) {
         const auto i = static_cast<std::size_t>(std::lower_bound(origins.begin(), origins.end(), p) - origins.begin());
-        return Held{std::move(items[i]), p};
+        Slot* s = acquire_locked(1).front();
+        s->fill(std::move(items[i]), p);
+        ++counted.n;
+        return s;
       });
-      counted.n = shuffle_->size();
     } else {
       Chunk<T> back;
       for (const auto i : put_back_order(items.size(), taken)) back.push(std::move(items[i]), origins[i]);
-      counted.n = put_locked(back);
+      put(lock, back);
     }
+    pushed_ = plan.next;
     return plan.next;
   }
 
@@ -313,15 +319,12 @@ class Edge final : public EdgeBase {
   bool try_push(Chunk<T>& chunk) {
     bool wake = false;
     {
-      std::lock_guard lock(mutex_);
+      std::unique_lock lock(mutex_);
       if (skip_before_ != 0 && !chunk.runs.empty()) drop_before(chunk, skip_before_);
       if (skip_pushes_ != 0) skip_pushes_ -= drop_first(chunk, skip_pushes_);
-      if (closed_.load() || held_.load() + chunk.size() > capacity()) return false;
+      if (closed_.load() || held_.load() + filling_ + chunk.size() > capacity()) return false;
       if (chunk.runs.empty() && !chunk.empty()) chunk.runs.push_back({pushed_, chunk.size()});  // by arrival
-      Count counted(*this, +1);
-      counted.n = put_locked(chunk);
-      pushed_ += counted.n;
-      counted.publish();
+      put(lock, chunk);
       wake = wake_consumer_locked();  // after held_ counts the items
     }
     chunk.clear();
@@ -344,8 +347,8 @@ class Edge final : public EdgeBase {
   /// and sets `first` to the position of the first of them in the order taken this epoch. On
   /// `items`, `out` grew.
   Pop pop(Chunk<T>& out, std::size_t max, std::uint64_t& first) {
-    std::lock_guard lock(mutex_);
-    return pop_locked(out, max, first);
+    std::unique_lock lock(mutex_);
+    return pop_locked(lock, out, max, first);
   }
 
   /// pop() for the consumer's thread, the only one that pops the last queue: waits while it
@@ -353,7 +356,7 @@ class Edge final : public EdgeBase {
   Pop pop_wait(Chunk<T>& out, std::size_t max, std::uint64_t& first) {
     std::unique_lock lock(mutex_);
     wait_ready(lock, nullptr);
-    return pop_locked(out, max, first);
+    return pop_locked(lock, out, max, first);
   }
 
   /// For the consumer's thread: waits until a pop would not report `empty`, or until `deadline`;
@@ -364,9 +367,26 @@ class Edge final : public EdgeBase {
   }
 
  private:
-  struct Held {
-    T value;
-    std::uint64_t origin;
+  // A shuffle's items live in slots that stay where they are while held: its draws
+  // (ShuffleBuffer) move pointers to slots under the lock, and the items are moved into and out
+  // of their slots with the lock released. A slot belongs to one party at a time:
+  //   free (free_) -> a pusher's, being filled -> held (shuffle_) -> a taker's, being emptied -> free
+  // so no two threads touch one slot at once, and the lock is never held across the item moves,
+  // whose cache lines another core has just written (on 16 cores those moves, under the lock,
+  // were most of what bounded the pipeline: docs/benchmarks.md). A slot is a cache line or more,
+  // so a slot being filled and one being emptied never share a line.
+  struct alignas(64) Slot {
+    union {
+      T value;  // constructed while the slot is being filled, held or being emptied
+    };
+    std::uint64_t origin = 0;
+    Slot() {}
+    ~Slot() {}
+    void fill(T&& item, std::uint64_t at) {
+      std::construct_at(&value, std::move(item));
+      origin = at;
+    }
+    void empty() noexcept { std::destroy_at(&value); }
   };
 
   // Keeps held_ and the meter equal to what the container holds, also when a move throws.
@@ -413,71 +433,115 @@ class Edge final : public EdgeBase {
     chunk = std::move(kept);
   }
 
-  // Under mutex_: moves the items of `chunk` (numbered) in; returns how many went in. A move that
-  // throws leaves what went in in, and the rest in `chunk`.
-  std::size_t put_locked(Chunk<T>& chunk) {
-    std::size_t n = 0;
-    try {
-      if (shuffle_) {
+  // Under `lock` (on mutex_), which a shuffle releases while it moves the items: moves the items
+  // of `chunk` (numbered) in, counts them (pushed_, held_, the meter) and empties `chunk`. A move
+  // that throws leaves what went in in, counted, and the rest in `chunk`. Pushes come one at a
+  // time, from the producer's Output under its lock (and resume(), while nothing runs), so
+  // those of a shuffle arrive in the order they began.
+  void put(std::unique_lock<SpinLock>& lock, Chunk<T>& chunk) {
+    Count counted(*this, +1);
+    if (shuffle_) {
+      const std::vector<Slot*> slots = acquire_locked(chunk.size());
+      filling_ += slots.size();
+      lock.unlock();
+      std::size_t n = 0;
+      try {
         OriginCursor o;
         for (auto& v : chunk.items) {
-          shuffle_->push(Held{std::move(v), o.next(chunk.runs)});
-          ++n;
+          prefetch(slots, n);
+          slots[n++]->fill(std::move(v), o.next(chunk.runs));
         }
-      } else {
+      } catch (...) {  // slots[n - 1] threw: the slots before it are filled
+        lock.lock();
+        filling_ -= slots.size();
+        for (std::size_t i = 0; i < slots.size(); ++i)
+          (i + 1 < n ? shuffle_->push(slots[i]) : free_.push_back(slots[i]));
+        keep_unput(chunk, n - 1);
+        counted.n = n - 1;
+        throw;
+      }
+      lock.lock();
+      filling_ -= slots.size();
+      for (Slot* s : slots) shuffle_->push(s);
+      counted.n = n;
+    } else {
+      try {
         for (auto& v : chunk.items) {
           fifo_.push_back(std::move(v));
-          ++n;
+          ++counted.n;
         }
-        for (const Origins& r : chunk.runs)
-          if (!fifo_runs_.empty() && fifo_runs_.back().first + fifo_runs_.back().count == r.first)
-            fifo_runs_.back().count += r.count;
-          else
-            fifo_runs_.push_back(r);
+      } catch (...) {
+        const auto numbered = chunk.origin_list();  // the runs of the items that went in, for their pops
+        for (std::size_t i = 0; i < counted.n; ++i) fifo_runs_.push_back({numbered[i], 1});
+        keep_unput(chunk, counted.n);
+        throw;
       }
-    } catch (...) {
-      const auto numbered = chunk.origin_list();
-      if (!shuffle_)  // the runs of the items that went in, which they need for their pops
-        for (std::size_t i = 0; i < n; ++i) fifo_runs_.push_back({numbered[i], 1});
-      chunk.items.erase(chunk.items.begin(), chunk.items.begin() + static_cast<std::ptrdiff_t>(n));
-      chunk.runs.clear();
-      for (std::size_t i = n; i < numbered.size(); ++i) chunk.number(numbered[i]);
-      pushed_ += n;
-      held_.store(held_.load() + n);
-      count_in(n);
-      throw;
+      for (const Origins& r : chunk.runs)
+        if (!fifo_runs_.empty() && fifo_runs_.back().first + fifo_runs_.back().count == r.first)
+          fifo_runs_.back().count += r.count;
+        else
+          fifo_runs_.push_back(r);
     }
-    return n;
+    pushed_ += counted.n;
+    counted.publish();
+    chunk.clear();
+  }
+  // A put whose n-th move threw: counts the `n` items that went in and leaves the rest in `chunk`.
+  void keep_unput(Chunk<T>& chunk, std::size_t n) {
+    const auto numbered = chunk.origin_list();
+    chunk.items.erase(chunk.items.begin(), chunk.items.begin() + static_cast<std::ptrdiff_t>(n));
+    chunk.runs.clear();
+    for (std::size_t i = n; i < numbered.size(); ++i) chunk.number(numbered[i]);
+    pushed_ += n;
   }
 
-  // A move that throws leaves what was taken out taken, each item in `out` with its origin,
-  // and the rest held: the counts, the origins and what the queue holds stay in step.
-  Pop pop_locked(Chunk<T>& out, std::size_t max, std::uint64_t& first) {
+  // Under `lock` (on mutex_), which a shuffle releases while it moves the items out. A move
+  // that throws leaves what was taken out taken, each item in `out` with its origin, and the
+  // rest held: the counts, the origins and what the queue holds stay in step.
+  Pop pop_locked(std::unique_lock<SpinLock>& lock, Chunk<T>& out, std::size_t max, std::uint64_t& first) {
     if (closed_.load()) return Pop::closed;
     const std::size_t n = std::min(max, poppable_locked());
     if (n == 0) return ended_.load() && held_.load() == 0 ? Pop::ended : Pop::empty;
     out.reserve(out.size() + n);
     first = popped_;
+    if (shuffle_) {
+      std::vector<Slot*> slots(n);
+      for (Slot*& s : slots) s = shuffle_->take();
+      popped_ += n;
+      Count(*this, -1, n).publish();
+      lock.unlock();
+      std::size_t moved = 0;
+      try {
+        out.runs.reserve(out.runs.size() + n);
+        for (; moved < n; ++moved) {
+          prefetch(slots, moved);
+          Slot& s = *slots[moved];
+          out.push(std::move(s.value), s.origin);
+          s.empty();
+        }
+      } catch (...) {  // slots[moved] threw: it and the slots after it are held again
+        lock.lock();
+        for (std::size_t i = 0; i < n; ++i) (i < moved ? free_.push_back(slots[i]) : shuffle_->push(slots[i]));
+        popped_ -= n - moved;
+        Count(*this, +1, n - moved).publish();
+        throw;
+      }
+      lock.lock();
+      free_.insert(free_.end(), slots.begin(), slots.end());
+      return Pop::items;
+    }
     Count counted(*this, -1);
     try {
-      if (shuffle_) {
-        for (std::size_t i = 0; i < n; ++i) {
-          Held h = shuffle_->take();
-          ++counted.n;
-          out.push(std::move(h.value), h.origin);
-        }
-      } else {
-        for (std::size_t i = 0; i < n; ++i, ++counted.n) {
-          out.items.push_back(std::move(fifo_.front()));
-          fifo_.pop_front();
-        }
+      for (std::size_t i = 0; i < n; ++i, ++counted.n) {
+        out.items.push_back(std::move(fifo_.front()));
+        fifo_.pop_front();
       }
     } catch (...) {
-      if (!shuffle_) number_popped(out, counted.n);
+      number_popped(out, counted.n);
       popped_ += counted.n;
       throw;
     }
-    if (!shuffle_) number_popped(out, n);
+    number_popped(out, n);
     popped_ += n;
     return Pop::items;
   }
@@ -495,9 +559,35 @@ class Edge final : public EdgeBase {
     }
   }
 
+  // Slots are filled and emptied in the order of a list drawn beforehand, and each was last
+  // written by another core: asking early for the line of the slot 8 on, to write it, overlaps
+  // those misses instead of taking them one after the other (on 16 cores, 0.73-0.80 of the loop
+  // without it, 0.85-0.97 with it: docs/benchmarks.md).
+  static void prefetch(const std::vector<Slot*>& slots, std::size_t i) noexcept {
+    constexpr std::size_t kAhead = 8;
+    if (i + kAhead < slots.size()) __builtin_prefetch(slots[i + kAhead], 1);
+  }
+  // Under mutex_: `n` free slots, made when there are not so many.
+  std::vector<Slot*> acquire_locked(std::size_t n) {
+    while (free_.size() < n) free_.push_back(&slots_.emplace_back());
+    std::vector<Slot*> out(free_.end() - static_cast<std::ptrdiff_t>(n), free_.end());
+    free_.resize(free_.size() - n);
+    return out;
+  }
+  // Under mutex_, or while nothing runs: empties the held slots.
+  void destroy_held_locked() noexcept {
+    if (!shuffle_) return;
+    shuffle_->for_each([](Slot* s) { s->empty(); });
+  }
+
   std::deque<T> fifo_;
   std::deque<Origins> fifo_runs_;  // the origins of fifo_'s items, in order
-  std::optional<ShuffleBuffer<Held>> shuffle_;
+  std::optional<ShuffleBuffer<Slot*>> shuffle_;
+  // A shuffle's slots, where they stay (a deque's growth moves none): as many as it may hold
+  // (its capacity, or what a resume put back) and its takes are emptying, at most.
+  std::deque<Slot> slots_;
+  std::vector<Slot*> free_;  // under mutex_: slots with no item
+  std::size_t filling_ = 0;  // under mutex_: slots being filled, which count against the capacity
 };
 
 }  // namespace stoker::detail
