@@ -296,15 +296,21 @@ class Edge final : public EdgeBase {
     std::unique_lock lock(mutex_);
     popped_ = taken;
     if (plan.draws) {
-      Count counted(*this, +1);
-      destroy_held_locked();
-      shuffle_ = plan.draws->map([&](std::uint64_t p) {
-        const auto i = static_cast<std::size_t>(std::lower_bound(origins.begin(), origins.end(), p) - origins.begin());
-        Slot* s = acquire_locked(1).front();
-        s->fill(std::move(items[i]), p);
-        ++counted.n;
-        return s;
-      });
+      const std::vector<Slot*> slots = acquire_locked(items.size());
+      std::size_t filled = 0;
+      try {
+        for (; filled < slots.size(); ++filled) slots[filled]->fill(std::move(items[filled]), origins[filled]);
+        auto drawn = plan.draws->map([&](std::uint64_t p) {
+          return slots[static_cast<std::size_t>(std::lower_bound(origins.begin(), origins.end(), p) - origins.begin())];
+        });
+        destroy_held_locked();
+        shuffle_ = std::move(drawn);
+      } catch (...) {  // a move or an allocation threw: the queue holds what it held
+        for (std::size_t i = 0; i < filled; ++i) slots[i]->empty();
+        free_.insert(free_.end(), slots.begin(), slots.end());
+        throw;
+      }
+      Count(*this, +1, slots.size()).publish();
     } else {
       Chunk<T> back;
       for (const auto i : put_back_order(items.size(), taken)) back.push(std::move(items[i]), origins[i]);
