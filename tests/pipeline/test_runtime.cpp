@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <oneapi/tbb/global_control.h>
 #include <oneapi/tbb/parallel_for.h>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -504,6 +505,48 @@ TEST_SUITE("Pipeline runtime") {
         }
       }
     }
+    Fragile::throw_at = 0;
+  }
+
+  TEST_CASE("a shuffle resumed exactly ends the life of every item it put back, when a move throws too" *
+            doctest::timeout(120)) {
+    // A deterministic resume makes again the items the shuffle held (777 among them) and moves
+    // them into its slots; whichever move of 777 throws, no item outlives the pipeline.
+    auto make = [](const std::optional<PipelineState>& from) {
+      auto b = PipelineBuilder{}
+                   .threads(2)
+                   .deterministic(true)
+                   .epochs(1)
+                   .source("read", SeekableCount{3000})
+                   .map("wrap", [](int x) { return Fragile(x); })
+                   .shuffle("mix", {.capacity = 1000, .min_after_dequeue = 999})
+                   .map("unwrap", [](Fragile f) { return f.value; });
+      if (from) b.resume_from(*from);
+      return b.build();
+    };
+    Fragile::throw_at = 0;
+    std::optional<PipelineState> state;
+    {
+      auto pipe = make(std::nullopt);
+      for (int i = 0; i < 100; ++i) REQUIRE(pipe.next() != 777);
+      state = pipe.state();
+    }
+    int failed = 0;
+    for (int throw_at = 1; throw_at <= 4; ++throw_at) {
+      CAPTURE(throw_at);
+      Fragile::throw_at = throw_at;
+      const long alive = Fragile::live.load();
+      try {
+        auto pipe = make(state);
+        while (pipe.next()) {
+        }
+      } catch (const std::exception& e) {
+        ++failed;
+        CHECK(std::string(e.what()).find("cannot move 777") != std::string::npos);
+      }
+      CHECK(Fragile::live.load() == alive);
+    }
+    CHECK(failed == 4);
     Fragile::throw_at = 0;
   }
 
