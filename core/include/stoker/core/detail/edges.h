@@ -462,7 +462,7 @@ class Edge final : public EdgeBase {
         filling_ -= slots.size();
         for (std::size_t i = 0; i < slots.size(); ++i)
           (i + 1 < n ? shuffle_->push(slots[i]) : free_.push_back(slots[i]));
-        keep_unput(chunk, n - 1);
+        keep_unput(chunk, n - 1, chunk.origin_list());
         counted.n = n - 1;
         throw;
       }
@@ -479,7 +479,7 @@ class Edge final : public EdgeBase {
       } catch (...) {
         const auto numbered = chunk.origin_list();  // the runs of the items that went in, for their pops
         for (std::size_t i = 0; i < counted.n; ++i) fifo_runs_.push_back({numbered[i], 1});
-        keep_unput(chunk, counted.n);
+        keep_unput(chunk, counted.n, numbered);
         throw;
       }
       for (const Origins& r : chunk.runs)
@@ -492,9 +492,9 @@ class Edge final : public EdgeBase {
     counted.publish();
     chunk.clear();
   }
-  // A put whose n-th move threw: counts the `n` items that went in and leaves the rest in `chunk`.
-  void keep_unput(Chunk<T>& chunk, std::size_t n) {
-    const auto numbered = chunk.origin_list();
+  // A put whose n-th move threw: counts the `n` items that went in and leaves the rest in `chunk`,
+  // whose origins were `numbered`.
+  void keep_unput(Chunk<T>& chunk, std::size_t n, const std::vector<std::uint64_t>& numbered) {
     chunk.items.erase(chunk.items.begin(), chunk.items.begin() + static_cast<std::ptrdiff_t>(n));
     chunk.runs.clear();
     for (std::size_t i = n; i < numbered.size(); ++i) chunk.number(numbered[i]);
