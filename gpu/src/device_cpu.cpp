@@ -252,6 +252,10 @@ class CpuDevice final : public DeviceBase {
     return span.ended ? Resolved::ready : Resolved::pending;
   }
   std::unique_ptr<Stream> make_stream() override { return std::make_unique<CpuStream>(*this); }
+  std::shared_ptr<Stream> borrow_stream(std::uintptr_t native) override {
+    throw std::invalid_argument("borrow_stream: the CPU backend has no native streams (asked for stream " +
+                                std::to_string(native) + "); use one of its own (Device::make_stream)");
+  }
   std::unique_ptr<Event> make_event(HostWait) override { return std::make_unique<CpuEvent>(); }
   Memory allocate(std::size_t bytes) override { return host(bytes); }
   Memory allocate_pinned(std::size_t bytes) override { return host(bytes); }

@@ -4,7 +4,9 @@
 #include <cuda_runtime_api.h>
 #include <nvtx3/nvToolsExt.h>
 
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -167,7 +169,15 @@ class CudaStream final : public StreamBase {
     // Non-blocking: no implicit ordering with the legacy default stream.
     STOKER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   }
+  /// Another library's stream (Device::borrow_stream): used, never synchronized or destroyed.
+  CudaStream(DeviceBase& device, Timing& timing, cudaStream_t borrowed)
+      : StreamBase(device, "cuda:" + std::to_string(device.ordinal()) + " borrowed"),
+        timing_(timing),
+        ordinal_(device.ordinal()),
+        stream_(borrowed),
+        owned_(false) {}
   ~CudaStream() override {
+    if (!owned_) return;
     bool unloading = false;
     try {
       const DeviceGuard guard(ordinal_);
@@ -287,6 +297,7 @@ class CudaStream final : public StreamBase {
   Timing& timing_;
   const int ordinal_;
   cudaStream_t stream_{};
+  const bool owned_ = true;
   std::mutex mutex_;
   std::string host_failure_;
   std::vector<Resource> resources_;  // destroyed before the stream, after its work
@@ -319,7 +330,8 @@ class CudaDevice final : public DeviceBase, private Timing {
   int ordinal() const noexcept override { return ordinal_; }
   ~CudaDevice() override {
     try {
-      drop_spans();  // their events come back to the pool
+      borrowed_.clear();  // streams go before the device
+      drop_spans();       // their events come back to the pool
       const DeviceGuard guard(ordinal_);
       for (cudaEvent_t e : pool_) (void)cudaEventDestroy(e);
       if (reference_) (void)cudaEventDestroy(reference_);
@@ -329,6 +341,18 @@ class CudaDevice final : public DeviceBase, private Timing {
   }
   std::unique_ptr<Stream> make_stream() override {
     return std::make_unique<CudaStream>(*this, static_cast<Timing&>(*this));
+  }
+  std::shared_ptr<Stream> borrow_stream(std::uintptr_t native) override {
+    if (native == 0)
+      throw std::invalid_argument(
+          "borrow_stream: stream 0 is ambiguous; 1 is CUDA's legacy default stream, 2 the per-thread one");
+    const auto handle = native == 1   ? cudaStreamLegacy
+                        : native == 2 ? cudaStreamPerThread
+                                      : reinterpret_cast<cudaStream_t>(native);
+    std::lock_guard lock(borrowed_mutex_);
+    auto& stream = borrowed_[native];
+    if (!stream) stream = std::make_shared<CudaStream>(*this, static_cast<Timing&>(*this), handle);
+    return stream;
   }
   std::unique_ptr<Event> make_event(HostWait wait) override {
     return std::make_unique<CudaEvent>(ordinal_,
@@ -442,6 +466,8 @@ class CudaDevice final : public DeviceBase, private Timing {
   std::vector<cudaEvent_t> pool_;  // timing events, under pool_mutex_
   cudaEvent_t reference_{};        // the timeline's sampling thread's, as is the time below
   StreamSpans::Clock::time_point reference_time_;
+  std::mutex borrowed_mutex_;
+  std::map<std::uintptr_t, std::shared_ptr<CudaStream>> borrowed_;  // by native handle, under borrowed_mutex_
 };
 
 }  // namespace

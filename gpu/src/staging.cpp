@@ -47,7 +47,7 @@ SlotPool::SlotPool(std::shared_ptr<Device> device, Kind kind, std::size_t slots,
   slots_.reserve(slots);
   for (std::size_t i = 0; i < slots; ++i) {
     Memory m = kind == Kind::pinned ? device_->allocate_pinned(slot_bytes) : device_->allocate(slot_bytes);
-    slots_.push_back({std::move(m), {}});
+    slots_.push_back({std::move(m), {}, {}});
     slots_.back().events.push_back(device_->make_event());
     free_.push_back(slots - 1 - i);  // hand out slot 0 first
   }
@@ -75,13 +75,29 @@ std::size_t SlotPool::slot_of(const std::byte* data) const {
 }
 
 // A buffer given back without release_after (a batch dropped before any use, a DLPack tensor
-// released) may still be written by the work that fills it: it waits for the slot's event,
-// which that work recorded, as any pending slot does.
+// released) may still be written by the work that fills it, and read by the streams it was
+// handed to: it waits for the slot's own event and for each of those streams, recorded now.
 void SlotPool::release(std::byte* data, std::size_t) noexcept {
+  std::vector<std::shared_ptr<Stream>> consumers;  // let go after the lock
+  std::size_t slot = 0;
   {
     std::lock_guard lock(wake_->mutex);
-    const std::size_t slot = slot_of(data);
-    pending_.push_back({slot, slots_[slot].armed});
+    slot = slot_of(data);
+    consumers = std::move(slots_[slot].consumers);
+    slots_[slot].consumers.clear();
+  }
+  // The slot is in no list now, nobody else's: its events need no lock, and a stream's record
+  // is not made under the pool's lock.
+  try {
+    for (std::size_t k = 0; k < consumers.size(); ++k) consumers[k]->record(*slots_[slot].events[1 + k]);
+  } catch (...) {
+    // A failed record (a sticky CUDA error: the device runs no more work) keeps the point
+    // record_stream() recorded when the stream was named.
+    detail::log_teardown_failure("a slot pool's buffer given back after its consumers' streams");
+  }
+  {
+    std::lock_guard lock(wake_->mutex);
+    pending_.push_back({slot, 1 + consumers.size()});
     ++returns_;
     ++wake_->generation;
   }
@@ -105,7 +121,6 @@ std::optional<Buffer> SlotPool::take_free(std::unique_lock<std::mutex>&, std::si
   if (free_.empty()) return std::nullopt;
   const std::size_t i = free_.back();
   free_.pop_back();
-  slots_[i].armed = 1;
   return wrap(slots_[i].memory.data(), bytes);
 }
 
@@ -201,7 +216,18 @@ void SlotPool::release_after(Buffer buffer, std::span<Stream* const> streams) {
   if (streams.empty()) return;                 // `buffer` comes back through release(), after the slot's event
   const auto keep_alive = shared_from_this();  // `buffer` may hold the last reference
   const std::size_t i = slot_of(buffer.data());
-  keep_until(buffer, streams);
+  Slot& slot = slots_[i];
+  // The slot is the holder's alone until it is pending: its events need no lock.
+  std::vector<Stream*> all(streams.begin(), streams.end());
+  std::vector<std::shared_ptr<Stream>> consumers;
+  {
+    std::lock_guard lock(wake_->mutex);
+    consumers = std::move(slot.consumers);
+    slot.consumers.clear();
+  }
+  for (const auto& c : consumers)
+    if (std::find(all.begin(), all.end(), c.get()) == all.end()) all.push_back(c.get());
+  const std::size_t events = record_release(slot, all);
   // A stage waiting in acquire() now would otherwise only find out by polling: the pool's own
   // stream waits for the slot's events and then tells it. Not the streams that used the buffer:
   // those are the caller's (a training step's), and a host task there would put a trip to the
@@ -211,34 +237,53 @@ void SlotPool::release_after(Buffer buffer, std::span<Stream* const> streams) {
     std::lock_guard lock(wake_->mutex);
     announce = waiters_ > 0;
   }
-  if (announce) announce_after(slots_[i]);  // while the slot is still the holder's: its events need no lock
-  disown(buffer);                           // the slot comes back through its events, in take_free()
+  if (announce) announce_after(slot, events);  // while the slot is still the holder's: its events need no lock
+  disown(buffer);                              // the slot comes back through its events, in take_free()
   {
     std::lock_guard lock(wake_->mutex);
     // A waiter that came since finds the slot unannounced, and polls for it.
-    pending_.push_back({i, slots_[i].armed, announce});
+    pending_.push_back({i, events, announce});
     ++wake_->generation;
   }
   wake_->changed.notify_all();
 }
 
-void SlotPool::announce_after(Slot& slot) {
+std::size_t SlotPool::record_release(Slot& slot, std::span<Stream* const> streams) {
+  while (slot.events.size() < 1 + streams.size()) slot.events.push_back(device_->make_event());
+  for (std::size_t k = 0; k < streams.size(); ++k) streams[k]->record(*slot.events[1 + k]);
+  return 1 + streams.size();
+}
+
+void SlotPool::announce_after(Slot& slot, std::size_t events) {
   std::lock_guard lock(announcer_mutex_);  // one slot's waits and task at a time
   if (!announcer_) announcer_ = device_->make_stream();
-  for (std::size_t e = 0; e < slot.armed; ++e) announcer_->wait(*slot.events[e]);
+  for (std::size_t e = 0; e < events; ++e) announcer_->wait(*slot.events[e]);
   announcer_->host_task([wake = wake_] { wake->notify(); });
 }
 
 Event& SlotPool::event(const Buffer& buffer) { return *slots_[slot_of(buffer.data())].events.front(); }
 
-void SlotPool::keep_until(const Buffer& buffer, std::span<Stream* const> streams) {
-  if (buffer.pool() != this) throw std::invalid_argument("slot pool: keep_until got a buffer of another pool");
-  if (streams.empty()) return;
-  // The slot is the holder's alone until it is pending: its events need no lock.
-  Slot& slot = slots_[slot_of(buffer.data())];
-  while (slot.events.size() < streams.size()) slot.events.push_back(device_->make_event());
-  for (std::size_t k = 0; k < streams.size(); ++k) streams[k]->record(*slot.events[k]);
-  slot.armed = streams.size();
+void SlotPool::record_stream(const void* data, std::shared_ptr<Stream> stream) {
+  if (!stream) throw std::invalid_argument("slot pool '" + options_.name + "': record_stream got no stream");
+  Event* point = nullptr;
+  {
+    std::lock_guard lock(wake_->mutex);
+    const std::size_t i = slot_of(static_cast<const std::byte*>(data));
+    const bool given_back =
+        std::find(free_.begin(), free_.end(), i) != free_.end() ||
+        std::any_of(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.slot == i; });
+    if (given_back)
+      throw std::invalid_argument("slot pool '" + options_.name + "': record_stream on a buffer already given back");
+    Slot& slot = slots_[i];
+    for (const auto& c : slot.consumers)
+      if (c == stream) return;
+    if (slot.events.size() < 2 + slot.consumers.size()) slot.events.push_back(device_->make_event());
+    slot.consumers.push_back(stream);
+    point = slot.events[slot.consumers.size()].get();
+  }
+  // Marked now as well: a stream that cannot be recorded on fails here, in the caller's hands,
+  // and should the record at the release fail, this point still holds the slot back.
+  stream->record(*point);
 }
 
 MemoryKind SlotPool::memory_kind() const noexcept {
@@ -318,6 +363,8 @@ void DeviceBatch::give_back() noexcept {
 
 Event& DeviceBatch::ready() const { return slot_pool_of(storage_).event(storage_); }
 
+SlotPool& DeviceBatch::pool() const { return slot_pool_of(storage_); }
+
 void DeviceBatch::use_on(Stream& stream) {
   Event& filled = ready();
   if (std::find(used_on_.begin(), used_on_.end(), &stream) != used_on_.end()) return;
@@ -395,8 +442,11 @@ namespace stoker {
 DLPackBatch to_dlpack(gpu::DeviceBatch&& batch) {
   if (batch.empty()) throw std::invalid_argument("to_dlpack: the device batch is empty");
   // The tensors' owner gives the buffer back without naming streams: it must still wait for the
-  // work issued so far to every stream the batch was used on.
-  gpu::slot_pool_of(batch.storage_).keep_until(batch.storage_, batch.used_on_);
+  // work issued to every stream the batch was used on up to then. Those streams outlive the
+  // release (DeviceBatch::use_on), so they are named without being owned.
+  for (gpu::Stream* s : batch.used_on_)
+    gpu::slot_pool_of(batch.storage_)
+        .record_stream(batch.storage_.data(), std::shared_ptr<gpu::Stream>(std::shared_ptr<gpu::Stream>(), s));
   batch.used_on_.clear();
   Batch carrier{.storage = std::move(batch.storage_), .shape = batch.shape, .dtype = batch.dtype, .count = batch.count};
   try {

@@ -453,6 +453,7 @@ class HeldKernels final : public gpu::Device {
   std::unique_ptr<gpu::Stream> make_stream() override {
     return std::make_unique<HeldStream>(inner_->make_stream(), gate_);
   }
+  std::shared_ptr<gpu::Stream> borrow_stream(std::uintptr_t native) override { return inner_->borrow_stream(native); }
   using gpu::Device::make_event;
   std::unique_ptr<gpu::Event> make_event(gpu::HostWait wait) override { return inner_->make_event(wait); }
   gpu::Memory allocate(std::size_t bytes) override { return inner_->allocate(bytes); }

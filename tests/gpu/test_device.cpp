@@ -930,6 +930,70 @@ TEST_CASE("a device batch exported to DLPack comes back only after the streams i
 }
 
 TEST_CASE(
+    "a buffer handed on comes back only after the work its consumer issued, up to the release, to the streams "
+    "named with record_stream, as PyTorch's record_stream" *
+    doctest::timeout(30) * doctest::test_suite("gate")) {
+  for (const auto& device : devices()) {
+    CAPTURE(device->name());
+    for (const auto kind : {SlotPool::Kind::pinned, SlotPool::Kind::device}) {
+      auto pool = SlotPool::create(device, kind, 1, 512);
+      std::shared_ptr<stoker::gpu::Stream> consumer = device->make_stream();
+
+      // A pinned buffer a framework copies from on its own stream: the stream is named when the
+      // buffer is handed over, and the copy is issued after that, before the release.
+      {
+        StreamGate gate(*device);
+        auto buffer = pool->acquire(512);
+        pool->record_stream(buffer.data(), consumer);
+        pool->record_stream(buffer.data(), consumer);  // named twice: once
+        consumer->synchronize();                       // the point of the naming has passed
+        gate.hold(*consumer);                          // the copy, queued behind the held stream
+        buffer = stoker::Buffer{};                     // released while the copy is still queued
+        check_out_until(*pool, gate, *consumer);
+      }
+
+      // A device batch exported to DLPack, the consumer's stream named after the export (the
+      // stream __dlpack__ gets), its kernels issued after that, the deleters run before they do.
+      {
+        StreamGate gate(*device);
+        stoker::gpu::DeviceBatch b(pool->acquire(512), {.channels = 1, .height = 1, .width = 64}, stoker::DType::f32, 1,
+                                   256, {0});
+        auto t = stoker::to_dlpack(std::move(b));
+        pool->record_stream(t.samples->dl_tensor.data, consumer);
+        consumer->synchronize();
+        gate.hold(*consumer);
+        t.samples->deleter(t.samples);
+        t.labels->deleter(t.labels);
+        check_out_until(*pool, gate, *consumer);
+      }
+
+      // Without a stream named, a released buffer comes back at once; a buffer already given
+      // back, or not the pool's, is refused.
+      {
+        auto buffer = pool->acquire(512);
+        const void* data = buffer.data();
+        buffer = stoker::Buffer{};
+        CHECK_THROWS_WITH_AS(pool->record_stream(data, consumer), doctest::Contains("a buffer already given back"),
+                             std::invalid_argument);
+        std::byte other[16];
+        CHECK_THROWS_AS(pool->record_stream(other, consumer), std::invalid_argument);
+        CHECK(pool->try_acquire(512).has_value());
+      }
+    }
+    if (!is_cuda(*device)) {
+      CHECK_THROWS_WITH_AS(device->borrow_stream(1), doctest::Contains("the CPU backend has no native streams"),
+                           std::invalid_argument);
+    } else {
+      CHECK_THROWS_WITH_AS(device->borrow_stream(0), doctest::Contains("ambiguous"), std::invalid_argument);
+      CHECK(device->borrow_stream(1) == device->borrow_stream(1));  // one object per native stream
+      auto own = device->make_stream();
+      CHECK(device->borrow_stream(reinterpret_cast<std::uintptr_t>(own->native_handle()))->native_handle() ==
+            own->native_handle());
+    }
+  }
+}
+
+TEST_CASE(
     "hazard: a slow consumer that checksums each batch on its stream never reads a buffer the next copy "
     "overwrote, whether it releases its batches or drops them" *
     doctest::timeout(120)) {

@@ -183,6 +183,15 @@ class Device {
   virtual int ordinal() const noexcept = 0;
 
   virtual std::unique_ptr<Stream> make_stream() = 0;
+  /// A stream another library made (a framework's cudaStream_t), numbered as DLPack numbers
+  /// them: 1 is CUDA's legacy default stream, 2 the per-thread default stream, anything else a
+  /// cudaStream_t. Not owned: stoker records events on it and makes it wait, and never destroys
+  /// or synchronizes it, and it must live as long as anything stoker was asked to record on it
+  /// (SlotPool::record_stream). One object per native stream, kept by the device. Throws
+  /// std::invalid_argument for 0 (ambiguous: CUDA's NULL stream is the legacy or the per-thread
+  /// one depending on how the caller was compiled) and on the CPU backend, whose streams are its
+  /// own (make_stream()).
+  virtual std::shared_ptr<Stream> borrow_stream(std::uintptr_t native) = 0;
   /// An event whose synchronize() waits as `wait` says.
   virtual std::unique_ptr<Event> make_event(HostWait wait) = 0;
   std::unique_ptr<Event> make_event() { return make_event(HostWait::spin); }

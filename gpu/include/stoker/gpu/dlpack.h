@@ -1,16 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // Device batches handed to another framework as DLPack tensors, without a copy.
 //
+//   // The framework's stream, as stoker sees it (at::cuda::getCurrentCUDAStream().stream()).
+//   auto consumer = device->borrow_stream(reinterpret_cast<std::uintptr_t>(torch_stream));
 //   for (auto& b : pipe.epoch()) {
-//     auto stream = at::cuda::getCurrentCUDAStream();
-//     // The framework's stream waits for the copy (or the kernels) that filled the batch;
-//     // the host does not.
-//     cudaStreamWaitEvent(stream, static_cast<cudaEvent_t>(b.ready().native_handle()), 0);
+//     b.use_on(*consumer);  // the framework's stream waits for the copy; the host does not
 //     auto t = stoker::to_dlpack(std::move(b));
 //     at::Tensor x = at::fromDLPack(t.samples), y = at::fromDLPack(t.labels);
 //     train_step(x, y);
-//     stream.synchronize();  // before x and y go: their buffer is reused at once (see below)
-//   }
+//   }  // x and y go: the buffer comes back once the consumer's stream has passed that point
 #pragma once
 
 #include "stoker/gpu/staging.h"
@@ -27,18 +25,18 @@ namespace stoker {
 /// Ownership: takes the buffer (`batch` is empty afterwards; its host_labels stay). The two
 /// tensors share it and each must be released exactly once by calling its deleter, directly
 /// or through the framework it was handed to. The buffer goes back to its device pool when the
-/// second deleter runs, once the work that filled it (ready()) has passed: unlike a
-/// DeviceBatch, whose streams are known (use_on, release_after), a deleter cannot know which
-/// device work still reads the tensors. The consumer releases them only after that work
-/// is done (it synchronizes its stream, or keeps the tensors until a later step is known done),
-/// or the next batch may be copied into memory it is still reading. Tensors held count against
-/// the device pool as DeviceBatches do: the stage that fills the pool waits while none is free.
+/// second deleter runs, once the work that filled it (ready()) has passed and, on every stream
+/// the batch was used on (DeviceBatch::use_on, before the export) and every stream named to
+/// its pool since (SlotPool::record_stream, the DLPack stream protocol's consumer stream), the
+/// work issued up to that release: as PyTorch's record_stream, so that the consumer may free
+/// the tensors while its kernels are still queued. Tensors held count against the device pool
+/// as DeviceBatches do: the stage that fills the pool waits while none is free.
 ///
-/// Readiness: the batch is complete only once `batch.ready()` is done. Take the event before
-/// the export (an empty batch has none) and make the consuming stream wait on it, with
-/// Stream::wait or, on a framework's own stream, cudaStreamWaitEvent on
-/// `ready().native_handle()`; on the CPU backend (null handle) synchronize() it. The event
-/// stays valid, and is not recorded again, until the tensors are released.
+/// Readiness: the batch is complete only once `batch.ready()` is done: use_on() the consuming
+/// stream before the export (it waits for ready() on the device, and is remembered for the
+/// release), or make a stream wait on `ready().native_handle()` (cudaStreamWaitEvent) and name
+/// it with SlotPool::record_stream; on the CPU backend (null handle) synchronize() it. The
+/// event stays valid, and is not recorded again, until the tensors are released.
 ///
 /// Throws std::invalid_argument for an empty batch, std::bad_alloc when out of memory;
 /// `batch` is unchanged when it throws.

@@ -119,11 +119,18 @@ class SlotPool final : public BufferPool {
   /// destroyed without release_after() comes back once the point last recorded on it has
   /// passed: the work that filled it, when its filler recorded that, is never overwritten.
   Event& event(const Buffer& buffer);
-  /// Records the present end of the work issued to each of `streams` on `buffer`'s slot, so
-  /// that once the buffer is destroyed its slot comes back only after all of that work: for a
-  /// holder that hands the buffer on (a DLPack export) after streams have used it. Replaces
-  /// what event() marked; with no stream, does nothing.
-  void keep_until(const Buffer& buffer, std::span<Stream* const> streams);
+  /// As torch.Tensor.record_stream: `stream` uses the held buffer that starts at `data`, up to
+  /// the buffer's release. When the buffer is given back (destroyed, or release_after()), an
+  /// event is recorded on `stream` then, and the slot is not handed out again before the device
+  /// has passed it. For a holder that hands the buffer to a consumer whose streams read it after
+  /// the hand-off and who frees it without naming them (a DLPack export: the consumer's stream
+  /// given to `__dlpack__`; a pinned batch a framework copies from on its own stream). The
+  /// stream must stay valid until then; naming one twice is once. Thread-safe, but not with the
+  /// buffer's release: the caller holds the buffer, or a reference that keeps it. Throws
+  /// std::invalid_argument when `data` is not the start of one of the pool's held buffers.
+  void record_stream(const void* data, std::shared_ptr<Stream> stream);
+  /// The device its memory belongs to.
+  const std::shared_ptr<Device>& device() const noexcept { return device_; }
 
   Kind kind() const noexcept { return kind_; }
   const SlotPoolOptions& options() const noexcept { return options_; }
@@ -141,14 +148,16 @@ class SlotPool final : public BufferPool {
   bool passed(std::size_t slot, std::size_t events) const;
   [[noreturn]] void time_out(std::chrono::steady_clock::duration waited) const;
 
+  // The invariant: a slot is handed out again only once the device has passed its own event
+  // (the work that filled it) and, on every stream that used it, the point where it was given
+  // back (release_after()'s streams, and record_stream()'s, recorded at the release).
   struct Slot {
     Memory memory;
-    /// [0] the slot's own event (a batch's ready(), then its release); more for a release
-    /// after several streams, made as needed.
+    /// [0] the slot's own event (a batch's ready()); [1..] one per stream that used it, recorded
+    /// when it is given back, made as needed.
     std::vector<std::unique_ptr<Event>> events;
-    /// How many of `events` a buffer destroyed without release_after() waits for: 1 (event())
-    /// unless keep_until() recorded more. Set back to 1 each time the slot is handed out.
-    std::size_t armed = 1;
+    /// Streams named by record_stream() since the slot was handed out; cleared when handed out.
+    std::vector<std::shared_ptr<Stream>> consumers;
   };
   struct Pending {
     std::size_t slot;
@@ -163,7 +172,10 @@ class SlotPool final : public BufferPool {
     std::uint64_t generation = 0;  // bumped, under `mutex`, with every notification
     void notify();
   };
-  void announce_after(Slot& slot);
+  // Records each of `streams` on the slot's events after its own: the events its return waits for
+  // (the count, given back). Called while the slot is its holder's alone.
+  std::size_t record_release(Slot& slot, std::span<Stream* const> streams);
+  void announce_after(Slot& slot, std::size_t events);
   std::shared_ptr<Device> device_;
   const Kind kind_;
   const std::size_t slot_bytes_;
@@ -236,6 +248,8 @@ class DeviceBatch {
   /// afterwards.
   void release_after(Stream& stream);
   bool empty() const noexcept { return storage_.empty(); }
+  /// The pool its buffer belongs to. Throws std::logic_error for an empty batch.
+  SlotPool& pool() const;
 
  private:
   friend DLPackBatch stoker::to_dlpack(DeviceBatch&& batch);
