@@ -81,8 +81,15 @@ void ImageDataset::seal(const std::string& what) {
 
 std::shared_ptr<const ImageDataset> ImageDataset::from_list(const fs::path& list) {
   const auto bytes = detail::read_file(list);
-  const std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+  std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   const std::string name = list.string();
+  // An image given where a list was expected (open() on a file): say so, not "line 1 has no label".
+  const auto starts = [&](std::string_view magic) { return text.substr(0, magic.size()) == magic; };
+  const char* image = starts("\xff\xd8\xff") ? "a JPEG image" : starts("\x89PNG\r\n\x1a\n") ? "a PNG image" : nullptr;
+  if (image != nullptr || text.substr(0, 4096).find('\0') != std::string_view::npos)
+    throw DataError(name, std::string("is not a list of `path label` lines: it is ") + (image ? image : "binary") +
+                              " (ImageDataset::open takes a folder of class folders, a .tar shard or a list file)");
+  if (starts("\xef\xbb\xbf")) text.remove_prefix(3);  // a UTF-8 byte order mark, as some editors write
   std::shared_ptr<ImageDataset> data(new ImageDataset());
   data->kind_ = Kind::list;
   data->root_ = list.parent_path();
@@ -293,6 +300,15 @@ ImageSource::ImageSource(std::shared_ptr<const ImageDataset> data, ImageSourceOp
   options_.shard.check("ImageSource");
   if (!options_.pool) options_.pool = BufferPool::create();
   per_rank_ = options_.shard.per_rank(data_->size());
+  if (options_.resume_at && options_.resume_at->taken >= data_->size())
+    throw std::invalid_argument("ImageSource: resume_at.taken (" + std::to_string(options_.resume_at->taken) +
+                                ") leaves nothing of the data set's " + std::to_string(data_->size()) +
+                                " images: it must be below their number");
+}
+
+std::uint64_t ImageSource::size_of(std::uint32_t epoch) const noexcept {
+  const auto& cut = options_.resume_at;
+  return cut && cut->epoch == epoch ? options_.shard.per_rank(data_->size() - cut->taken) : per_rank_;
 }
 
 ImageSource::ShardPlan ImageSource::plan(std::uint64_t seed, std::uint32_t epoch) const {
@@ -311,7 +327,9 @@ ImageSource::ShardPlan ImageSource::plan(std::uint64_t seed, std::uint32_t epoch
 
 std::uint64_t ImageSource::id_in(const ShardPlan* p, std::uint64_t seed, std::uint32_t epoch, std::uint64_t k) const {
   const std::uint64_t n = data_->size();
-  const std::uint64_t j = options_.shard.place(n, k);
+  const auto& cut = options_.resume_at;
+  const std::uint64_t j =
+      cut && cut->epoch == epoch ? cut->taken + options_.shard.place(n - cut->taken, k) : options_.shard.place(n, k);
   switch (options_.order) {
     case ImageOrder::fixed:
       return j;
@@ -332,7 +350,7 @@ std::uint64_t ImageSource::id_at(std::uint64_t seed, std::uint32_t epoch, std::u
 }
 
 std::optional<EncodedImage> ImageSource::operator()(const StageContext& ctx) {
-  if (ctx.index >= per_rank_) return std::nullopt;
+  if (ctx.index >= size_of(ctx.epoch)) return std::nullopt;
   if (options_.order == ImageOrder::shards && (!plan_ || plan_->seed != ctx.seed || plan_->epoch != ctx.epoch))
     plan_ = plan(ctx.seed, ctx.epoch);
   return data_->read(id_in(plan_ ? &*plan_ : nullptr, ctx.seed, ctx.epoch, ctx.index), *options_.pool, ctx);
@@ -343,7 +361,10 @@ std::string ImageSource::fingerprint() const {
   return data_->fingerprint() + ", rank " + std::to_string(options_.shard.rank) + " of " +
          std::to_string(options_.shard.world) +
          (options_.shard.remainder == Remainder::drop ? ", remainder dropped, " : ", padded, ") +
-         kOrder[static_cast<int>(options_.order)];
+         kOrder[static_cast<int>(options_.order)] +
+         (options_.resume_at ? ", epoch " + std::to_string(options_.resume_at->epoch) + " from position " +
+                                   std::to_string(options_.resume_at->taken)
+                             : std::string());
 }
 
 }  // namespace stoker

@@ -45,7 +45,7 @@ std::uint64_t ShardOptions::per_rank(std::uint64_t size) const noexcept {
 
 std::uint64_t ShardOptions::place(std::uint64_t size, std::uint64_t k) const noexcept {
   const std::uint64_t j = k * world + rank;
-  return j < size ? j : j - size;  // past the end (pad): the epoch's first again
+  return j % size;  // past the end (pad): the epoch's first again, round and round when world > size
 }
 
 ShuffledShard::ShuffledShard(std::shared_ptr<const Reader> reader, ShardOptions options)

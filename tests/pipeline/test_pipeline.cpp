@@ -566,6 +566,9 @@ TEST_SUITE("Pipeline") {
     auto moved = std::move(pipe);
     CHECK_THROWS_WITH_AS(pipe.next(), doctest::Contains("moved from"), std::logic_error);
     CHECK_THROWS_WITH_AS(pipe.state(), doctest::Contains("moved from"), std::logic_error);
+    // wait_for waited on the new owner's edge, then counted the wait in a core it no longer had.
+    CHECK_THROWS_WITH_AS(pipe.wait_for(std::chrono::milliseconds(10)), doctest::Contains("moved from"),
+                         std::logic_error);
     CHECK(sorted(drain_epoch(moved)) == iota(10));
   }
 

@@ -124,6 +124,13 @@ TEST_CASE("a list file: paths relative to its folder, labels, blank lines, names
   write_text(dir / "data/gone.txt", "nowhere.jpg 1\n");
   CHECK_THROWS_WITH_AS(ImageDataset::from_list(dir / "data/gone.txt")->read(0, *pool),
                        doctest::Contains("nowhere.jpg: cannot open"), DataError);
+  // A byte order mark, as some editors write one, is not part of the first path.
+  write_text(dir / "data/bom.txt", "\xef\xbb\xbf" "a.jpg 7\n");
+  CHECK(ImageDataset::from_list(dir / "data/bom.txt")->name(0) == (dir / "data/a.jpg").string());
+  // An image given where a list was expected is named as what it is, not as a line without a label.
+  CHECK_THROWS_WITH_AS(ImageDataset::open(dir / "data/a.jpg"), doctest::Contains("it is a JPEG image"), DataError);
+  write_bytes(dir / "data/blob.txt", std::vector<std::byte>{std::byte{'x'}, std::byte{0}, std::byte{'y'}});
+  CHECK_THROWS_WITH_AS(ImageDataset::open(dir / "data/blob.txt"), doctest::Contains("it is binary"), DataError);
 }
 
 TEST_CASE("a malformed list is a DataError naming the list and the line") {
@@ -373,6 +380,90 @@ TEST_CASE(
   }
   CHECK_THROWS_WITH_AS(ImageSource(forms[0].second, {.shard = {.rank = 3, .world = 3}}),
                        "ImageSource: rank 3 is out of range for world 3", std::invalid_argument);
+}
+
+TEST_CASE(
+    "ImageSource resume_at with first_epoch: the rest of a cut epoch, dealt to another number of ranks, is every "
+    "image the uninterrupted epoch had still to give, once; the epochs after are whole" *
+    doctest::timeout(120)) {
+  ImageFiles files(23, 4);
+  const auto data = ImageDataset::open(files.dir / "list.txt");
+  const auto whole = rank_ids(data, {}, 5, 3);  // one rank: epochs 0, 1 and 2 in their order
+  for (const auto remainder : {Remainder::drop, Remainder::pad}) {
+    for (const std::uint64_t taken : {std::uint64_t{0}, std::uint64_t{6}, std::uint64_t{22}}) {
+      for (std::uint32_t world = 1; world <= 4; ++world) {
+        CAPTURE(remainder == Remainder::drop);
+        CAPTURE(taken);
+        CAPTURE(world);
+        std::map<std::uint64_t, int> rest;  // epoch 1 after the cut, over every rank
+        for (std::uint32_t rank = 0; rank < world; ++rank) {
+          const ImageSourceOptions o{.shard = {.rank = rank, .world = world, .remainder = remainder},
+                                     .resume_at = EpochCut{.epoch = 1, .taken = taken}};
+          const ImageSource source(data, o);
+          auto pipe = PipelineBuilder{}
+                          .seed(5)
+                          .deterministic()
+                          .first_epoch(1)
+                          .epochs(3)
+                          .threads(2)
+                          .source("read", source)
+                          .map("id", [](EncodedImage e) { return e.id; }, {.threads = 2})
+                          .build();
+          CHECK(pipe.current_epoch() == 1);
+          std::vector<std::vector<std::uint64_t>> ids;
+          for (auto epoch : pipe.epochs()) {
+            ids.emplace_back();
+            for (auto id : epoch) ids.back().push_back(id);
+          }
+          REQUIRE(ids.size() == 2);  // epochs 1 and 2
+          CHECK(ids[0].size() == source.size_of(1));
+          CHECK(ids[0].size() == o.shard.per_rank(23 - taken));
+          for (std::size_t k = 0; k < ids[0].size(); ++k) {
+            CHECK(ids[0][k] == source.id_at(5, 1, k));
+            ++rest[ids[0][k]];
+          }
+          // The next epoch is whole, as the rank's share of an uninterrupted one.
+          CHECK(ids[1] == rank_ids(data, {.shard = o.shard}, 5, 3)[2]);
+        }
+        // The rest: the uninterrupted epoch's order from `taken` on, each once (and for pad, a
+        // few of the rest's first again), but for what does not divide (drop).
+        std::map<std::uint64_t, int> expected;
+        const std::uint64_t left = 23 - taken;
+        const std::uint64_t used = remainder == Remainder::drop ? left - left % world : left;
+        for (std::uint64_t j = taken; j < taken + used; ++j) ++expected[whole[1][j]];
+        if (remainder == Remainder::pad)
+          for (std::uint64_t j = 0; j < (world - left % world) % world; ++j) ++expected[whole[1][taken + j % left]];
+        CHECK(rest == expected);
+      }
+    }
+  }
+  CHECK_THROWS_WITH_AS(ImageSource(data, {.resume_at = EpochCut{.epoch = 0, .taken = 23}}),
+                       doctest::Contains("resume_at.taken (23) leaves nothing"), std::invalid_argument);
+  CHECK_THROWS_WITH_AS(
+      PipelineBuilder{}.first_epoch(1).resume_from(PipelineState{}).source("read", ImageSource(data)).build(),
+      doctest::Contains("first_epoch and resume_from"), std::invalid_argument);
+  // Starting past the last epoch is a run already over.
+  auto over = PipelineBuilder{}.first_epoch(3).epochs(3).source("read", ImageSource(data)).build();
+  CHECK_FALSE(over.next().has_value());
+  CHECK(over.finished());
+}
+
+TEST_CASE("ImageSource and ShuffledShard with more ranks than twice the images: every rank gets real images" *
+          doctest::timeout(60)) {
+  ImageFiles files(3, 1);
+  const auto data = ImageDataset::open(files.dir / "list.txt");
+  for (const auto order : {ImageOrder::shuffle, ImageOrder::fixed}) {
+    std::map<std::uint64_t, int> seen;
+    for (std::uint32_t rank = 0; rank < 7; ++rank) {
+      const auto ids =
+          rank_ids(data, {.shard = {.rank = rank, .world = 7, .remainder = Remainder::pad}, .order = order}, 5, 1);
+      REQUIRE(ids.size() == 1);
+      REQUIRE(ids[0].size() == 1);
+      ++seen[ids[0][0]];
+    }
+    CHECK(seen.size() == 3);  // each image, some of them more than once
+    CHECK(seen.rbegin()->first < 3);
+  }
 }
 
 TEST_CASE("an image pipeline resumes mid-epoch: exactly in deterministic order, every image once in free order" *

@@ -97,6 +97,12 @@ struct PipelineOptions {
   CounterSource counters;
   /// Go on from where a run stood (Pipeline::state()) rather than from the first epoch's start.
   std::optional<PipelineState> resume;
+  /// The epoch the run starts at (its epoch numbers, as every stage function sees them): for a
+  /// run that goes on from an epoch's start by a count its caller keeps (a loader's state, with
+  /// ImageSourceOptions::resume_at for the middle of one) rather than from a state. `epochs`
+  /// still counts from 0: the run ends before epoch `epochs`. Not with `resume`, whose state
+  /// says where the run starts.
+  std::uint32_t first_epoch = 0;
   /// Called with each epoch's number before any item of it is made, on the consumer's thread
   /// while no stage body runs: the place to change what the stages read for an epoch (a
   /// curriculum, a sampler's weights), with no lock, as every body of the epoch comes after it.
@@ -161,6 +167,8 @@ class BuilderOptions {
   Self&& counters(CounterSource source) && { return std::move(counters(std::move(source))); }
   Self& resume_from(PipelineState s) & { return set([&](auto& o) { o.resume = std::move(s); }); }
   Self&& resume_from(PipelineState s) && { return std::move(resume_from(std::move(s))); }
+  Self& first_epoch(std::uint32_t n) & { return set([&](auto& o) { o.first_epoch = n; }); }
+  Self&& first_epoch(std::uint32_t n) && { return std::move(first_epoch(n)); }
   Self& on_epoch_start(std::function<void(std::uint32_t)> f) & { return set([&](auto& o) { o.on_epoch_start = std::move(f); }); }
   Self&& on_epoch_start(std::function<void(std::uint32_t)> f) && { return std::move(on_epoch_start(std::move(f))); }
   Self& options(PipelineOptions o) & { return set([&](auto& x) { x = std::move(o); }); }
@@ -295,12 +303,14 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
     auto a = this->take();
     if (a->shuffle)
       throw std::invalid_argument("shuffle '" + a->shuffle->first + "' must be followed by a stage, such as batch");
+    const auto& o = a->options;
+    if (o.resume && o.first_epoch != 0)
+      throw std::invalid_argument("first_epoch and resume_from both say where the run starts: give one of them");
     auto& final_edge = make_edge(*a, "consumer");
     static_cast<detail::Producer<T>*>(a->last)->connect_output(&final_edge, nullptr);
-    const auto& o = a->options;
     a->core->start({o.threads, o.seed, o.deterministic, o.occupancy_log, o.log_labels, o.trace, o.timelines,
                     o.sample_interval, o.autotune, o.counters, o.on_epoch_start});
-    return Pipeline<T>(std::move(a->core), final_edge, *a->last, o.epochs, o.resume);
+    return Pipeline<T>(std::move(a->core), final_edge, *a->last, o.epochs, o.resume, o.first_epoch);
   }
 
  private:
@@ -398,11 +408,12 @@ class Pipeline {
   /// time waited counts as the consumer's wait in the summary, as next()'s does.
   template <class Rep, class Period>
   bool wait_for(std::chrono::duration<Rep, Period> timeout) {
+    detail::PipelineCore& c = core();  // a moved-from pipeline's edge is its new owner's
     if (finished_ || taken_ < chunk_.size() || final_->ready()) return true;
     const auto t0 = std::chrono::steady_clock::now();
     const bool ready =
         final_->wait_until(t0 + std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout));
-    core_->consumer_waited(t0, std::chrono::steady_clock::now());
+    c.consumer_waited(t0, std::chrono::steady_clock::now());
     return ready;
   }
 
@@ -497,16 +508,16 @@ class Pipeline {
 
   friend class Builder<T>;
   Pipeline(std::unique_ptr<detail::PipelineCore> core, detail::Edge<T>& final_edge, detail::StageBase& last,
-           std::uint32_t epochs, const std::optional<PipelineState>& resume)
-      : core_(std::move(core)), final_(&final_edge), last_(&last), epochs_(epochs) {
+           std::uint32_t epochs, const std::optional<PipelineState>& resume, std::uint32_t first_epoch)
+      : core_(std::move(core)), final_(&final_edge), last_(&last), epochs_(epochs), epoch_(first_epoch) {
     if (resume) {
       core_->check_state(*resume);
       epoch_ = resume->epoch;
       consumed_ = resume->consumed;
-      if (epochs_ != 0 && epoch_ >= epochs_) {  // the run was over
-        stop();
-        return;
-      }
+    }
+    if (epochs_ != 0 && epoch_ >= epochs_) {  // the run was over, or starts past its last epoch
+      stop();
+      return;
     }
     start_epoch(resume ? &*resume : nullptr);
   }

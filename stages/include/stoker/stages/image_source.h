@@ -115,10 +115,22 @@ enum class ImageOrder : std::uint8_t {
   fixed,
 };
 
+/// Where a run that goes on from the middle of an epoch starts it, when the caller keeps count of
+/// what was taken (a loader's own resume, PipelineBuilder::first_epoch): the first `taken`
+/// positions of epoch `epoch`'s order were taken before, by any number of ranks.
+struct EpochCut {
+  std::uint32_t epoch = 0;
+  std::uint64_t taken = 0;
+};
+
 struct ImageSourceOptions {
   ShardOptions shard{};  ///< this rank's share: the epoch's k-th image goes to rank k % world
   ImageOrder order = ImageOrder::shuffle;
   std::shared_ptr<BufferPool> pool = nullptr;  ///< where the files' bytes go; null: a pool of its own
+  /// In that epoch only the rest of its order, dealt to the ranks as a whole epoch is (the k-th
+  /// image of the rest to rank k % world, the remainder dropped or padded from the rest's first):
+  /// the same images in the same epoch, whatever the ranks were and are. Other epochs are whole.
+  std::optional<EpochCut> resume_at{};
 };
 
 /// A pipeline source of one rank's images, as EncodedImage (bytes, label, id, name), for a map
@@ -138,11 +150,14 @@ struct ImageSourceOptions {
 /// its start to get there.
 class ImageSource {
  public:
-  /// Throws std::invalid_argument naming the option when the ranks are impossible.
+  /// Throws std::invalid_argument naming the option when the ranks are impossible, or
+  /// `resume_at` takes the whole data set or more.
   explicit ImageSource(std::shared_ptr<const ImageDataset> data, ImageSourceOptions options = {});
 
-  /// Images this rank reads per epoch.
+  /// Images this rank reads per epoch (a whole one's: see size_of(epoch)).
   std::uint64_t size() const noexcept { return per_rank_; }
+  /// Images this rank reads in epoch `epoch`: size(), but in the epoch of `resume_at`.
+  std::uint64_t size_of(std::uint32_t epoch) const noexcept;
   /// The id of this rank's k-th image in epoch `epoch` of a pipeline seeded with `seed`
   /// (ImageOrder::shards: O(shards) per call, where the source itself keeps the epoch's plan).
   std::uint64_t id_at(std::uint64_t seed, std::uint32_t epoch, std::uint64_t k) const;

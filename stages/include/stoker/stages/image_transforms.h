@@ -147,6 +147,7 @@ class Resize {
   /// The image's height and width once resized (before the crop).
   CropSize resized(std::uint32_t height, std::uint32_t width) const;
   BufferPool& pool() const noexcept { return *options_.pool; }
+  const ResizeOptions& options() const noexcept { return options_; }
 
  private:
   ResizeOptions options_;

@@ -263,6 +263,7 @@ class CenterCrop {
   explicit CenterCrop(CenterCropOptions options);
   Sample operator()(Sample in) const;
   BufferPool& pool() const noexcept { return *options_.pool; }
+  const CenterCropOptions& options() const noexcept { return options_; }
 
  private:
   CenterCropOptions options_;
@@ -280,6 +281,7 @@ class RandomMirror {
     Rng rng = sample_rng(ctx, id, options_.salt);
     return rng.bernoulli(options_.p);
   }
+  const MirrorOptions& options() const noexcept { return options_; }
 
  private:
   MirrorOptions options_;
@@ -291,6 +293,7 @@ class Normalize {
   explicit Normalize(Normalization n, std::shared_ptr<BufferPool> pool = nullptr);
   Sample operator()(Sample in) const;
   BufferPool& pool() const noexcept { return *pool_; }
+  const Normalizer& normalizer() const noexcept { return normalizer_; }
 
  private:
   Normalizer normalizer_;
