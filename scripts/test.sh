@@ -3,7 +3,8 @@
 # Builds stoker into build/ (incrementally), runs every test, then installs it and proves that
 # the install works: every installed program starts (--help, --version), and tests/consumer
 # builds against it with find_package(stoker) and its components (every installed header, every
-# C++ block of README.md and docs/) and with pkg-config.
+# C++ block of README.md and docs/) and with pkg-config; then installs the Python package with pip
+# into a venv, from a fresh copy of the tree, runs it, builds a wheel, and uninstalls it.
 #
 #   scripts/test.sh [--no-consumer]
 #
@@ -36,7 +37,7 @@ export STOKER_BUILD_DIR="$build_dir"
 # libtorch's CPU build, for the example client (apps/stoker-torch-example), which is tested
 # when it is found, and PyTorch, pytest and NumPy for the Python module's tests; the demo needs
 # none of them.
-export STOKER_EXTRA_PACKAGES="${STOKER_EXTRA_PACKAGES:-} libtorch-dev chromium pkgconf python3-torch python3-pytest python3-pytest-timeout python3-numpy"
+export STOKER_EXTRA_PACKAGES="${STOKER_EXTRA_PACKAGES:-} libtorch-dev chromium pkgconf python3-torch python3-torchvision python3-pil python3-pytest python3-pytest-timeout python3-numpy python3-venv python3-pip python3-setuptools python3-wheel python3-mypy"
 bash "$root/scripts/build.sh"
 
 ctest_args=()
@@ -161,6 +162,56 @@ if ((consumer)); then
     site="$(sed -n 's/^STOKER_PYTHON_INSTALL_DIR:STRING=//p' "$build_dir/CMakeCache.txt")"
     (cd / && PYTHONPATH="$prefix/$site" "$python" -c 'import stoker; stoker.PipelineBuilder()')
   fi
+fi
+
+# The pip path, as a Python user takes it (docs/python.md, "Installing with pip"): a fresh copy of
+# the tree (what a clone has: tracked files and untracked ones git does not ignore), a venv that
+# sees Debian's packages, `pip install --no-build-isolation .`, a pipeline run from another
+# folder with the module found inside the venv, a wheel, and `pip uninstall`. Its CMake tree is
+# kept in $build_dir/pip-build (STOKER_PIP_BUILD_DIR), so that later runs rebuild what changed.
+if ((consumer)) && [[ -n "${python:-}" ]]; then
+  pip_dir="$build_dir/pip"
+  echo "test: pip install --no-build-isolation of a fresh copy of the tree into a venv ($pip_dir)"
+  rm -rf "$pip_dir" && mkdir -p "$pip_dir/src"
+  if git -C "$root" rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+    git -C "$root" ls-files -z --cached --others --exclude-standard | (cd "$root" && xargs -0 tar -cf - --) |
+      tar -xf - -C "$pip_dir/src"
+  else  # an unpacked archive: everything but build trees
+    (cd "$root" && tar -cf - --exclude='./build*' --exclude='./.git' .) | tar -xf - -C "$pip_dir/src"
+  fi
+  "$python" -m venv --system-site-packages "$pip_dir/venv"
+  started=$SECONDS
+  STOKER_PIP_BUILD_DIR="$build_dir/pip-build" STOKER_PIP_CMAKE_ARGS="${STOKER_PIP_CMAKE_ARGS:-}" \
+    "$pip_dir/venv/bin/pip" install --no-build-isolation --no-index --quiet "$pip_dir/src"
+  echo "test: pip install took $((SECONDS - started)) s"
+  (cd "$pip_dir" && env -u PYTHONPATH -u LD_LIBRARY_PATH "$pip_dir/venv/bin/python" - "$pip_dir/venv" <<'PY'
+import pathlib, sys
+import numpy, stoker
+venv = pathlib.Path(sys.argv[1]).resolve()
+where = pathlib.Path(stoker._stoker.__file__).resolve()
+assert venv in where.parents, f"stoker was imported from {where}, not from the venv {venv}"
+assert (where.parent / "py.typed").exists() and (where.parent / "_stoker.pyi").exists(), "no type stubs installed"
+data = stoker.IdxDataset(numpy.zeros((64, 8, 8), numpy.uint8), numpy.arange(64, dtype=numpy.int32) % 10)
+pipe = (stoker.PipelineBuilder().threads(2).epochs(1).source("read", stoker.IdxReader(data))
+        .flat_map("crops", stoker.RandomCrops(6, count=2, mirror=True), fanout=2).batch("batch", 16)
+        .map("collate", stoker.Collate(normalize=stoker.Normalizer(mean=0.5, std=0.25))).build())
+batches = [(x.shape, y.dtype) for x, y in pipe]
+assert len(batches) == len(pipe) == 8 and batches[0] == ((16, 1, 6, 6), numpy.int64), batches
+print(f"test: the venv's stoker {stoker.__version__} ({where}) ran a pipeline of {len(batches)} batches")
+PY
+  )
+  STOKER_PIP_BUILD_DIR="$build_dir/pip-build" \
+    "$pip_dir/venv/bin/pip" wheel --no-build-isolation --no-index --no-deps --quiet -w "$pip_dir/wheels" "$pip_dir/src"
+  wheel="$(ls "$pip_dir"/wheels/stoker-*.whl)"
+  "$pip_dir/venv/bin/python" -m zipfile -l "$wheel" | grep -q 'stoker/_stoker\..*\.so' ||
+    { echo "test: the wheel $wheel holds no compiled module" >&2; exit 1; }
+  echo "test: pip wheel made $(basename "$wheel")"
+  "$pip_dir/venv/bin/pip" uninstall --yes --quiet stoker
+  if (cd "$pip_dir" && env -u PYTHONPATH "$pip_dir/venv/bin/python" -c 'import stoker' 2>/dev/null); then
+    echo "test: stoker can still be imported after pip uninstall" >&2
+    exit 1
+  fi
+  echo "test: pip uninstall removed it"
 fi
 
 echo "test.sh: PASSED ($([[ $consumer == 1 ]] && echo "tests and find_package consumer" || echo "tests") in ${build_dir#"$root"/})"

@@ -173,7 +173,7 @@ def main():
     for e in range(args.epochs):
         if args.steps == "take":
             for batch in pipe.epoch():
-                samples += len(batch)
+                samples += batch.count
                 batches += 1
             continue
         batches_of_epoch = epoch()

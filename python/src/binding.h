@@ -29,6 +29,38 @@ namespace stoker::python {
 
 namespace py = pybind11;
 
+/// An argument the binding takes as any Python object and checks itself (naming the option in
+/// its errors, never with pybind11's list of overloads), shown in signatures and the type stubs
+/// as `Tag::name` says.
+template <class Tag>
+struct Arg {
+  py::object value;
+};
+struct SizeTag {  ///< parse_crop_size()'s
+  static constexpr auto name = py::detail::const_name("Union[int, Sequence[int]]");
+};
+struct FloatsTag {  ///< a number, or one per channel
+  static constexpr auto name = py::detail::const_name("Union[float, Sequence[float]]");
+};
+using SizeArg = Arg<SizeTag>;
+using FloatsArg = Arg<FloatsTag>;
+
+}  // namespace stoker::python
+
+namespace pybind11::detail {
+template <class Tag>
+struct type_caster<stoker::python::Arg<Tag>> {
+  PYBIND11_TYPE_CASTER(stoker::python::Arg<Tag>, Tag::name);
+  bool load(handle src, bool) {
+    value.value = reinterpret_borrow<object>(src);
+    return true;
+  }
+  static handle cast(const stoker::python::Arg<Tag>& a, return_value_policy, handle) { return a.value.inc_ref(); }
+};
+}  // namespace pybind11::detail
+
+namespace stoker::python {
+
 /// A strong reference to a Python object that C++ threads may move and destroy: the destructor
 /// takes the GIL when there is a reference to drop. Made, and read, with the GIL held. Move-only,
 /// so that items moving through a pipeline's queues never touch the reference count.
@@ -92,53 +124,63 @@ decltype(auto) python_errors(F&& f) {
 // ---------------------------------------------------------------------------------------------
 // Items as Python sees them
 
-/// Whether a device batch's tensors may be read yet: its ready() event, which the consumer's
-/// stream waits on (CUDA) or the host synchronizes (the CPU backend) at the first export.
-struct Readiness {
-  gpu::Event* event = nullptr;  // valid while the batch's tensors hold its buffer
-  std::mutex mutex;             // the CPU backend's synchronize(), once
-  bool passed = false;
-};
-
-/// One DLPack tensor of an item, shared by every export of it (__dlpack__ may be called more
-/// than once). The memory it points into stays until this object and every tensor exported from
-/// it are gone; the last deleter to run returns it, on whatever thread, without the GIL.
-class Tensor {
+/// One tensor of a device batch in CUDA memory (stoker.gpu.DeviceTensor), shared by every export
+/// of it (__dlpack__ may be called more than once). The memory stays until this object and every
+/// tensor exported from it are gone; the last deleter to run returns it, on whatever thread,
+/// without the GIL.
+class DeviceTensor {
  public:
-  Tensor(std::shared_ptr<DLManagedTensor> tensor, MemoryKind memory, std::shared_ptr<Readiness> ready = nullptr);
+  DeviceTensor(std::shared_ptr<DLManagedTensor> tensor, gpu::Event* ready, std::shared_ptr<gpu::SlotPool> pool);
 
-  /// A capsule named "dltensor" of a new DLManagedTensor over the same memory. For a device
-  /// batch, `stream` (DLPack's convention: None or 1 the legacy default stream, 2 the per-thread
-  /// one, a cudaStream_t otherwise, -1 none) waits for the batch first.
+  /// A capsule named "dltensor" of a new DLManagedTensor over the same memory. `stream`
+  /// (DLPack's convention: None or 1 the legacy default stream, 2 the per-thread one, a
+  /// cudaStream_t otherwise, -1 none) waits for the batch first, and the buffer is not reused
+  /// before it has passed the point where the batch is released (SlotPool::record_stream).
   py::object dlpack(const py::object& stream) const;
   py::tuple dlpack_device() const;
+  /// The CUDA array interface (version 3), after the host waited for the batch.
+  py::dict cuda_array_interface() const;
   const DLTensor& dl() const noexcept { return tensor_->dl_tensor; }
-  MemoryKind memory() const noexcept { return memory_; }
 
  private:
   std::shared_ptr<DLManagedTensor> tensor_;
-  MemoryKind memory_;
-  std::shared_ptr<Readiness> ready_;
+  gpu::Event* ready_;  // the slot's: valid while the tensor holds the buffer
+  std::shared_ptr<gpu::SlotPool> pool_;
 };
 
 /// Owns `t`: its deleter runs when the last copy goes (also if this throws).
 std::shared_ptr<DLManagedTensor> own(DLManagedTensor* t);
 /// A capsule named "dltensor" that owns `t` until a consumer takes it (renaming it).
 py::object dlpack_capsule(DLManagedTensor* t);
+/// A NumPy array over a tensor in host memory, which it owns (its base): no copy.
+py::object host_array(std::shared_ptr<DLManagedTensor> t);
+/// NumPy's __array_interface__ of a tensor in host memory.
+py::dict array_interface(const DLTensor& t);
+py::tuple dims_of(const DLTensor& t);
+std::string dtype_of_code(const DLDataType& t);  ///< "float32", "int64", ...
 
-/// A batch handed to Python: its samples and labels as tensors over its buffer.
+/// A batch handed to Python: its samples and labels (NumPy arrays, or DeviceTensors on CUDA)
+/// over its buffer.
 struct BatchView {
-  std::shared_ptr<Tensor> samples, labels;
+  py::object samples, labels;
   std::size_t count = 0;
   MemoryKind memory = MemoryKind::host;
+  std::shared_ptr<gpu::SlotPool> slots;  // the buffer's pool, when a SlotPool's: record_stream()
+  const void* data = nullptr;            // the buffer's start
   virtual ~BatchView() = default;
 };
 /// A device batch handed to Python (stoker.gpu.DeviceBatch).
 struct DeviceBatchView : BatchView {};
 
+/// The stream `stream` names, as record_stream and __dlpack__ take it: a stoker.gpu.Stream, a
+/// torch.cuda.Stream (its cuda_stream; 0, its default stream, is the legacy default stream) or
+/// a CUDA stream handle in DLPack's numbering (1 legacy, 2 per-thread), borrowed from `device`.
+/// A TypeError or ValueError naming `who` for anything else.
+std::shared_ptr<gpu::Stream> parse_stream(const py::object& stream, gpu::Device& device, const char* who);
+
 /// How batches are handed to Python.
 struct ExportOptions {
-  LabelType labels = LabelType::i32;
+  LabelType labels = LabelType::i64;  ///< host batches'; a device batch's are int32
 };
 
 /// Items in their Python form, with the GIL held. Batches become BatchView (no copy), samples
@@ -157,10 +199,6 @@ py::object to_python(std::vector<T>&& items, const ExportOptions& options) {
   for (std::size_t i = 0; i < items.size(); ++i) out[i] = to_python(std::move(items[i]), options);
   return out;
 }
-
-/// The CUDA stream `stream` (a cudaStream_t, or 1 or 2 for the default streams) waits for
-/// `event` (a cudaEvent_t) without the host waiting.
-void stream_wait_event(std::uintptr_t stream, void* event);
 
 /// What PipelineBuilder.counters() and .timeline() take: counters kept outside the graph (a
 /// device's copies) and work timed outside it (a device's streams), from stoker.gpu.
@@ -189,7 +227,13 @@ E parse_choice(std::string_view name, const char* option,
 DType parse_dtype(std::string_view name, const char* option);  ///< dtype_name()'s: "uint8", ...
 OnError parse_on_error(std::string_view name);
 const char* memory_name(MemoryKind m) noexcept;  ///< "host", "pinned", "device"
-CropSize parse_crop_size(const py::sequence& size, const char* option);
+/// An int (a square), (height, width) or (depth, height, width); a TypeError or ValueError
+/// naming `option` and the value otherwise.
+CropSize parse_crop_size(const py::handle& size, const char* option);
+/// "(h, w)" or "(d, h, w)" as Python writes the tuple.
+py::tuple size_tuple(const CropSize& s);
+/// A repr: `stoker.<name>(<fields>)`, for the binding's classes.
+std::string repr_of(const char* name, const std::vector<std::pair<const char*, py::object>>& fields);
 /// `mirror=`: None or False for none, True for MirrorOptions' defaults, or a MirrorOptions.
 std::optional<MirrorOptions> parse_mirror(const py::object& mirror);
 std::optional<Normalization> parse_normalize(const std::optional<Normalizer>& n);

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // stoker's C++ errors as Python exceptions: StageError naming the stage (its cause, the stage's
 // own exception, chained as __cause__), DataError naming the file, StateError, and the device's.
+#include <cstring>
 #include <exception>
 #include <new>
 #include <stdexcept>
@@ -24,7 +25,15 @@ Classes& classes() {
   return c;
 }
 
-py::object make(py::handle type, const char* message) { return type(message); }
+// C++ messages quote file names and file contents, which need not be UTF-8: bytes that are not
+// show as \xNN escapes rather than failing the error itself with a UnicodeDecodeError.
+py::str text(const char* message) {
+  PyObject* s = PyUnicode_DecodeUTF8(message, static_cast<Py_ssize_t>(std::strlen(message)), "backslashreplace");
+  if (s == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(s);
+}
+
+py::object make(py::handle type, const char* message) { return type(text(message)); }
 
 // A Python exception object for the C++ exception `e`, cause included.
 py::object as_python(std::exception_ptr e);
@@ -48,7 +57,7 @@ py::object as_python(std::exception_ptr e) {
     return stage_error(x);
   } catch (const DataError& x) {
     py::object exc = make(classes().data, x.what());
-    exc.attr("file") = x.file();
+    exc.attr("file") = text(x.file().c_str());
     return exc;
   } catch (const StateError& x) {
     return make(classes().state, x.what());
@@ -84,17 +93,22 @@ void bind_errors(py::module_& m, py::module_& gpu) {
       "A stage failed. stage: its name; __cause__: what it raised (a stoker.DataError naming "
       "the file, or the Python stage's own exception).";
   m.attr("DataError").attr("__doc__") = "Bad input data. file: the file; the message says what is wrong.";
+  // What the translator below sets on them, for the type stubs.
+  m.attr("StageError").attr("__annotations__") = py::dict(py::arg("stage") = "str");
+  m.attr("DataError").attr("__annotations__") = py::dict(py::arg("file") = "str");
 
-  // Tried before register_exception's own translators: these also set the attributes.
+  // Tried before register_exception's own translators and pybind11's: every C++ exception of
+  // stoker's becomes its Python class with its attributes, and a message that is not UTF-8 is
+  // escaped. pybind11's own exceptions (py::value_error, ...) go on to its translator.
   py::register_exception_translator([](std::exception_ptr e) {
     try {
       std::rethrow_exception(e);
-    } catch (const StageError&) {
-      raise(as_python(e));
-    } catch (const DataError&) {
-      raise(as_python(e));
+    } catch (const py::builtin_exception&) {
+      throw;
     } catch (const PythonError& x) {  // a Python source's error outside a pipeline's run
       raise(x.exception()->get());
+    } catch (const std::exception&) {
+      raise(as_python(e));
     }
   });
 }

@@ -36,8 +36,12 @@ std::optional<Layout> parse_optional_layout(const std::optional<std::string>& na
   return name ? std::optional(parse_layout(*name, "layout")) : std::nullopt;
 }
 
-CropSize parse_optional_size(const std::optional<py::sequence>& size, const char* option) {
-  return size ? parse_crop_size(*size, option) : CropSize{};
+CropSize parse_optional_size(const std::optional<SizeArg>& size, const char* option) {
+  return size ? parse_crop_size(size->value, option) : CropSize{};
+}
+
+std::string optional_normalizer_repr(const std::optional<Normalization>& n) {
+  return n ? py::repr(py::cast(Normalizer(*n))).cast<std::string>() : std::string("None");
 }
 
 // The data sets' factories give shared_ptr<const ImageDataset>, which Python holds as a
@@ -47,12 +51,12 @@ std::shared_ptr<ImageDataset> held(std::shared_ptr<const ImageDataset> d) {
 }
 
 // RandomResizedCrop and RandomResizedCropOptions take the same keyword arguments.
-RandomResizedCropOptions crop_options(const py::sequence& size, std::array<double, 2> scale,
-                                      std::array<double, 2> ratio, int attempts, bool antialias,
-                                      const py::object& mirror, const std::optional<Normalizer>& normalize,
+RandomResizedCropOptions crop_options(const SizeArg& size, std::array<double, 2> scale, std::array<double, 2> ratio,
+                                      int attempts, bool antialias, const py::object& mirror,
+                                      const std::optional<Normalizer>& normalize,
                                       const std::optional<std::string>& layout, std::shared_ptr<BufferPool> pool,
                                       std::uint64_t salt) {
-  return {.size = parse_crop_size(size, "size"),
+  return {.size = parse_crop_size(size.value, "size"),
           .scale = scale,
           .ratio = ratio,
           .attempts = attempts,
@@ -62,6 +66,14 @@ RandomResizedCropOptions crop_options(const py::sequence& size, std::array<doubl
           .layout = parse_optional_layout(layout),
           .pool = std::move(pool),
           .salt = salt};
+}
+
+std::string crop_repr(const char* name, const RandomResizedCropOptions& o) {
+  return repr_of(name, {{"size", size_tuple(o.size)},
+                        {"scale", py::make_tuple(o.scale[0], o.scale[1])},
+                        {"ratio", py::make_tuple(o.ratio[0], o.ratio[1])},
+                        {"mirror", o.mirror ? py::cast(*o.mirror) : py::none()}}) +
+         (o.normalize ? " normalized by " + optional_normalizer_repr(o.normalize) : std::string());
 }
 
 #define STOKER_RESIZED_CROP_ARGS                                                                                   \
@@ -111,7 +123,13 @@ Opening one reads folders or tar headers without the GIL.)")
       .def_property_readonly("classes", &ImageDataset::classes,
                              "Class names, label i being classes[i] (a folder per class; empty otherwise).")
       .def_property_readonly("shards", &ImageDataset::shards)
-      .def("fingerprint", &ImageDataset::fingerprint);
+      .def("fingerprint", &ImageDataset::fingerprint)
+      .def("__repr__", [](const ImageDataset& d) {
+        std::string out = "stoker.ImageDataset(" + std::to_string(d.size()) + " images";
+        if (!d.classes().empty()) out += ", " + std::to_string(d.classes().size()) + " classes";
+        if (d.shards() > 1) out += ", " + std::to_string(d.shards()) + " tar shards";
+        return out + ")";
+      });
 
   py::class_<ShardOptions>(m, "ShardOptions", R"(This rank's share of each epoch: the epoch's k-th sample
 goes to rank k % world; remainder 'drop' or 'pad'.)")
@@ -123,25 +141,47 @@ goes to rank k % world; remainder 'drop' or 'pad'.)")
            }),
            py::arg("rank") = 0u, py::arg("world") = 1u, py::arg("remainder") = "drop")
       .def_readonly("rank", &ShardOptions::rank)
-      .def_readonly("world", &ShardOptions::world);
+      .def_readonly("world", &ShardOptions::world)
+      .def("__repr__", [](const ShardOptions& o) {
+        return repr_of("ShardOptions", {{"rank", py::int_(o.rank)},
+                                        {"world", py::int_(o.world)},
+                                        {"remainder", py::str(o.remainder == Remainder::drop ? "drop" : "pad")}});
+      });
+
+  py::class_<EpochCut>(m, "EpochCut", R"(Where a run that goes on from the middle of an epoch starts it:
+the first `taken` positions of epoch `epoch`'s order were taken before, by any number of ranks
+(ImageSource's resume_at, with PipelineBuilder.first_epoch).)")
+      .def(py::init([](std::uint32_t epoch, std::uint64_t taken) {
+             return EpochCut{epoch, taken};
+           }),
+           py::arg("epoch"), py::arg("taken"))
+      .def_readonly("epoch", &EpochCut::epoch)
+      .def_readonly("taken", &EpochCut::taken)
+      .def("__repr__", [](const EpochCut& c) {
+        return repr_of("EpochCut", {{"epoch", py::int_(c.epoch)}, {"taken", py::int_(c.taken)}});
+      });
 
   py::class_<ImageSource>(m, "ImageSource", R"(A pipeline source of one rank's images of an ImageDataset, as
 stoker.EncodedImage (the file's bytes, label, id, name), for a map stage to decode on many
 threads. order: 'shuffle' (a new order of all images each epoch), 'shards' (a new order of
 the tar shards, each read front to back) or 'fixed'. pool: where the bytes go.)")
       .def(py::init([](std::shared_ptr<ImageDataset> data, const ShardOptions& shard, std::string_view order,
-                       std::shared_ptr<BufferPool> pool) {
+                       std::shared_ptr<BufferPool> pool, std::optional<EpochCut> resume_at) {
              return ImageSource(
                  std::move(data),
                  {.shard = shard,
                   .order = parse_choice<ImageOrder>(
                       order, "order",
                       {{"shuffle", ImageOrder::shuffle}, {"shards", ImageOrder::shards}, {"fixed", ImageOrder::fixed}}),
-                  .pool = std::move(pool)});
+                  .pool = std::move(pool),
+                  .resume_at = resume_at});
            }),
            py::arg("data").none(false), py::arg("shard") = ShardOptions{}, py::arg("order") = "shuffle",
-           py::arg("pool") = nullptr)
-      .def("__len__", &ImageSource::size, "Images this rank reads per epoch.")
+           py::arg("pool") = nullptr, py::arg("resume_at") = py::none())
+      .def("__len__", &ImageSource::size, "Images this rank reads per epoch (a whole one's).")
+      .def("size_of", &ImageSource::size_of, py::arg("epoch"),
+           "Images this rank reads in epoch `epoch`: len(), but in the epoch of resume_at.")
+      .def("__repr__", [](const ImageSource& s) { return "stoker.ImageSource(" + s.fingerprint() + ")"; })
       .def("id_at", &ImageSource::id_at, py::arg("seed"), py::arg("epoch"), py::arg("k"),
            "The id of this rank's k-th image in an epoch of a pipeline seeded with `seed`.")
       .def_property_readonly("pool", &ImageSource::pool);
@@ -153,7 +193,11 @@ header claims more than max_pixels pixels are refused before anything is allocat
            }),
            py::arg("color") = "rgb", py::arg("max_pixels") = kDefaultMaxPixels)
       .def_property_readonly("color", [](const DecodeOptions& o) { return color_name(o.color); })
-      .def_readonly("max_pixels", &DecodeOptions::max_pixels);
+      .def_readonly("max_pixels", &DecodeOptions::max_pixels)
+      .def("__repr__", [](const DecodeOptions& o) {
+        return repr_of("DecodeOptions",
+                       {{"color", py::str(color_name(o.color))}, {"max_pixels", py::int_(o.max_pixels)}});
+      });
 
   py::class_<ImageDecoder>(m, "ImageDecoder", R"(Decodes an EncodedImage (JPEG or PNG) into a uint8 Sample,
 channels last ([H, W, C] through DLPack), with its label and id (a map stage). A bad image
@@ -162,7 +206,11 @@ is a stoker.DataError naming the file.)")
              return ImageDecoder({.color = parse_color(color), .max_pixels = max_pixels}, std::move(pool));
            }),
            py::arg("color") = "rgb", py::arg("max_pixels") = kDefaultMaxPixels, py::arg("pool") = nullptr)
-      .def_property_readonly("pool", &ImageDecoder::pool);
+      .def_property_readonly("pool", &ImageDecoder::pool)
+      .def("__repr__", [](const ImageDecoder& d) {
+        return repr_of("ImageDecoder", {{"color", py::str(color_name(d.options().color))},
+                                        {"max_pixels", py::int_(d.options().max_pixels)}});
+      });
 
   py::class_<RandomResizedCropOptions>(m, "RandomResizedCropOptions", R"(torchvision's RandomResizedCrop: the
 output's size (height, width), scale (of the area) and ratio (width / height) ranges,
@@ -170,29 +218,31 @@ attempts before the centred fallback, antialias, and, fused into the same write,
 (None, a bool or a MirrorOptions) and normalize (a Normalizer: float32 out); layout
 ('planar' or 'channels_last'; the input's unless set); pool: where outputs go.)")
       .def(py::init(&crop_options), STOKER_RESIZED_CROP_ARGS)
-      .def_property_readonly("size", [](const RandomResizedCropOptions& o) { return o.size.str(); })
+      .def_property_readonly("size", [](const RandomResizedCropOptions& o) { return size_tuple(o.size); })
       .def_readonly("scale", &RandomResizedCropOptions::scale)
       .def_readonly("ratio", &RandomResizedCropOptions::ratio)
-      .def_readonly("antialias", &RandomResizedCropOptions::antialias);
+      .def_readonly("antialias", &RandomResizedCropOptions::antialias)
+      .def("__repr__", [](const RandomResizedCropOptions& o) { return crop_repr("RandomResizedCropOptions", o); });
 
   py::class_<RandomResizedCrop>(m, "RandomResizedCrop", R"(torchvision's RandomResizedCrop of a decoded image
 (a map stage), with the keyword arguments of RandomResizedCropOptions. Keeps the label and
 id; each sample's draw follows from the pipeline's seed, the epoch and its id.)")
-      .def(py::init([](const py::sequence& size, std::array<double, 2> scale, std::array<double, 2> ratio, int attempts,
+      .def(py::init([](const SizeArg& size, std::array<double, 2> scale, std::array<double, 2> ratio, int attempts,
                        bool antialias, const py::object& mirror, const std::optional<Normalizer>& normalize,
                        const std::optional<std::string>& layout, std::shared_ptr<BufferPool> pool, std::uint64_t salt) {
              return RandomResizedCrop(crop_options(size, scale, ratio, attempts, antialias, mirror, normalize, layout,
                                                    std::move(pool), salt));
            }),
-           STOKER_RESIZED_CROP_ARGS);
+           STOKER_RESIZED_CROP_ARGS)
+      .def_property_readonly("output_size", [](const RandomResizedCrop& c) { return size_tuple(c.options().size); })
+      .def("__repr__", [](const RandomResizedCrop& c) { return crop_repr("RandomResizedCrop", c.options()); });
 
   py::class_<Resize>(m, "Resize", R"(A resize of the whole image, then optionally its centre crop, for
 evaluation (a map stage): torchvision's Resize(256) + CenterCrop(224) is
 Resize(shorter=256, crop=(224, 224)); Resize(size=(h, w)) resizes to exactly that.)")
-      .def(py::init([](std::uint32_t shorter, const std::optional<py::sequence>& size,
-                       const std::optional<py::sequence>& crop, bool antialias,
-                       const std::optional<Normalizer>& normalize, const std::optional<std::string>& layout,
-                       std::shared_ptr<BufferPool> pool) {
+      .def(py::init([](std::uint32_t shorter, const std::optional<SizeArg>& size, const std::optional<SizeArg>& crop,
+                       bool antialias, const std::optional<Normalizer>& normalize,
+                       const std::optional<std::string>& layout, std::shared_ptr<BufferPool> pool) {
              return Resize({.shorter = shorter,
                             .size = parse_optional_size(size, "size"),
                             .crop = parse_optional_size(crop, "crop"),
@@ -203,7 +253,20 @@ Resize(shorter=256, crop=(224, 224)); Resize(size=(h, w)) resizes to exactly tha
            }),
            py::arg("shorter") = 0u, py::arg("size") = py::none(), py::arg("crop") = py::none(),
            py::arg("antialias") = true, py::arg("normalize") = py::none(), py::arg("layout") = py::none(),
-           py::arg("pool") = nullptr);
+           py::arg("pool") = nullptr)
+      .def_property_readonly("crop",
+                             [](const Resize& r) {
+                               return r.options().crop.height == 0 ? py::object(py::none())
+                                                                   : py::object(size_tuple(r.options().crop));
+                             })
+      .def("__repr__", [](const Resize& r) {
+        const ResizeOptions& o = r.options();
+        return repr_of("Resize", {{"shorter", py::int_(o.shorter)},
+                                  {"size", o.size.height ? py::object(size_tuple(o.size)) : py::none()},
+                                  {"crop", o.crop.height ? py::object(size_tuple(o.crop)) : py::none()},
+                                  {"antialias", py::bool_(o.antialias)}}) +
+               (o.normalize ? " normalized by " + optional_normalizer_repr(o.normalize) : std::string());
+      });
 
   py::class_<DecodeResizedCrop>(m, "DecodeResizedCrop", R"(Decode and RandomResizedCrop in one map stage:
 the crop is drawn from the header, only its window is decoded (JPEG: at the smallest DCT
@@ -215,7 +278,10 @@ crop: a RandomResizedCropOptions; decode: a DecodeOptions; scratch: where window
            }),
            STOKER_DECODE_CROP_ARGS)
       .def_property_readonly("output_shape", &DecodeResizedCrop::output_shape)
-      .def_property_readonly("output_dtype", [](const DecodeResizedCrop& d) { return dtype_name(d.output_dtype()); });
+      .def_property_readonly("output_dtype", [](const DecodeResizedCrop& d) { return dtype_name(d.output_dtype()); })
+      .def("__repr__", [](const DecodeResizedCrop& d) {
+        return "stoker.DecodeResizedCrop(output " + d.output_shape().str() + " " + dtype_name(d.output_dtype()) + ")";
+      });
 
   py::class_<DecodeCropWindow>(m, "DecodeCropWindow", R"(DecodeResizedCrop with the resize left to Collate
 (a map stage): it gives stoker.DeferredResize, and Collate, after .batch(), resizes,
@@ -227,7 +293,11 @@ mirrors and normalizes each crop straight into the batch. The same arguments.)")
            STOKER_DECODE_CROP_ARGS)
       .def_property_readonly("output_shape", [](const DecodeCropWindow& d) { return d.resize().output_shape(); })
       .def_property_readonly("output_dtype",
-                             [](const DecodeCropWindow& d) { return dtype_name(d.resize().output_dtype()); });
+                             [](const DecodeCropWindow& d) { return dtype_name(d.resize().output_dtype()); })
+      .def("__repr__", [](const DecodeCropWindow& d) {
+        return "stoker.DecodeCropWindow(output " + d.resize().output_shape().str() + " " +
+               dtype_name(d.resize().output_dtype()) + ")";
+      });
 }
 
 }  // namespace stoker::python

@@ -186,6 +186,35 @@ struct PythonSource {
 
 std::shared_ptr<Object> hold(const py::object& fn) { return std::make_shared<Object>(fn); }
 
+// Items per epoch of a pipeline's last stage, as a function of the epoch (a source cut for a
+// resume gives fewer in its first), or why it is not known. Stages that skip items on errors
+// give fewer: it counts what they would give without.
+struct Length {
+  std::function<std::uint64_t(std::uint32_t)> of;  // empty: unknown
+  std::string why;
+
+  static Length unknown(std::string why) { return {{}, std::move(why)}; }
+  static Length fixed(std::uint64_t n) {
+    return {[n](std::uint32_t) { return n; }, {}};
+  }
+  Length then(std::function<std::uint64_t(std::uint64_t)> f) const {
+    if (!of) return *this;
+    return {[g = of, f = std::move(f)](std::uint32_t epoch) { return f(g(epoch)); }, {}};
+  }
+  std::uint64_t at(std::uint32_t epoch) const {
+    if (!of) throw py::type_error("len(): " + why);
+    return of(epoch);
+  }
+};
+
+template <class F>
+Length source_length(const F& f) {
+  if constexpr (std::is_same_v<F, ImageSource>)
+    return {[f](std::uint32_t epoch) { return f.size_of(epoch); }, {}};
+  else
+    return Length::fixed(f.size());
+}
+
 // ---------------------------------------------------------------------------------------------
 // The built pipeline
 
@@ -249,8 +278,12 @@ double seconds(std::chrono::nanoseconds ns) { return std::chrono::duration<doubl
 // stoker.Pipeline.
 class PythonPipeline {
  public:
-  PythonPipeline(std::unique_ptr<AnyPipeline> pipe, std::set<std::string> python_stages)
-      : pipe_(std::move(pipe)), python_stages_(std::move(python_stages)) {
+  PythonPipeline(std::unique_ptr<AnyPipeline> pipe, std::set<std::string> python_stages, Length length,
+                 std::uint64_t consumed)
+      : pipe_(std::move(pipe)),
+        python_stages_(std::move(python_stages)),
+        length_(std::move(length)),
+        consumed_(consumed) {
     live().insert(this);
   }
   PythonPipeline(const PythonPipeline&) = delete;
@@ -262,7 +295,20 @@ class PythonPipeline {
     pipe_.reset();
   }
 
-  py::object next() { return pipe_->next(); }
+  py::object next() {
+    py::object item = pipe_->next();
+    if (item.is_none())
+      consumed_ = 0;  // the end of an epoch (or of the run)
+    else
+      ++consumed_;
+    return item;
+  }
+  /// Items of the current epoch, whole, and those it has left.
+  std::uint64_t epoch_length() const { return length_.at(pipe_->current_epoch()); }
+  std::uint64_t left() const {
+    const std::uint64_t n = epoch_length();
+    return pipe_->finished() ? 0 : n - std::min(n, consumed_);
+  }
   void stop() {
     py::gil_scoped_release nogil;
     pipe_->stop();
@@ -324,6 +370,8 @@ class PythonPipeline {
   }
   std::unique_ptr<AnyPipeline> pipe_;
   std::set<std::string> python_stages_;
+  Length length_;
+  std::uint64_t consumed_ = 0;  // items next() returned in the current epoch
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -354,12 +402,19 @@ class PythonBuilder {
       throw py::value_error("source '" + s.name + "': a pipeline has one source, its first stage ('" + first_ + "')");
     std::optional<AnyBuilder> next;
     for_each_type(Sources{}, [&]<class F>() {
-      if (!next && py::isinstance<F>(s.fn)) next.emplace(start->source(s.name, s.fn.cast<const F&>(), o));
+      if (next || !py::isinstance<F>(s.fn)) return;
+      const F& f = s.fn.cast<const F&>();
+      length_ = source_length(f);
+      next.emplace(start->source(s.name, f, o));
     });
     if (!next) {
       if (!PyCallable_Check(s.fn.ptr()))
         throw py::type_error("source '" + s.name + "': a " + class_name(s.fn) +
                              " is not a source (a reader, a ShuffledShard, an ImageSource, or a Python callable)");
+      length_ = py::hasattr(s.fn, "__len__") ? Length::fixed(py::len(s.fn))
+                                             : Length::unknown("the source '" + s.name +
+                                                               "' is a Python callable without __len__: how many "
+                                                               "items an epoch has is not known");
       next.emplace(start->source(s.name, PythonSource{hold(s.fn)}, o));
       python_stages_.insert(s.name);
     }
@@ -385,6 +440,16 @@ class PythonBuilder {
   }
 
   void flat_map(const Step& s, const py::object& output, StageOptions o) {
+    if (o.fanout > 0)
+      length_ = length_.then([k = o.fanout](std::uint64_t n) { return n * k; });
+    else if (py::isinstance<RandomCrops>(s.fn))
+      length_ = length_.then([k = s.fn.cast<const RandomCrops&>().options().count](std::uint64_t n) {
+        return n * static_cast<std::uint64_t>(k);
+      });
+    else
+      length_ = Length::unknown("flat_map '" + s.name +
+                                "' gives a number of items per input that stoker cannot "
+                                "know: fanout=k says it");
     transform(s, "flat_map", [&]<class T>(Builder<T>& b) -> AnyBuilder {
       std::optional<AnyBuilder> next;
       for_each_type(FlatMaps{}, [&]<class F>() {
@@ -409,6 +474,8 @@ class PythonBuilder {
   }
 
   void batch(const std::string& name, std::size_t size, BatchOptions o) {
+    length_ = length_.then(
+        [size, drop = o.drop_remainder](std::uint64_t n) { return drop ? n / size : (n + size - 1) / size; });
     const py::object none = py::none();
     transform(Step{name, none}, "batch", [&]<class T>(Builder<T>& b) -> AnyBuilder {
       if constexpr (one_of<std::vector<T>>(Items{}))
@@ -420,8 +487,7 @@ class PythonBuilder {
     });
   }
 
-  std::unique_ptr<PythonPipeline> build(LabelType labels) {
-    *to_ = ExportOptions{.labels = labels};
+  std::unique_ptr<PythonPipeline> build(std::optional<LabelType> labels) {
     std::unique_ptr<AnyPipeline> pipe;
     std::visit(
         [&]<class B>(B& b) {
@@ -429,16 +495,25 @@ class PythonBuilder {
             throw py::value_error("build(): the pipeline has no source");
           } else {
             using T = typename item_of<B>::type;
-            if (std::is_same_v<T, gpu::DeviceBatch> && labels != LabelType::i32)
+            constexpr bool device = std::is_same_v<T, gpu::DeviceBatch>;
+            if (device && labels == LabelType::i64)
               throw py::value_error("build(labels='int64'): the last stage, '" + last_ +
                                     "', gives device batches, whose labels are int32 only");
+            *to_ = ExportOptions{.labels = labels.value_or(device ? LabelType::i32 : LabelType::i64)};
             // Stages start at once, and a Python stage needs the GIL to.
             py::gil_scoped_release nogil;
             pipe = std::make_unique<TypedPipeline<T>>(b.build(), to_);
           }
         },
         b_);
-    return std::make_unique<PythonPipeline>(std::move(pipe), python_stages_);
+    return std::make_unique<PythonPipeline>(std::move(pipe), python_stages_, length_, resumed_consumed_);
+  }
+
+  /// Where resume_from(state) starts the epoch: how many of its items were taken.
+  void resumed_at(std::uint64_t consumed) { resumed_consumed_ = consumed; }
+  std::string describe() const {
+    return "stoker.PipelineBuilder(" +
+           (first_.empty() ? std::string("no source yet") : "'" + first_ + "' ... '" + last_ + "'") + ")";
   }
 
  private:
@@ -506,6 +581,8 @@ class PythonBuilder {
   AnyBuilder b_{PipelineBuilder{}};
   std::string first_, last_;
   std::set<std::string> python_stages_;
+  Length length_ = Length::unknown("the pipeline has no source");
+  std::uint64_t resumed_consumed_ = 0;
   // How batches reach Python stages and the consumer: set by build(), read after.
   std::shared_ptr<ExportOptions> to_ = std::make_shared<ExportOptions>();
 };
@@ -522,11 +599,13 @@ StageOptions stage_options(int threads, std::size_t queue, std::size_t max_chunk
 }
 
 // Option setters and steps return the builder itself, so that calls chain as in C++:
-// chained(f), for f(PythonBuilder&, Args...), is the method f(self, Args...) returning self.
+// chained(f), for f(PythonBuilder&, Args...), is the method f(self, Args...) returning self. A
+// reference to an object Python already holds comes back as that same object, and the signature
+// (and the type stubs) name its class.
 template <class F, class... Args>
 auto chained(F f, void (F::*)(PythonBuilder&, Args...) const) {
-  return [f](py::object self, Args... args) {
-    f(self.cast<PythonBuilder&>(), std::forward<Args>(args)...);
+  return [f](PythonBuilder& self, Args... args) -> PythonBuilder& {
+    f(self, std::forward<Args>(args)...);
     return self;
   };
 }
@@ -538,11 +617,17 @@ auto chained(F f) {
 // for batch in pipe.epoch(), and for epoch in pipe.epochs().
 struct EpochIterator {
   py::object pipe;
+  bool ended = false;
   py::object next() {
+    if (ended) throw py::stop_iteration();
     py::object item = pipe.cast<PythonPipeline&>().next();
-    if (item.is_none()) throw py::stop_iteration();
+    if (item.is_none()) {
+      ended = true;  // a later next() would start the next epoch
+      throw py::stop_iteration();
+    }
     return item;
   }
+  std::uint64_t left() const { return ended ? 0 : pipe.cast<const PythonPipeline&>().left(); }
 };
 struct EpochsIterator {
   py::object pipe;
@@ -555,8 +640,13 @@ struct EpochsIterator {
 }  // namespace
 
 void bind_pipeline(py::module_& m) {
-  py::class_<Counters>(m, "Counters", "Counters kept outside the graph, for PipelineBuilder.counters().");
-  py::class_<Timeline>(m, "Timeline", "Work timed outside the graph, for PipelineBuilder.timeline().");
+  // The classes the builder's signatures name, before them.
+  py::class_<PythonPipeline> pipeline(m, "Pipeline", R"(A running pipeline. The thread that iterates it is its
+consumer. While it waits for an item it releases the GIL and checks for signals every 50 ms,
+so Ctrl-C raises KeyboardInterrupt (the item is not taken). Use it in a `with` block, or call
+stop(), to stop its threads.)");
+  py::class_<EpochIterator> epoch(m, "Epoch", "The rest of an epoch: an iterator of its items.");
+  py::class_<EpochsIterator> epochs(m, "Epochs", "The epochs until the run is over.");
 
   py::class_<PythonBuilder>(m, "PipelineBuilder", R"(Builds a pipeline as the C++ builder does: options, then a
 source, then map / flat_map / shuffle / batch steps, then build(). Every call returns the
@@ -598,8 +688,14 @@ Python callables (which hold the GIL: one call at a time, whatever their threads
       .def("resume_from", chained([](PythonBuilder& b, const std::string& state) {
              const PipelineState s = PipelineState::from_json(state, "resume_from's state");
              b.option([&](auto& x) { x.resume_from(s); });
+             b.resumed_at(s.consumed);
            }),
            py::arg("state"), "Go on from where a run stood: a JSON string from Pipeline.state().")
+      .def("first_epoch",
+           chained([](PythonBuilder& b, std::uint32_t n) { b.option([&](auto& x) { x.first_epoch(n); }); }),
+           py::arg("n"),
+           "The epoch the run starts at, for a run that goes on by a count its caller keeps (ImageSource's "
+           "resume_at): not with resume_from.")
       .def("source",
            chained([](PythonBuilder& b, const std::string& name, const py::object& fn, std::size_t queue,
                       std::size_t max_chunk, std::string_view on_error) {
@@ -643,25 +739,33 @@ Python callables (which hold the GIL: one call at a time, whatever their threads
            "Groups `size` items into a list.")
       .def(
           "build",
-          [](PythonBuilder& b, std::string_view labels) {
-            return b.build(
-                parse_choice<LabelType>(labels, "labels", {{"int32", LabelType::i32}, {"int64", LabelType::i64}}));
+          [](PythonBuilder& b, const std::optional<std::string>& labels) {
+            return b.build(labels ? std::optional(parse_choice<LabelType>(
+                                        *labels, "labels", {{"int32", LabelType::i32}, {"int64", LabelType::i64}}))
+                                  : std::nullopt);
           },
-          py::arg("labels") = "int32",
-          "Starts the pipeline. labels: 'int32' (the batches' own) or 'int64' (what "
-          "torch.nn.functional.cross_entropy takes), for host batches.");
+          py::arg("labels") = py::none(),
+          "Starts the pipeline. labels: 'int64' (the default for host batches: what "
+          "torch.nn.functional.cross_entropy takes) or 'int32' (the batches' own; device batches have "
+          "only these).")
+      .def("__repr__", &PythonBuilder::describe);
 
-  py::class_<PythonPipeline>(m, "Pipeline", R"(A running pipeline. The thread that iterates it is its
-consumer. While it waits for an item it releases the GIL and checks for signals every 50 ms,
-so Ctrl-C raises KeyboardInterrupt (the item is not taken). Use it in a `with` block, or call
-stop(), to stop its threads.)")
-      .def("next", &PythonPipeline::next, "The next item of the epoch, or None at its end (and the run's).")
+  pipeline.def("next", &PythonPipeline::next, "The next item of the epoch, or None at its end (and the run's).")
       .def(
           "epoch", [](py::object self) { return EpochIterator{std::move(self)}; }, "The rest of the current epoch.")
       .def(
           "epochs", [](py::object self) { return EpochsIterator{std::move(self)}; },
           "The epochs until the run is over, each the rest of the current epoch.")
       .def("__iter__", [](py::object self) { return EpochIterator{std::move(self)}; })
+      .def("__len__", &PythonPipeline::epoch_length,
+           "Items of the current epoch, whole: batches per epoch when it ends with a batch stage. A "
+           "TypeError saying why where it is not known (a Python source without __len__, a flat_map without "
+           "fanout).")
+      .def("__repr__",
+           [](const PythonPipeline& p) {
+             return "stoker.Pipeline(epoch " + std::to_string(p.current_epoch()) +
+                    (p.finished() ? ", finished)" : ", running)");
+           })
       .def("stop", &PythonPipeline::stop, "Stops every stage and waits for their bodies. Idempotent.")
       .def_property_readonly("finished", &PythonPipeline::finished)
       .def_property_readonly("current_epoch", &PythonPipeline::current_epoch)
@@ -670,18 +774,25 @@ stop(), to stop its threads.)")
       .def("summary_table", &PythonPipeline::summary_table, "The summary as stoker's fixed-width table.")
       .def("state", &PythonPipeline::state,
            "Where the run stands, as JSON: PipelineBuilder.resume_from(state) goes on from there.")
-      .def("__enter__", [](py::object self) { return self; })
+      .def("__enter__", [](PythonPipeline& self) -> PythonPipeline& { return self; })
       .def("__exit__", [](PythonPipeline& p, const py::args&) {
         p.stop();
         return false;
       });
 
-  py::class_<EpochIterator>(m, "Epoch")
-      .def("__iter__", [](py::object self) { return self; })
-      .def("__next__", &EpochIterator::next);
-  py::class_<EpochsIterator>(m, "Epochs")
-      .def("__iter__", [](py::object self) { return self; })
-      .def("__next__", &EpochsIterator::next);
+  epoch.def("__iter__", [](EpochIterator& self) -> EpochIterator& { return self; })
+      .def("__next__", &EpochIterator::next)
+      .def("__len__", &EpochIterator::left, "Items the epoch has left.")
+      .def("__repr__", [](const EpochIterator& e) {
+        try {
+          return "stoker.Epoch(" + std::to_string(e.left()) + " left)";
+        } catch (const py::type_error&) {  // its length is not known
+          return std::string("stoker.Epoch()");
+        }
+      });
+  epochs.def("__iter__", [](EpochsIterator& self) -> EpochsIterator& { return self; })
+      .def("__next__", &EpochsIterator::next)
+      .def("__repr__", [](const EpochsIterator&) { return std::string("stoker.Epochs()"); });
 
   py::module_::import("atexit").attr("register")(py::cpp_function(&PythonPipeline::stop_all));
 }

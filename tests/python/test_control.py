@@ -89,7 +89,7 @@ def endless(data):
 
 def test_stop_ends_an_endless_run_and_next_then_gives_none(small):
     pipe = endless(small)
-    assert len(pipe.next()) == 255
+    assert pipe.next().count == 255
     started = time.monotonic()
     pipe.stop()
     assert time.monotonic() - started < 10

@@ -32,13 +32,13 @@ def test_torch_and_numpy_see_the_batch_s_own_memory(small):
     assert batch.labels.shape == (100,) and batch.labels.dtype == "int32"
     assert batch.samples.__dlpack_device__() == (1, 0)  # kDLCPU
     x, y = torch.from_dlpack(batch.samples), torch.from_dlpack(batch.labels)
-    assert x.data_ptr() == batch.samples.data_ptr
-    assert y.data_ptr() == batch.labels.data_ptr
+    assert x.data_ptr() == batch.samples.ctypes.data
+    assert y.data_ptr() == batch.labels.ctypes.data
     a = np.from_dlpack(batch.samples)
-    assert a.__array_interface__["data"][0] == batch.samples.data_ptr
+    assert a.__array_interface__["data"][0] == batch.samples.ctypes.data
     x[0, 0, 0, 0] = 123.0  # one memory: the numpy view sees the write
     assert a[0, 0, 0, 0] == 123.0
-    assert batch.labels.data_ptr - batch.samples.data_ptr == 100 * 24 * 24 * 4  # labels follow the samples
+    assert batch.labels.ctypes.data - batch.samples.ctypes.data == 100 * 24 * 24 * 4  # labels follow the samples
     pipe.stop()
 
 
@@ -56,7 +56,7 @@ def test_each_export_is_a_fresh_dltensor_capsule_and_unused_ones_are_freed(small
     # Every buffer is back: four batches of the same size, all held at once, reuse them.
     allocations = pool.allocations
     pipe = crops_pipeline(small, stoker.Collate(pool=pool, normalize=FASHION), batch=500)
-    assert [len(b) for b in list(pipe)] == [500] * 4
+    assert [b.count for b in list(pipe)] == [500] * 4
     assert pool.allocations == allocations
 
 
@@ -126,7 +126,7 @@ def test_pinned_batches_are_host_memory_to_torch(small):
     batch = pipe.next()
     assert batch.memory == "pinned" and batch.samples.__dlpack_device__() == (1, 0)
     x = torch.from_dlpack(batch.samples)
-    assert x.device.type == "cpu" and x.data_ptr() == batch.samples.data_ptr
+    assert x.device.type == "cpu" and x.data_ptr() == batch.samples.ctypes.data
     pipe.stop()
 
 

@@ -73,7 +73,7 @@ def test_the_docs_example_runs_as_written(images, monkeypatch):
     pipe, x, y = scope["pipe"], scope["x"], scope["y"]
     assert pipe.finished
     assert x.dtype == torch.float32 and x.shape == (COUNT - 16, 3, 224, 224)  # the last batch: 24 = 16 + 8
-    assert y.dtype == torch.int32 and y.shape == (COUNT - 16,)
+    assert y.dtype == torch.int64 and y.shape == (COUNT - 16,)
 
 
 def test_decode_crop_window_batches_every_image_once_with_its_label_without_a_copy(images):
@@ -84,7 +84,7 @@ def test_decode_crop_window_batches_every_image_once_with_its_label_without_a_co
     for batch in pipe:
         x, y = torch.from_dlpack(batch.samples), torch.from_dlpack(batch.labels)
         assert x.dtype == torch.float32 and x.shape[1:] == (3, 32, 32)
-        assert x.data_ptr() == batch.samples.data_ptr and y.data_ptr() == batch.labels.data_ptr
+        assert x.data_ptr() == batch.samples.ctypes.data and y.data_ptr() == batch.labels.ctypes.data
         assert torch.isfinite(x).all() and x.abs().max() < 3  # normalized: (x/255 - mean)/std
         labels.update(y.tolist())
     assert labels == collections.Counter(labels_of(images))
@@ -101,7 +101,7 @@ def test_the_two_stage_form_decodes_then_crops(images):
             .map("collate", stoker.Collate())
             .build())
     batches = list(pipe)
-    assert [len(b) for b in batches] == [10, 10, 4]
+    assert [b.count for b in batches] == [10, 10, 4]
     for b in batches:
         x = torch.from_dlpack(b.samples)
         assert x.dtype == torch.float32 and x.shape[1:] == (3, 32, 32)
