@@ -63,7 +63,9 @@ struct ImagesOptions {
   std::uint32_t size = 224;
   std::size_t batch = 256;
   std::uint64_t seed = 0;
-  std::string torchvision;  // torchvision_images.py; empty: not run
+  std::string torchvision;     // torchvision_images.py; empty: not run
+  bool python_loader = false;  // also run it with --loader stoker (stoker.ImageLoader)
+  bool pin_memory = false;     // pin_memory=True for both
   std::string python = "/usr/bin/python3";
   std::vector<std::string> only;  // contenders to run; empty: all
   bool cold = false;              // every run with empty pools
@@ -403,13 +405,15 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
-// One timed epoch of torchvision_images.py on `workers` workers, after an untimed one: its images/s.
-double run_torchvision(const ImagesOptions& o, int workers) {
-  const std::string command = shell_quote(o.python) + " " + shell_quote(o.torchvision) + " --data " +
-                              shell_quote(o.data) + " --workers " + std::to_string(workers) + " --warmup 1 --epochs 1" +
-                              " --images " + std::to_string(o.images) + " --size " + std::to_string(o.size) +
-                              " --batch " + std::to_string(o.batch) + " --seed " + std::to_string(o.seed) +
-                              " --json 2>/dev/null";
+// torchvision_images.py with `loader` (torchvision or stoker) on `workers` workers: the median
+// images/s of three timed epochs after an untimed one, the steady state of a process that keeps
+// its workers (or pipeline) from epoch to epoch, as the C++ contenders keep their pools.
+double run_python(const ImagesOptions& o, const char* loader, int workers) {
+  const std::string command = shell_quote(o.python) + " " + shell_quote(o.torchvision) + " --loader " + loader +
+                              " --data " + shell_quote(o.data) + " --workers " + std::to_string(workers) +
+                              " --warmup 1 --epochs 3" + " --images " + std::to_string(o.images) + " --size " +
+                              std::to_string(o.size) + " --batch " + std::to_string(o.batch) + " --seed " +
+                              std::to_string(o.seed) + (o.pin_memory ? " --pin-memory" : "") + " --json 2>/dev/null";
   FILE* child = ::popen(command.c_str(), "r");
   if (!child) throw std::runtime_error("images: cannot run " + o.python + ": " + std::strerror(errno));
   std::string out;
@@ -442,7 +446,7 @@ std::string fixed(double v, int digits) {
 }
 
 const std::string kContenders[] = {"stoker_pipeline", "stoker_pipeline_resize_in_map", "tight_loop",
-                                   "torchvision_dataloader"};
+                                   "torchvision_dataloader", "stoker_python_loader"};
 
 Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
   const std::vector<int> thread_counts = opt.threads.empty() ? default_threads() : opt.threads;
@@ -452,11 +456,14 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
   for (const auto& name : opt.only)
     if (std::find(std::begin(kContenders), std::end(kContenders), name) == std::end(kContenders))
       throw std::invalid_argument("images: --only " + name +
-                                  ": the contenders are stoker_pipeline, stoker_pipeline_resize_in_map, tight_loop "
-                                  "and torchvision_dataloader");
+                                  ": the contenders are stoker_pipeline, stoker_pipeline_resize_in_map, tight_loop, "
+                                  "torchvision_dataloader and stoker_python_loader");
   const bool torchvision = !opt.torchvision.empty() && wanted("torchvision_dataloader");
+  const bool python_loader = opt.python_loader && wanted("stoker_python_loader");
   if (wanted("torchvision_dataloader") && !opt.only.empty() && opt.torchvision.empty())
     throw std::invalid_argument("images: --only torchvision_dataloader needs --torchvision SCRIPT");
+  if (opt.python_loader && opt.torchvision.empty())
+    throw std::invalid_argument("images: --python-loader needs --torchvision SCRIPT, which runs it");
 
   auto data = ImageDataset::open(opt.data);
   if (opt.images != 0 && opt.images < data->size()) {
@@ -506,7 +513,7 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
   struct Contender {
     std::string name;
     int threads;
-    std::function<RunResult(bool deep, std::vector<Pools>&)> run;  // null for torchvision
+    std::function<RunResult(bool deep, std::vector<Pools>&)> run;  // null for the Python children
     std::vector<Pools> pools{};
     std::vector<double> rates{}, cpu_ms{}, rss_growth_mib{};
     RunResult last{};
@@ -526,6 +533,7 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
                               return run_tight_loop(job, n, deep, pools);
                             }});
     if (torchvision) contenders.push_back({"torchvision_dataloader", n, nullptr});
+    if (python_loader) contenders.push_back({"stoker_python_loader", n, nullptr});
   }
   if (contenders.empty()) throw std::invalid_argument("images: no contender to run");
 
@@ -556,7 +564,7 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
       Contender& c = contenders[(k + static_cast<std::size_t>(rep)) % contenders.size()];
       const Confined cores(c.threads);
       if (!c.run) {
-        c.rates.push_back(run_torchvision(opt, c.threads));
+        c.rates.push_back(run_python(opt, c.name == "stoker_python_loader" ? "stoker" : "torchvision", c.threads));
         continue;
       }
       if (opt.cold) c.pools.clear();
@@ -616,11 +624,12 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
     }
     results.push_back(std::move(entry));
   }
-  Json ratios = Json::array(), vs_tight = Json::object(), vs_torch = Json::object();
+  Json ratios = Json::array(), vs_tight = Json::object(), vs_torch = Json::object(), loader_vs_torch = Json::object(),
+       loader_vs_pipeline = Json::object();
   std::cout << "\n";
   for (int n : thread_counts) {
     const Contender *p = find("stoker_pipeline", n), *t = find("tight_loop", n), *v = find("torchvision_dataloader", n),
-                    *m = find("stoker_pipeline_resize_in_map", n);
+                    *m = find("stoker_pipeline_resize_in_map", n), *l = find("stoker_python_loader", n);
     if (!p) continue;
     Json r = {{"threads", n}};
     const double pm = spread(p->rates).median;
@@ -640,6 +649,16 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
       r["stoker_over_torchvision"] = q;
       vs_torch[std::to_string(n)] = q;
       std::cout << "  stoker / torchvision DataLoader " << fixed(q, 2) << " (goal >= 3)";
+    }
+    if (l) {
+      const double lm = spread(l->rates).median;
+      r["python_loader_over_stoker_pipeline"] = loader_vs_pipeline[std::to_string(n)] = lm / pm;
+      std::cout << "\n        stoker.ImageLoader / the C++ pipeline " << fixed(lm / pm, 3) << " (goal >= 0.9)";
+      if (v) {
+        r["python_loader_over_torchvision"] = loader_vs_torch[std::to_string(n)] = lm / spread(v->rates).median;
+        std::cout << "  stoker.ImageLoader / torchvision DataLoader " << fixed(lm / spread(v->rates).median, 2)
+                  << " (goal >= 3)";
+      }
     }
     std::cout << "\n";
     ratios.push_back(std::move(r));
@@ -691,6 +710,12 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
     out["ratio"]["stoker_over_torchvision"] = vs_torch;
     out["ratio"]["goal_vs_torchvision"] = 3.0;
   }
+  if (python_loader) {
+    out["ratio"]["python_loader_over_stoker_pipeline"] = loader_vs_pipeline;
+    out["ratio"]["goal_python_loader_vs_stoker_pipeline"] = 0.9;
+    if (torchvision) out["ratio"]["python_loader_over_torchvision"] = loader_vs_torch;
+  }
+  out["config"]["pin_memory"] = opt.pin_memory;
   out["page_cache"] = {{"resident_before_runs", cached_before}, {"resident_after_runs", cached_after}};
   out["memory"] = {{"peak_rss_per_run", peak_resets},
                    {"process_peak_rss_mib", status_kib("VmHWM:") / 1024},
@@ -727,12 +752,17 @@ SuiteRun setup_images(CLI::App& command) {
       ->type_name("SCRIPT");
   command.add_option("--python", o->python, "The Python that runs --torchvision (Debian's, with python3-torchvision)")
       ->capture_default_str();
+  command.add_flag("--python-loader", o->python_loader,
+                   "Also run the --torchvision script with --loader stoker: stoker.ImageLoader from Python, on N "
+                   "threads, in the same rotation (stoker must be on the PYTHONPATH)");
+  command.add_flag("--pin-memory", o->pin_memory, "pin_memory=True for the Python loaders (nothing without a GPU)");
   command.add_flag("--cold", o->cold,
                    "Start every run with empty buffer pools, as a first epoch does (default: each contender keeps "
                    "its pools from run to run, as later epochs do); for the peak RSS of one run");
   command
       .add_option("--only", o->only,
-                  "Run only these contenders (stoker_pipeline, tight_loop, torchvision_dataloader), e.g. to measure "
+                  "Run only these contenders (stoker_pipeline, tight_loop, torchvision_dataloader, "
+                  "stoker_python_loader), e.g. to measure "
                   "one's peak RSS with /usr/bin/time -v")
       ->delimiter(',');
   return [o](const CommonOptions& common) { return run_images(*o, common); };

@@ -2,13 +2,18 @@
 # SPDX-License-Identifier: Apache-2.0
 """The image job the way a PyTorch user writes it, for stoker-bench images to compare against.
 
-An ImageFolder-style data set on a list file of `path label` lines (or torchvision's ImageFolder
-on a class folder), images opened with PIL and converted to RGB as torchvision's default loader
-does, RandomResizedCrop(224), RandomHorizontalFlip(), ToTensor(), Normalize(ImageNet's mean and
-std), and a DataLoader(batch_size=256, shuffle=True, num_workers=N). Each epoch is timed from
-asking the loader for its first batch (its workers start then, as in every epoch of a training
-loop that does not keep them) to receiving its last, after an untimed warm-up epoch; the figure is
-images per second.
+--loader torchvision (the default): an ImageFolder-style data set on a list file of `path label`
+lines (or torchvision's ImageFolder on a class folder), images opened with PIL and converted to RGB
+as torchvision's default loader does, RandomResizedCrop(224), RandomHorizontalFlip(), ToTensor(),
+Normalize(ImageNet's mean and std), and a DataLoader(batch_size=256, shuffle=True, num_workers=N,
+persistent_workers=True, pin_memory as asked).
+
+--loader stoker: the same job in one call, stoker.ImageLoader(data, batch_size, threads=N,
+pin_memory as asked), which gives the same (images, labels) torch tensors; needs the stoker module
+on the path (PYTHONPATH=build/python, or installed).
+
+Each epoch is timed from asking the loader for its first batch to receiving its last, after an
+untimed warm-up epoch; the figure is images per second.
 
     /usr/bin/python3 torchvision_images.py --data data/inet/train.txt --workers 2 --epochs 5 --json
 
@@ -33,6 +38,8 @@ def parse_args():
     p.add_argument("--size", type=int, default=224, help="RandomResizedCrop's size")
     p.add_argument("--batch", type=int, default=256, help="batch size")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--loader", choices=["torchvision", "stoker"], default="torchvision")
+    p.add_argument("--pin-memory", action="store_true", help="pin_memory=True (it does nothing without a GPU)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object on the last line")
     args = p.parse_args()
     if args.workers < 1 or args.epochs < 1 or args.images < 0 or args.size < 1 or args.batch < 1 or args.warmup < 0:
@@ -86,14 +93,35 @@ def main():
         transforms.ToTensor(),
         transforms.Normalize(mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225]),
     ])
-    if os.path.isdir(args.data):
-        data = torchvision.datasets.ImageFolder(args.data, transform=transform)
+    if args.loader == "stoker":
+        try:
+            import stoker
+        except ImportError as e:
+            sys.exit(f"torchvision_images.py: {e}: put stoker on the path (PYTHONPATH=build/python)")
+        data = stoker.ImageDataset.open(args.data)
+        if args.images:
+            data = data.subset(list(range(min(args.images, len(data)))))
+        loader = stoker.ImageLoader(data, batch_size=args.batch, size=args.size, threads=args.workers,
+                                    seed=args.seed, pin_memory=args.pin_memory)
+        name = "stoker_python_loader"
+        pipeline = ("stoker.ImageLoader(data, batch_size=%d, size=%d, threads=%d, pin_memory=%s)"
+                    % (args.batch, args.size, args.workers, args.pin_memory))
+        versions = {"torch": torch.__version__, "stoker": stoker.__version__}
     else:
-        data = ImageList(args.data, transform)
-    if args.images:
-        data = torch.utils.data.Subset(data, range(min(args.images, len(data))))
-    torch.manual_seed(args.seed)
-    loader = DataLoader(data, batch_size=args.batch, shuffle=True, num_workers=args.workers)
+        if os.path.isdir(args.data):
+            data = torchvision.datasets.ImageFolder(args.data, transform=transform)
+        else:
+            data = ImageList(args.data, transform)
+        if args.images:
+            data = torch.utils.data.Subset(data, range(min(args.images, len(data))))
+        torch.manual_seed(args.seed)
+        loader = DataLoader(data, batch_size=args.batch, shuffle=True, num_workers=args.workers,
+                            persistent_workers=True, pin_memory=args.pin_memory)
+        name = "torchvision_dataloader"
+        pipeline = ("PIL open + convert('RGB'), RandomResizedCrop(%d), RandomHorizontalFlip(), ToTensor(), "
+                    "Normalize(ImageNet), DataLoader(batch_size=%d, shuffle=True, num_workers=%d, "
+                    "persistent_workers=True, pin_memory=%s)" % (args.size, args.batch, args.workers, args.pin_memory))
+        versions = {"torch": torch.__version__, "torchvision": torchvision.__version__, "pil": PIL.__version__}
 
     rates = []
     for epoch in range(-args.warmup, args.epochs):
@@ -113,17 +141,15 @@ def main():
             rates.append(images / seconds)
 
     result = {
-        "name": "torchvision_dataloader",
+        "name": name,
         "workers": args.workers,
         "images": len(data),
         "images_per_s_median": statistics.median(rates),
         "images_per_s_min": min(rates),
         "images_per_s_max": max(rates),
         "samples": rates,
-        "versions": {"torch": torch.__version__, "torchvision": torchvision.__version__, "pil": PIL.__version__},
-        "pipeline": "PIL open + convert('RGB'), RandomResizedCrop(%d), RandomHorizontalFlip(), ToTensor(), "
-                    "Normalize(ImageNet), DataLoader(batch_size=%d, shuffle=True, num_workers=%d)"
-                    % (args.size, args.batch, args.workers),
+        "versions": versions,
+        "pipeline": pipeline,
     }
     print(f"median {result['images_per_s_median']:.1f} images/s with {args.workers} workers")
     if args.json:
