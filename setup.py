@@ -49,6 +49,11 @@ class CMakeBuild(build_ext):
             "-DCMAKE_POSITION_INDEPENDENT_CODE=ON",
             *shlex.split(os.environ.get("STOKER_PIP_CMAKE_ARGS", "")),
         ]
+        try:  # pybind11 from pip keeps its CMake package inside site-packages, where CMake does not look
+            import pybind11
+            configure.append(f"-Dpybind11_DIR={pybind11.get_cmake_dir()}")
+        except ImportError:
+            pass
         jobs = os.environ.get("STOKER_JOBS") or str(os.cpu_count() or 1)
         subprocess.run(configure, check=True)
         subprocess.run(["cmake", "--build", str(build), "--target", "stoker_python", "--parallel", jobs], check=True)

@@ -45,6 +45,7 @@ SlotPool::SlotPool(std::shared_ptr<Device> device, Kind kind, std::size_t slots,
                    SlotPoolOptions options)
     : BufferPool(0), device_(std::move(device)), kind_(kind), slot_bytes_(slot_bytes), options_(std::move(options)) {
   slots_.reserve(slots);
+  pending_.reserve(slots);  // a slot is pending once at most: release() never allocates there
   for (std::size_t i = 0; i < slots; ++i) {
     Memory m = kind == Kind::pinned ? device_->allocate_pinned(slot_bytes) : device_->allocate(slot_bytes);
     slots_.push_back({std::move(m), {}, {}});
@@ -74,34 +75,34 @@ std::size_t SlotPool::slot_of(const std::byte* data) const {
   throw std::invalid_argument("slot pool: this buffer is not one of the pool's");
 }
 
+std::size_t SlotPool::slot_containing(const void* data) const {
+  const auto* p = static_cast<const std::byte*>(data);
+  for (std::size_t i = 0; i < slots_.size(); ++i)
+    if (p >= slots_[i].memory.data() && p < slots_[i].memory.data() + slot_bytes_) return i;
+  throw std::invalid_argument("slot pool '" + options_.name + "': this address is in none of its buffers");
+}
+
 // A buffer given back without release_after (a batch dropped before any use, a DLPack tensor
 // released) may still be written by the work that fills it, and read by the streams it was
 // handed to: it waits for the slot's own event and for each of those streams, recorded now.
 void SlotPool::release(std::byte* data, std::size_t) noexcept {
-  std::vector<std::shared_ptr<Stream>> consumers;  // let go after the lock
-  std::size_t slot = 0;
-  {
-    std::lock_guard lock(wake_->mutex);
-    slot = slot_of(data);
-    consumers = std::move(slots_[slot].consumers);
-    slots_[slot].consumers.clear();
-  }
-  // The slot is in no list now, nobody else's: its events need no lock, and a stream's record
-  // is not made under the pool's lock.
+  const std::size_t i = slot_of(data);  // the slots never change: no lock
   try {
-    for (std::size_t k = 0; k < consumers.size(); ++k) consumers[k]->record(*slots_[slot].events[1 + k]);
+    give_back(i, {});
   } catch (...) {
-    // A failed record (a sticky CUDA error: the device runs no more work) keeps the point
-    // record_stream() recorded when the stream was named.
+    // Recording failed (a sticky CUDA error: the device runs no more work): the slot keeps the
+    // points record_stream() recorded when its streams were named.
     detail::log_teardown_failure("a slot pool's buffer given back after its consumers' streams");
+    {
+      std::lock_guard lock(wake_->mutex);
+      Slot& slot = slots_[i];
+      pending_.push_back({i, 1 + slot.consumers.size(), false, std::move(slot.consumers)});
+      slot.consumers.clear();
+      ++returns_;
+      ++wake_->generation;
+    }
+    wake_->changed.notify_all();
   }
-  {
-    std::lock_guard lock(wake_->mutex);
-    pending_.push_back({slot, 1 + consumers.size()});
-    ++returns_;
-    ++wake_->generation;
-  }
-  wake_->changed.notify_all();
 }
 
 bool SlotPool::passed(std::size_t slot, std::size_t events) const {
@@ -110,12 +111,14 @@ bool SlotPool::passed(std::size_t slot, std::size_t events) const {
   return true;
 }
 
-std::optional<Buffer> SlotPool::take_free(std::unique_lock<std::mutex>&, std::size_t bytes) {
+std::optional<Buffer> SlotPool::take_free(std::unique_lock<std::mutex>&, std::size_t bytes,
+                                          std::vector<std::shared_ptr<Stream>>& retired) {
   if (free_.empty())  // slots whose events the device has passed come back now
-    std::erase_if(pending_, [&](const Pending& p) {
+    std::erase_if(pending_, [&](Pending& p) {
       if (!passed(p.slot, p.events)) return false;
       free_.push_back(p.slot);
       ++returns_;
+      for (auto& stream : p.named) retired.push_back(std::move(stream));
       return true;
     });
   if (free_.empty()) return std::nullopt;
@@ -128,16 +131,18 @@ std::optional<Buffer> SlotPool::try_acquire(std::size_t bytes) {
   if (bytes > slot_bytes_)
     throw std::invalid_argument("slot pool: " + std::to_string(bytes) + " bytes asked for, but its buffers hold " +
                                 std::to_string(slot_bytes_));
+  std::vector<std::shared_ptr<Stream>> retired;  // let go after the lock
   std::unique_lock lock(wake_->mutex);
-  return take_free(lock, bytes);
+  return take_free(lock, bytes, retired);
 }
 
 Buffer SlotPool::acquire(std::size_t bytes, const StageContext& ctx) {
   using namespace std::chrono_literals;
   using Clock = std::chrono::steady_clock;
   if (bytes > slot_bytes_) (void)try_acquire(bytes);  // throws the size error
+  std::vector<std::shared_ptr<Stream>> retired;       // let go after the lock
   std::unique_lock lock(wake_->mutex);
-  if (auto b = take_free(lock, bytes)) return std::move(*b);
+  if (auto b = take_free(lock, bytes, retired)) return std::move(*b);
   // Exhausted: the stage calling waits for its consumer, as with a full output queue.
   const BlockedTime blocked(ctx);
   ++waiters_;
@@ -155,7 +160,7 @@ Buffer SlotPool::acquire(std::size_t bytes, const StageContext& ctx) {
     // that window through the public interface since a context's pipeline link is opaque: one
     // that gave buffers back at random points of 200,000 waits passed with and without this.)
     const std::uint64_t seen = wake_->generation;
-    if (auto b = take_free(lock, bytes)) return std::move(*b);
+    if (auto b = take_free(lock, bytes, retired)) return std::move(*b);
     if (ctx.stop.stop_requested()) throw PipelineStopped();
     // The stage that gives buffers back may need this very thread: run it here meanwhile.
     lock.unlock();
@@ -215,43 +220,54 @@ void SlotPool::release_after(Buffer buffer, std::span<Stream* const> streams) {
   if (buffer.pool() != this) throw std::invalid_argument("slot pool: release_after got a buffer of another pool");
   if (streams.empty()) return;                 // `buffer` comes back through release(), after the slot's event
   const auto keep_alive = shared_from_this();  // `buffer` may hold the last reference
-  const std::size_t i = slot_of(buffer.data());
-  Slot& slot = slots_[i];
-  // The slot is the holder's alone until it is pending: its events need no lock.
-  std::vector<Stream*> all(streams.begin(), streams.end());
-  std::vector<std::shared_ptr<Stream>> consumers;
+  give_back(slot_of(buffer.data()), streams);  // if it throws, `buffer` comes back through release()
+  disown(buffer);                              // the slot comes back through its events, in take_free()
+}
+
+void SlotPool::give_back(std::size_t i, std::span<Stream* const> streams) {
+  Slot& slot = slots_[i];  // the holder's alone until it is pending: its events need no lock
+  std::vector<std::shared_ptr<Stream>> named;
+  bool waiting = false;
   {
     std::lock_guard lock(wake_->mutex);
-    consumers = std::move(slot.consumers);
+    named = std::move(slot.consumers);
     slot.consumers.clear();
+    waiting = waiters_ > 0;
   }
-  for (const auto& c : consumers)
+  std::vector<Stream*> all(streams.begin(), streams.end());
+  for (const auto& c : named)
     if (std::find(all.begin(), all.end(), c.get()) == all.end()) all.push_back(c.get());
-  const std::size_t events = record_release(slot, all);
+  // The points to pass: its own event ([0]), then each stream's present end. Recorded outside
+  // the pool's lock.
+  try {
+    while (slot.events.size() < 1 + all.size()) slot.events.push_back(device_->make_event());
+    for (std::size_t k = 0; k < all.size(); ++k) all[k]->record(*slot.events[1 + k]);
+  } catch (...) {
+    std::lock_guard lock(wake_->mutex);
+    slot.consumers = std::move(named);  // for the release that follows
+    throw;
+  }
+  const std::size_t events = 1 + all.size();
   // A stage waiting in acquire() now would otherwise only find out by polling: the pool's own
   // stream waits for the slot's events and then tells it. Not the streams that used the buffer:
   // those are the caller's (a training step's), and a host task there would put a trip to the
   // host between their kernels. Without a waiter, the trip would be for nothing.
-  bool announce = false;
-  {
-    std::lock_guard lock(wake_->mutex);
-    announce = waiters_ > 0;
+  bool announced = false;
+  if (waiting) {
+    try {
+      announce_after(slot, events);
+      announced = true;
+    } catch (...) {  // then it is polled for
+    }
   }
-  if (announce) announce_after(slot, events);  // while the slot is still the holder's: its events need no lock
-  disown(buffer);                              // the slot comes back through its events, in take_free()
   {
     std::lock_guard lock(wake_->mutex);
     // A waiter that came since finds the slot unannounced, and polls for it.
-    pending_.push_back({i, events, announce});
+    pending_.push_back({i, events, announced, std::move(named)});
+    ++returns_;
     ++wake_->generation;
   }
   wake_->changed.notify_all();
-}
-
-std::size_t SlotPool::record_release(Slot& slot, std::span<Stream* const> streams) {
-  while (slot.events.size() < 1 + streams.size()) slot.events.push_back(device_->make_event());
-  for (std::size_t k = 0; k < streams.size(); ++k) streams[k]->record(*slot.events[1 + k]);
-  return 1 + streams.size();
 }
 
 void SlotPool::announce_after(Slot& slot, std::size_t events) {
@@ -265,10 +281,10 @@ Event& SlotPool::event(const Buffer& buffer) { return *slots_[slot_of(buffer.dat
 
 void SlotPool::record_stream(const void* data, std::shared_ptr<Stream> stream) {
   if (!stream) throw std::invalid_argument("slot pool '" + options_.name + "': record_stream got no stream");
+  const std::size_t i = slot_containing(data);
   Event* point = nullptr;
   {
     std::lock_guard lock(wake_->mutex);
-    const std::size_t i = slot_of(static_cast<const std::byte*>(data));
     const bool given_back =
         std::find(free_.begin(), free_.end(), i) != free_.end() ||
         std::any_of(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.slot == i; });
@@ -281,9 +297,16 @@ void SlotPool::record_stream(const void* data, std::shared_ptr<Stream> stream) {
     slot.consumers.push_back(stream);
     point = slot.events[slot.consumers.size()].get();
   }
-  // Marked now as well: a stream that cannot be recorded on fails here, in the caller's hands,
-  // and should the record at the release fail, this point still holds the slot back.
-  stream->record(*point);
+  // Marked now as well: a stream that cannot be recorded on fails here, in the caller's hands
+  // (and is not named), and should the record at the release fail, this point still holds.
+  try {
+    stream->record(*point);
+  } catch (...) {
+    std::lock_guard lock(wake_->mutex);
+    auto& consumers = slots_[i].consumers;
+    consumers.erase(std::find(consumers.begin(), consumers.end(), stream));
+    throw;
+  }
 }
 
 MemoryKind SlotPool::memory_kind() const noexcept {

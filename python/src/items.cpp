@@ -137,8 +137,9 @@ py::object host_array(std::shared_ptr<DLManagedTensor> tensor) {
   void* data = static_cast<std::byte*>(t.data) + t.byte_offset;
   const py::dtype type(numpy_type(t.dtype));
   // The array's base owns the tensor: the buffer goes back when the array and its views do.
-  py::capsule owner(new std::shared_ptr<DLManagedTensor>(std::move(tensor)),
-                    [](void* p) { delete static_cast<std::shared_ptr<DLManagedTensor>*>(p); });
+  auto held = std::make_unique<std::shared_ptr<DLManagedTensor>>(std::move(tensor));
+  py::capsule owner(held.get(), [](void* p) { delete static_cast<std::shared_ptr<DLManagedTensor>*>(p); });
+  held.release();  // the capsule's now
   return strides.empty() ? py::array(type, shape, {}, data, owner) : py::array(type, shape, strides, data, owner);
 }
 
@@ -149,6 +150,8 @@ DeviceTensor::DeviceTensor(std::shared_ptr<DLManagedTensor> tensor, gpu::Event* 
 py::object DeviceTensor::dlpack(const py::object& stream) const {
   const std::intptr_t s = stream.is_none() ? kLegacyDefaultStream : stream.cast<std::intptr_t>();
   if (s == 0) throw py::value_error("__dlpack__: stream 0 is ambiguous; pass 1 for the legacy default stream");
+  if (s < kNoSynchronization)
+    throw py::value_error("__dlpack__: stream " + std::to_string(s) + " is not a CUDA stream (-1 asks for none)");
   if (s != kNoSynchronization) {
     // The consumer's stream waits for the copy or kernels that filled the batch (the host does
     // not), and the buffer is not reused before that stream passes the point of its release.

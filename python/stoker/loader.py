@@ -67,9 +67,11 @@ class ImageLoader:
     torchvision's ``Normalize(mean, std)`` after ``ToTensor()``; ``channels_last=True`` gives
     them in ``torch.channels_last`` memory format. labels: int64 ``[batch]`` (``labels=torch.int32``
     on request). On ``device="cuda"`` (or ``"cuda:N"``) both are on the GPU: each batch is
-    collated into pinned memory and copied by stoker in one copy, and the tensors are safe to
-    use on any stream the training loop runs (the DLPack stream protocol). ``pin_memory=True``
-    with ``device="cpu"`` gives pinned CPU tensors for the loop to copy itself.
+    collated into pinned memory and copied by stoker in one copy; the stream current when a batch
+    is handed over waits for the copy, and the buffer is not reused before that stream has passed
+    the point where the tensors were freed (the DLPack stream protocol; other streams:
+    ``torch.Tensor.record_stream`` on a copy). ``pin_memory=True`` with ``device="cpu"`` gives
+    pinned CPU tensors for the loop to copy itself, on the stream current when it gets them.
 
     threads: the pipeline's threads (default: every core this process may run on). seed: the
     crops, flips and orders of every epoch follow from it; two loaders with the same seed and
@@ -83,7 +85,8 @@ class ImageLoader:
     ``len(loader)`` is the batches of an epoch for this rank; ``set_epoch(n)`` makes the next
     iteration epoch ``n`` (each iteration is otherwise the next epoch); ``state_dict()`` /
     ``load_state_dict()`` resume mid-epoch exactly, at the same or another world size, as
-    torchdata's ``StatefulDataLoader`` spells them. ``close()`` (or a ``with`` block) stops the
+    torchdata's ``StatefulDataLoader`` spells them (with ``on_error="fail"``: images skipped with
+    ``"skip"`` shift the positions a state counts). ``close()`` (or a ``with`` block) stops the
     pipeline's threads.
     """
 
@@ -166,15 +169,15 @@ class ImageLoader:
             index = self.device.index if self.device.index is not None else torch.cuda.current_device()
             self.device = torch.device("cuda", index)
         self.pin_memory = bool(pin_memory) and self.device.type == "cpu"
-        if self.pin_memory and not cuda:
-            warnings.warn("ImageLoader: pin_memory=True, but no CUDA device is visible: batches are in pageable memory",
-                          stacklevel=2)
+        if self.pin_memory and not (cuda and torch.cuda.is_available()):
+            warnings.warn("ImageLoader: pin_memory=True, but no CUDA device is visible (to stoker and to PyTorch): "
+                          "batches are in pageable memory", stacklevel=2)
             self.pin_memory = False
         self._pin_device = torch.cuda.current_device() if self.pin_memory else None
 
         self._epoch = 0          # the epoch the next iteration yields
         self._cut = 0            # of that epoch, positions of its order taken before (a resume)
-        self._taken = 0          # batches this rank took of the epoch being iterated
+        self._batches = 0        # batches this rank took of the epoch being iterated
         self._iterating = False  # an iteration took a batch and has not reached the epoch's end
         self._pipe = None        # the running pipeline, and the (epoch, cut) it was built for
         self._pipe_start: Optional[Tuple[int, int]] = None
@@ -184,14 +187,14 @@ class ImageLoader:
 
     def __len__(self) -> int:
         """Batches per epoch for this rank (a whole epoch's, as DataLoader's len())."""
-        return self._batches(self._per_rank(0))
+        return self._batches_of(self._per_rank(0))
 
     def set_epoch(self, epoch: int) -> None:
         """The next iteration yields epoch ``epoch`` (DistributedSampler.set_epoch)."""
         if epoch < 0:
             raise ValueError(f"ImageLoader.set_epoch: epoch must not be negative, not {epoch}")
         if epoch != self._epoch or self._iterating:
-            self._epoch, self._cut, self._iterating, self._taken = int(epoch), 0, False, 0
+            self._epoch, self._cut, self._iterating, self._batches = int(epoch), 0, False, 0
 
     @property
     def epoch(self) -> int:
@@ -205,7 +208,7 @@ class ImageLoader:
 
     def __iter__(self) -> Iterator[Tuple[Any, Any]]:
         if self._iterating:  # an iteration left before the epoch's end: a new one is the next epoch
-            self._epoch, self._cut, self._iterating, self._taken = self._epoch + 1, 0, False, 0
+            self._epoch, self._cut, self._iterating, self._batches = self._epoch + 1, 0, False, 0
         return self._iterate()
 
     def _iterate(self):
@@ -213,16 +216,17 @@ class ImageLoader:
         if self._pipe is None or self._pipe_start != start:
             self._build(*start)
         pipe = self._pipe
-        self._taken = 0
+        self._pipe_start = None  # no longer at an epoch's start, until this one ends
+        self._batches = 0
         self._iterating = True
         for batch in pipe.epoch():
             images, labels = self._tensors(batch)
             del batch
-            self._taken += 1
+            self._batches += 1
             yield images, labels
         # The epoch's end: the pipeline has started the next one, which the next iteration takes.
         self._iterating = False
-        self._epoch, self._cut, self._taken = self._epoch + 1, 0, 0
+        self._epoch, self._cut, self._batches = self._epoch + 1, 0, 0
         self._pipe_start = (self._epoch, 0)
 
     # -- torchdata's StatefulDataLoader conventions ---------------------------------------------
@@ -235,10 +239,10 @@ class ImageLoader:
         same images, and each image with the same crop and flip."""
         epoch, cut = self._epoch, self._cut
         if self._iterating:
-            if self._taken >= self._batches(self._per_rank(cut)):
+            if self._batches >= self._batches_of(self._per_rank(cut)):
                 epoch, cut = epoch + 1, 0  # every batch of the epoch was taken
             else:
-                cut = min(cut + self._taken * self.batch_size * self.world_size, len(self.dataset))
+                cut = min(cut + self._batches * self.batch_size * self.world_size, len(self.dataset))
         return {
             "version": _STATE_VERSION,
             "epoch": epoch,
@@ -267,7 +271,7 @@ class ImageLoader:
         if not 0 <= taken < len(self.dataset):
             raise ValueError(f"ImageLoader.load_state_dict: taken {taken} is not a position of the "
                              f"{len(self.dataset)} images' order")
-        self._epoch, self._cut, self._iterating, self._taken = int(state["epoch"]), taken, False, 0
+        self._epoch, self._cut, self._iterating, self._batches = int(state["epoch"]), taken, False, 0
 
     # -- the pipeline ---------------------------------------------------------------------------
 
@@ -301,7 +305,7 @@ class ImageLoader:
             return rest // self.world_size
         return -(-rest // self.world_size)
 
-    def _batches(self, images: int) -> int:
+    def _batches_of(self, images: int) -> int:
         if self.drop_last:
             return images // self.batch_size
         return -(-images // self.batch_size)

@@ -851,6 +851,20 @@ stoker::gpu::DeviceBatch batch_of(SlotPool& pool, std::size_t floats) {
                                   floats * sizeof(float), {0});
 }
 
+// A stream on which nothing can be recorded: a release_after() naming it fails.
+class FailingStream final : public stoker::gpu::Stream {
+ public:
+  void copy_to_device(void*, const void*, std::size_t) override {}
+  void copy_to_host(void*, const void*, std::size_t) override {}
+  void copy_on_device(void*, const void*, std::size_t) override {}
+  void record(stoker::gpu::Event&) override { throw stoker::gpu::DeviceError("this stream records nothing"); }
+  void wait(stoker::gpu::Event&) override {}
+  void host_task(std::function<void()>) override {}
+  void synchronize() override {}
+  void check() override {}
+  void* native_handle() noexcept override { return nullptr; }
+};
+
 // The pool's one buffer stays out until `gate` opens and `stream` has passed it.
 void check_out_until(SlotPool& pool, StreamGate& gate, stoker::gpu::Stream& stream) {
   CHECK_FALSE(pool.try_acquire(pool.slot_bytes()).has_value());
@@ -953,17 +967,32 @@ TEST_CASE(
       }
 
       // A device batch exported to DLPack, the consumer's stream named after the export (the
-      // stream __dlpack__ gets), its kernels issued after that, the deleters run before they do.
+      // stream __dlpack__ gets) by the address of its labels, inside the buffer, its kernels
+      // issued after that, the deleters run before they do.
       {
         StreamGate gate(*device);
         stoker::gpu::DeviceBatch b(pool->acquire(512), {.channels = 1, .height = 1, .width = 64}, stoker::DType::f32, 1,
                                    256, {0});
         auto t = stoker::to_dlpack(std::move(b));
-        pool->record_stream(t.samples->dl_tensor.data, consumer);
+        pool->record_stream(t.labels->dl_tensor.data, consumer);
         consumer->synchronize();
         gate.hold(*consumer);
         t.samples->deleter(t.samples);
         t.labels->deleter(t.labels);
+        check_out_until(*pool, gate, *consumer);
+      }
+
+      // A release_after whose own stream cannot be recorded on throws, and the buffer, given back
+      // as it is destroyed, still waits for the stream named before.
+      {
+        StreamGate gate(*device);
+        FailingStream broken;
+        stoker::gpu::Stream* const streams[] = {&broken};
+        auto buffer = pool->acquire(512);
+        pool->record_stream(buffer.data(), consumer);
+        consumer->synchronize();
+        gate.hold(*consumer);
+        CHECK_THROWS_AS(pool->release_after(std::move(buffer), streams), stoker::gpu::DeviceError);
         check_out_until(*pool, gate, *consumer);
       }
 

@@ -277,3 +277,14 @@ def test_on_cuda_pinned_batches_copy_without_blocking_and_arrive_whole(images):
     side.synchronize()
     for (xc, yc), (xg, yg) in zip(cpu, copied):
         assert torch.equal(xc, xg.cpu()) and torch.equal(yc, yg.cpu())
+
+
+def test_set_epoch_after_an_iteration_left_early_gives_that_epoch_whole(images):
+    train = loader(images)
+    list(train)  # epoch 0
+    it = iter(train)
+    next(it)  # epoch 1, left after one batch
+    del it
+    train.set_epoch(1)
+    again = [y.tolist() for _, y in train]
+    assert len(again) == len(train) and sorted(sum(again, [])) == list(range(COUNT))

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Device batches handed to another framework as DLPack tensors, without a copy.
 //
-//   // The framework's stream, as stoker sees it (at::cuda::getCurrentCUDAStream().stream()).
-//   auto consumer = device->borrow_stream(reinterpret_cast<std::uintptr_t>(torch_stream));
+//   // The framework's stream, as stoker sees it (at::cuda::getCurrentCUDAStream().stream(); its
+//   // default stream is the null stream, CUDA's legacy default one: 1 in DLPack's numbering).
+//   auto consumer = device->borrow_stream(torch_stream ? reinterpret_cast<std::uintptr_t>(torch_stream) : 1);
 //   for (auto& b : pipe.epoch()) {
 //     b.use_on(*consumer);  // the framework's stream waits for the copy; the host does not
 //     auto t = stoker::to_dlpack(std::move(b));

@@ -119,15 +119,16 @@ class SlotPool final : public BufferPool {
   /// destroyed without release_after() comes back once the point last recorded on it has
   /// passed: the work that filled it, when its filler recorded that, is never overwritten.
   Event& event(const Buffer& buffer);
-  /// As torch.Tensor.record_stream: `stream` uses the held buffer that starts at `data`, up to
-  /// the buffer's release. When the buffer is given back (destroyed, or release_after()), an
+  /// As torch.Tensor.record_stream: `stream` uses the held buffer that `data` points into, up
+  /// to the buffer's release. When the buffer is given back (destroyed, or release_after()), an
   /// event is recorded on `stream` then, and the slot is not handed out again before the device
   /// has passed it. For a holder that hands the buffer to a consumer whose streams read it after
   /// the hand-off and who frees it without naming them (a DLPack export: the consumer's stream
-  /// given to `__dlpack__`; a pinned batch a framework copies from on its own stream). The
-  /// stream must stay valid until then; naming one twice is once. Thread-safe, but not with the
-  /// buffer's release: the caller holds the buffer, or a reference that keeps it. Throws
-  /// std::invalid_argument when `data` is not the start of one of the pool's held buffers.
+  /// given to `__dlpack__`; a pinned batch a framework copies from on its own stream). The pool
+  /// keeps `stream` alive until the slot is handed out again; naming one twice is once.
+  /// Thread-safe, but not with the buffer's release: the caller holds the buffer, or a
+  /// reference that keeps it. Throws std::invalid_argument when `data` is in none of the pool's
+  /// held buffers, and what recording on `stream` throws (the stream is then not named).
   void record_stream(const void* data, std::shared_ptr<Stream> stream);
   /// The device its memory belongs to.
   const std::shared_ptr<Device>& device() const noexcept { return device_; }
@@ -144,7 +145,12 @@ class SlotPool final : public BufferPool {
            SlotPoolOptions options);
   void release(std::byte* data, std::size_t size) noexcept override;
   std::size_t slot_of(const std::byte* data) const;
-  std::optional<Buffer> take_free(std::unique_lock<std::mutex>& held, std::size_t bytes);
+  /// The slot whose memory holds `data`, anywhere in it.
+  std::size_t slot_containing(const void* data) const;
+  /// `retired`: the streams of the slots that came back, for the caller to let go of once it
+  /// has let go of the lock (a stream's destructor waits for its work).
+  std::optional<Buffer> take_free(std::unique_lock<std::mutex>& held, std::size_t bytes,
+                                  std::vector<std::shared_ptr<Stream>>& retired);
   bool passed(std::size_t slot, std::size_t events) const;
   [[noreturn]] void time_out(std::chrono::steady_clock::duration waited) const;
 
@@ -156,13 +162,15 @@ class SlotPool final : public BufferPool {
     /// [0] the slot's own event (a batch's ready()); [1..] one per stream that used it, recorded
     /// when it is given back, made as needed.
     std::vector<std::unique_ptr<Event>> events;
-    /// Streams named by record_stream() since the slot was handed out; cleared when handed out.
+    /// Streams named by record_stream() since the slot was handed out; they move to its
+    /// Pending entry when it is given back.
     std::vector<std::shared_ptr<Stream>> consumers;
   };
   struct Pending {
     std::size_t slot;
-    std::size_t events;      // the slot's first `events` events must all be done
-    bool announced = false;  // the pool's stream wakes the waiters once they are
+    std::size_t events;                          // the slot's first `events` events must all be done
+    bool announced = false;                      // the pool's stream wakes the waiters once they are
+    std::vector<std::shared_ptr<Stream>> named;  // kept alive until the slot is handed out
   };
   // What waiters wait on, shared with the host tasks that announce a slot's return: those
   // must not hold the pool itself, whose destructor would then run on a stream's thread.
@@ -172,9 +180,9 @@ class SlotPool final : public BufferPool {
     std::uint64_t generation = 0;  // bumped, under `mutex`, with every notification
     void notify();
   };
-  // Records each of `streams` on the slot's events after its own: the events its return waits for
-  // (the count, given back). Called while the slot is its holder's alone.
-  std::size_t record_release(Slot& slot, std::span<Stream* const> streams);
+  // The one way a slot comes back (release() and release_after()): see the invariant above.
+  // Throws what recording throws, the slot's named streams left in place.
+  void give_back(std::size_t slot, std::span<Stream* const> streams);
   void announce_after(Slot& slot, std::size_t events);
   std::shared_ptr<Device> device_;
   const Kind kind_;
