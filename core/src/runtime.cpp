@@ -1062,31 +1062,38 @@ void PipelineCore::rethrow_if_failed() const {
 // One caller does the stopping and every other waits for it to be done, so that every stop()
 // that returns, from any thread, returns after the bodies and the monitor, whose last records
 // call the counters() callback. A thread of the pipeline's own only asks: it may be running a
-// body (or oneTBB work one waits for) that the waiting would wait for.
+// body (or oneTBB work one waits for) that the waiting would wait for. The end of the run
+// (end_run(), on the consumer's thread) is a phase of the same machine (StopPhase).
 void PipelineCore::stop() noexcept {
   request_stop();
   if (on_own_thread()) return;
-  auto phase = StopPhase::running;
-  if (stop_phase_.compare_exchange_strong(phase, StopPhase::stopping)) {
-    if (tuner_) tuner_->finish();
-    wait_idle();
-    if (monitor_) monitor_->finish();
-    stop_phase_.store(StopPhase::stopped);
-    stop_phase_.notify_all();
-    return;
-  }
-  while (phase != StopPhase::stopped) {
-    stop_phase_.wait(phase);
-    phase = stop_phase_.load();
+  for (auto phase = stop_phase_.load();;) {
+    if (phase == StopPhase::stopped) return;
+    if (phase == StopPhase::ending || phase == StopPhase::stopping) {  // another's: wait for its end
+      stop_phase_.wait(phase);
+      phase = stop_phase_.load();
+      continue;
+    }
+    if (stop_phase_.compare_exchange_strong(phase, StopPhase::stopping)) {  // running or ended: ours
+      if (tuner_) tuner_->finish();
+      wait_idle();
+      if (monitor_) monitor_->finish();
+      stop_phase_.store(StopPhase::stopped);
+      stop_phase_.notify_all();
+      return;
+    }
   }
 }
 
 void PipelineCore::end_run() noexcept {
-  if (stop_phase_.load() != StopPhase::running) return;
+  auto phase = StopPhase::running;
+  if (!stop_phase_.compare_exchange_strong(phase, StopPhase::ending)) return;  // a stop does the rest
   if (tuner_) tuner_->finish();
   request_stop();
   wait_idle();
   if (monitor_) monitor_->end_run();
+  stop_phase_.store(StopPhase::ended);
+  stop_phase_.notify_all();
 }
 
 PipelineSummary PipelineCore::summary(bool counters) const {

@@ -734,6 +734,37 @@ TEST_SUITE("Pipeline") {
     }
   }
 
+  TEST_CASE(
+      "stop() from another thread as the consumer reaches the end of the last epoch: one of them ends the run, and the "
+      "log is whole" *
+      doctest::timeout(120)) {
+    // The consumer's end of the run wrote the run's last records through the log while the
+    // stopper closed it (a crash in about one round in ten): they are one state machine now.
+    const TempDir dir("pipeline");
+    const auto log = (dir / "occupancy.jsonl").string();
+    for (int round = 0; round < 150; ++round) {
+      CAPTURE(round);
+      auto pipe = PipelineBuilder{}
+                      .threads(2)
+                      .epochs(1)
+                      .occupancy_log(log, 1ms)
+                      .source("read", CountUpTo{300})
+                      .batch("batch", 7)
+                      .build();
+      std::thread stopper([&] {
+        std::this_thread::sleep_for(std::chrono::microseconds(round * 53 % 1500));
+        pipe.stop();
+      });
+      while (!pipe.finished()) (void)pipe.next();
+      stopper.join();
+      pipe.stop();
+      std::ifstream in(log);
+      int lines = 0;
+      for (std::string line; std::getline(in, line); ++lines) CHECK(nlohmann::json::accept(line));
+      CHECK(lines > 0);
+    }
+  }
+
   TEST_CASE("an occupancy log that cannot be written is a clear error naming the file") {
     // A path below a regular file can never be created.
     const TempDir dir("pipeline");

@@ -782,6 +782,71 @@ TEST_SUITE("Pipeline runtime") {
     CHECK(a != c);  // the shuffle's seed follows the pipeline's
   }
 
+  TEST_CASE("items and functions that compile: a move-only map function, an item with a const member") {
+    // A lambda owning a unique_ptr: the stage keeps the one function, and copy_per_body says it cannot copy it.
+    auto offset = std::make_unique<int>(100);
+    auto moved = PipelineBuilder{}
+                     .epochs(1)
+                     .source("read", CountUpTo{5})
+                     .map("add", [o = std::move(offset)](int x) { return x + *o; }, {.threads = 2})
+                     .build();
+    CHECK(sorted(drain_epoch(moved)) == std::vector<int>{100, 101, 102, 103, 104});
+    CHECK_THROWS_WITH_AS(
+        PipelineBuilder{}
+            .source("read", CountUpTo{5})
+            .map("add", [o = std::make_unique<int>(1)](int x) { return x + *o; }, {.copy_per_body = true}),
+        doctest::Contains("copy_per_body needs a function that can be copied"), std::invalid_argument);
+
+    struct Named {  // not assignable
+      const int id;
+      std::string name;
+    };
+    auto named = PipelineBuilder{}
+                     .epochs(1)
+                     .deterministic()
+                     .source("read",
+                             [n = 0]() mutable -> std::optional<Named> {
+                               if (n == 20) return std::nullopt;
+                               const int id = n++;
+                               return Named{id, std::to_string(id)};
+                             })
+                     .map("same", [](Named x) { return x; }, {.threads = 2})
+                     .shuffle("mix", {.capacity = 8, .min_after_dequeue = 4})
+                     .batch("batch", 6)
+                     .build();
+    std::vector<int> ids;
+    for (auto& batch : named.epoch())
+      for (const Named& x : batch) {
+        CHECK(x.name == std::to_string(x.id));
+        ids.push_back(x.id);
+      }
+    CHECK(sorted(ids) == iota(20));
+  }
+
+  TEST_CASE("options() sets every option at once: first, then setters change it; after a setter, an error") {
+    // After setters it undid them silently (.threads(1).epochs(1).options({.seed = 3}) ran 2 epochs on 2 threads).
+    PipelineOptions seed3;
+    seed3.seed = 3;
+    CHECK_THROWS_WITH_AS(PipelineBuilder{}.threads(1).epochs(1).options(seed3),
+                         doctest::Contains("would undo the setters called before it"), std::logic_error);
+    CHECK_THROWS_AS(PipelineBuilder{}.source("read", CountUpTo{5}).seed(2).options(seed3), std::logic_error);
+    PipelineOptions first = seed3;
+    first.threads = 2;
+    first.epochs = 5;
+    auto pipe = PipelineBuilder{}
+                    .options(first)
+                    .threads(1)
+                    .epochs(1)
+                    .source("read", CountUpTo{5})
+                    .map("seed", [](int, const StageContext& ctx) { return ctx.seed; })
+                    .build();
+    CHECK(pipe.summary().threads == 1);
+    std::vector<std::uint64_t> seeds;
+    for (auto epoch : pipe.epochs())
+      for (auto s : epoch) seeds.push_back(s);
+    CHECK(seeds == std::vector<std::uint64_t>(5, 3));  // one epoch, the seed options() set
+  }
+
   TEST_CASE("epochs() ends with the run; next() is nullopt at each epoch's end and after the run") {
     auto pipe = PipelineBuilder{}.epochs(3).source("read", CountUpTo{10}).build();
     int epochs = 0;

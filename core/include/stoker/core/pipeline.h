@@ -126,6 +126,7 @@ struct Assembly {
   StageBase* last = nullptr;                                      // the stage whose output is not yet connected
   std::size_t last_queue = 64;                                    // capacity asked for that output
   std::optional<std::pair<std::string, ShuffleOptions>> shuffle;  // asked for that output
+  bool options_set = false;                                       // a setter ran: options() would undo it
 };
 
 /// Option setters shared by every builder.
@@ -171,7 +172,7 @@ class BuilderOptions {
   Self&& first_epoch(std::uint32_t n) && { return std::move(first_epoch(n)); }
   Self& on_epoch_start(std::function<void(std::uint32_t)> f) & { return set([&](auto& o) { o.on_epoch_start = std::move(f); }); }
   Self&& on_epoch_start(std::function<void(std::uint32_t)> f) && { return std::move(on_epoch_start(std::move(f))); }
-  Self& options(PipelineOptions o) & { return set([&](auto& x) { x = std::move(o); }); }
+  Self& options(PipelineOptions o) & { return replace(std::move(o)); }
   Self&& options(PipelineOptions o) && { return std::move(options(std::move(o))); }
   // clang-format on
 
@@ -190,7 +191,16 @@ class BuilderOptions {
   template <class F>
   Self& set(F&& f) {
     f(assembly().options);
+    assembly().options_set = true;
     return static_cast<Self&>(*this);
+  }
+  // options() sets every option at once: after a setter it would silently undo what that set.
+  Self& replace(PipelineOptions o) {
+    if (assembly().options_set)
+      throw std::logic_error(
+          "PipelineBuilder::options() sets every pipeline option at once, and would undo the setters called before "
+          "it (threads, seed, epochs, ...): call options() first, and the setters after it change what it set");
+    return set([&](auto& x) { x = std::move(o); });
   }
   std::unique_ptr<Assembly> a_;
 };

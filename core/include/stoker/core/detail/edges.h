@@ -38,6 +38,20 @@ struct Origins {
 /// Origins are kept as runs of consecutive numbers, which is what a chunk holds but after a
 /// shuffle: a run per chunk costs a FIFO queue nothing per item. A chunk without origins (a
 /// flat_map with no fanout cannot number its outputs) is numbered by the queue, by arrival.
+/// Removes the first `n` items of `v`, which need not be assignable (an item type with a const
+/// member): erase() would move the rest down by assignment.
+template <class V>
+void erase_front(V& v, std::size_t n) {
+  if constexpr (std::is_move_assignable_v<typename V::value_type>) {
+    v.erase(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(n));
+  } else {
+    V rest;
+    rest.reserve(v.size() - n);
+    for (std::size_t i = n; i < v.size(); ++i) rest.push_back(std::move(v[i]));
+    v = std::move(rest);
+  }
+}
+
 template <class T>
 struct Chunk {
   std::vector<T> items;
@@ -418,7 +432,7 @@ class Edge final : public EdgeBase {
   static std::uint64_t drop_first(Chunk<T>& chunk, std::uint64_t n) {
     n = std::min<std::uint64_t>(n, chunk.size());
     if (chunk.runs.empty()) {  // numbered by arrival
-      chunk.items.erase(chunk.items.begin(), chunk.items.begin() + static_cast<std::ptrdiff_t>(n));
+      erase_front(chunk.items, n);
       return n;
     }
     Chunk<T> kept;
@@ -495,7 +509,7 @@ class Edge final : public EdgeBase {
   // A put whose n-th move threw: counts the `n` items that went in and leaves the rest in `chunk`,
   // whose origins were `numbered`.
   void keep_unput(Chunk<T>& chunk, std::size_t n, const std::vector<std::uint64_t>& numbered) {
-    chunk.items.erase(chunk.items.begin(), chunk.items.begin() + static_cast<std::ptrdiff_t>(n));
+    erase_front(chunk.items, n);
     chunk.runs.clear();
     for (std::size_t i = n; i < numbered.size(); ++i) chunk.number(numbered[i]);
     pushed_ += n;

@@ -362,9 +362,13 @@ class PipelineCore {
   // stop_.stop_requested(), on a line of its own that only a stop writes: bodies read it for
   // every item, and stop tokens' reference counts live beside the stop_source's flag.
   alignas(64) std::atomic<bool> stopping_{false};
-  // stop(): running, then stopping (one caller waits for the bodies and the monitor), then
-  // stopped; every other caller waits for stopped.
-  enum class StopPhase : int { running, stopping, stopped };
+  // One state machine for the end of a run and a stop. end_run() takes running to ending (the
+  // consumer waits for the bodies and ends the monitor's sampling) and then to ended; stop()
+  // takes running or ended to stopping (one caller waits for the bodies and finishes the
+  // monitor) and then to stopped. Whoever finds another's phase (ending, stopping) waits for
+  // its end, so no two of them touch the monitor at once; end_run() after a stop began does
+  // nothing.
+  enum class StopPhase : int { running, ending, ended, stopping, stopped };
   alignas(64) std::atomic<StopPhase> stop_phase_{StopPhase::running};
   // Tasks enqueued and not yet returned (wait_idle()). The waiter sleeps on it, and the task
   // that takes it to 0 wakes it.

@@ -360,7 +360,11 @@ class SourceStage final : public Producer<T> {
     while (calls_ - first < n && !this->stopping()) {
       body.ctx.index = calls_++;
       std::optional<T> v;
-      if (!this->guarded(body.ctx.index, [&] { v = call_with_context(fn_, body.ctx); })) continue;
+      // Made in place: an item type need not be assignable (a const member).
+      const auto call = [&] {
+        if (auto made = call_with_context(fn_, body.ctx)) v.emplace(std::move(*made));
+      };
+      if (!this->guarded(body.ctx.index, call)) continue;
       if (!v) {
         ended = true;
         break;
@@ -416,7 +420,11 @@ class TransformStage final : public Consumer<In, Out> {
         copy_per_body_(o.copy_per_body),
         tunable_(o.tunable),
         fanout_(Flat ? o.fanout : 1),
-        fns_(1, std::move(fn)) {}
+        fns_(only(std::move(fn))) {
+    if (copy_per_body_ && !std::is_copy_constructible_v<F>)
+      throw std::invalid_argument("stage '" + this->name() +
+                                  "': copy_per_body needs a function that can be copied, one copy per body");
+  }
 
   std::string describe() const override {
     if (!Flat) return "map";
@@ -467,8 +475,10 @@ class TransformStage final : public Consumer<In, Out> {
     const auto slots = static_cast<std::size_t>(this->slots());
     inputs_.resize(slots);
     if (copy_per_body_) {
-      fns_.reserve(slots);  // copies of the first, made before any body calls one
-      while (fns_.size() < slots) fns_.push_back(fns_.front());
+      if constexpr (std::is_copy_constructible_v<F>) {
+        fns_.reserve(slots);  // copies of the first, made before any body calls one
+        while (fns_.size() < slots) fns_.push_back(fns_.front());
+      }
     }
   }
   void begin_epoch(std::uint32_t epoch) override {
@@ -781,6 +791,12 @@ class TransformStage final : public Consumer<In, Out> {
   const std::size_t max_chunk_;
   const bool copy_per_body_, tunable_;
   const std::size_t fanout_;                  // outputs per input; 0: any number
+  // A vector of one, made without a copy: the function may be move-only.
+  static std::vector<F> only(F&& fn) {
+    std::vector<F> v;
+    v.push_back(std::move(fn));
+    return v;
+  }
   std::vector<F> fns_;                        // one, or one per body
   std::vector<Chunk<In>> inputs_;             // per body slot
   std::atomic<std::size_t> mean_fanout_{16};  // outputs per input, times 16, averaged over chunks
