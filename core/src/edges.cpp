@@ -48,8 +48,8 @@ EdgeBase::ResumePlan EdgeBase::plan_resume(std::uint64_t taken, const PipelineSt
     plan.next = state.taken->below;
     plan.origins = state.taken->except;
   } else if (shuffle_options_ && deterministic_) {
-    const auto total = state.shuffle_inputs.find(name());
-    const std::uint64_t end = total == state.shuffle_inputs.end() ? UINT64_MAX : total->second;
+    const auto total = state.inputs.find(name());
+    const std::uint64_t end = total == state.inputs.end() ? UINT64_MAX : total->second;
     auto& draws = plan.draws.emplace(window_, epoch_seed_);
     plan.next = 0;
     for (std::uint64_t i = 0; i < taken; ++i) {

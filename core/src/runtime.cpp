@@ -891,10 +891,16 @@ void PipelineCore::begin_epoch(std::uint32_t epoch, const PipelineState* resume)
   for (auto& e : edges_) e->begin_epoch(epoch);
   for (auto& s : stages_) s->begin_epoch(epoch);
   // From the consumer up: each stage learns how far its output had been taken, and tells how
-  // far its input had (Producer::resume).
+  // far its input had (Producer::resume); never past what its input queue got in the epoch,
+  // where the state knows it (a short last batch took less than a full one).
   if (resume) {
     std::uint64_t taken = resume->consumed;
-    for (auto s = stages_.rbegin(); s != stages_.rend(); ++s) taken = (*s)->resume(taken, *resume);
+    for (std::size_t i = stages_.size(); i-- > 0;) {
+      taken = stages_[i]->resume(taken, *resume);
+      if (i == 0) break;
+      if (const auto got = resume->inputs.find(edges_[i - 1]->name()); got != resume->inputs.end())
+        taken = std::min(taken, got->second);
+    }
     if (taken_) taken_->restore(resume->taken->below, resume->taken->except);
   }
   if (consumer_track_) consumer_track_->epoch(Clock::now(), epoch);
@@ -915,10 +921,8 @@ void PipelineCore::describe_for_resume() {
   }
   for (std::size_t i = 0; i < stages_.size(); ++i) {  // edges_[i] is stages_[i]'s output
     resume_shape_.stages.emplace_back(stages_[i]->name(), stages_[i]->describe());
-    if (auto what = edges_[i]->describe(); !what.empty()) {
+    if (auto what = edges_[i]->describe(); !what.empty())
       resume_shape_.stages.emplace_back(edges_[i]->name(), std::move(what));
-      shuffles_.push_back(edges_[i].get());
-    }
   }
   auto& why = cannot_resume_;
   why = unknown_data;
@@ -983,8 +987,8 @@ PipelineState PipelineCore::state(std::uint32_t epoch, std::uint64_t consumed) c
   if (taken_)
     st.taken = PipelineState::Taken{taken_->queue(), taken_->below(), taken_->except()};
   else
-    for (EdgeBase* e : shuffles_)
-      if (const auto total = e->input_total()) st.shuffle_inputs[e->name()] = *total;
+    for (auto& e : edges_)
+      if (const auto total = e->input_total()) st.inputs[e->name()] = *total;
   return st;
 }
 
@@ -1015,9 +1019,9 @@ void PipelineCore::check_state(const PipelineState& state) const {
                      (i < state.stages.size() ? show(state.stages[i]) : "missing") + ", this pipeline's " +
                      (i < mine.stages.size() ? show(mine.stages[i]) : "missing"));
   }
-  for (const auto& [name, total] : state.shuffle_inputs)
+  for (const auto& [name, total] : state.inputs)
     if (std::none_of(edges_.begin(), edges_.end(), [&](const auto& e) { return e->name() == name; }))
-      throw StateError(refused + "it has a shuffle '" + name + "', which this pipeline has not");
+      throw StateError(refused + "it has a queue '" + name + "', which this pipeline has not");
 }
 
 void PipelineCore::fail(const std::string& stage, std::exception_ptr error) noexcept {

@@ -24,7 +24,7 @@ std::string PipelineState::to_json() const {
   for (const auto& [name, what] : stages) stage_list.push_back({{"name", name}, {"what", what}});
   nlohmann::json j = {{"format", kFormat}, {"version", kVersion},  {"order", deterministic ? "deterministic" : "free"},
                       {"seed", seed},      {"epoch", epoch},       {"consumed", consumed},
-                      {"data", data},      {"stages", stage_list}, {"shuffle_inputs", shuffle_inputs}};
+                      {"data", data},      {"stages", stage_list}, {"inputs", inputs}};
   if (taken) {
     // Ascending origins as differences from the one before: small numbers, a few characters each.
     nlohmann::json except = nlohmann::json::array();
@@ -55,9 +55,9 @@ PipelineState PipelineState::from_json(std::string_view text, const std::string&
   if (!j.is_object() || !j.contains("format") || j["format"] != kFormat)
     throw StateError(origin + ": not a pipeline state (no \"format\": \"stoker-pipeline-state\")");
   const auto version = field(j, "version", is_count).get<std::uint64_t>();
-  if (version != 1 && version != kVersion)
+  if (version < 1 || version > kVersion)
     throw StateError(origin + ": version " + std::to_string(version) +
-                     " of the pipeline state, but this stoker reads 1 and " + std::to_string(kVersion));
+                     " of the pipeline state, but this stoker reads 1 to " + std::to_string(kVersion));
   PipelineState s;
   if (version >= 2) {
     const auto order = field(j, "order", is_string).get<std::string>();
@@ -74,10 +74,10 @@ PipelineState PipelineState::from_json(std::string_view text, const std::string&
   for (const auto& st : field(j, "stages", [](const nlohmann::json& v) { return v.is_array(); }))
     s.stages.emplace_back(field(st, "name", is_string).get<std::string>(),
                           field(st, "what", is_string).get<std::string>());
-  for (const auto& [name, n] :
-       field(j, "shuffle_inputs", [](const nlohmann::json& v) { return v.is_object(); }).items()) {
-    if (!n.is_number_unsigned()) throw StateError(origin + ": shuffle_inputs['" + name + "'] is not a count");
-    s.shuffle_inputs[name] = n.get<std::uint64_t>();
+  const char* inputs = version >= 3 ? "inputs" : "shuffle_inputs";
+  for (const auto& [name, n] : field(j, inputs, [](const nlohmann::json& v) { return v.is_object(); }).items()) {
+    if (!n.is_number_unsigned()) throw StateError(origin + ": " + inputs + "['" + name + "'] is not a count");
+    s.inputs[name] = n.get<std::uint64_t>();
   }
   if (!s.deterministic) {
     const auto& t = field(j, "taken", [](const nlohmann::json& v) { return v.is_object(); });

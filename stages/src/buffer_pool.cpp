@@ -3,7 +3,10 @@
 
 #include <bit>
 #include <cstring>
+#include <limits>
 #include <new>
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 namespace stoker {
@@ -49,6 +52,10 @@ BufferPool::~BufferPool() {
 
 Buffer BufferPool::acquire(std::size_t bytes, const StageContext&) {
   if (bytes == 0) return {};
+  // size_class() rounds up by at most 1/8: below this bound it cannot wrap around.
+  if (bytes > std::numeric_limits<std::size_t>::max() / 2)
+    throw std::length_error("BufferPool: a buffer of " + std::to_string(bytes) +
+                            " bytes is larger than any allocation");
   const std::size_t capacity = size_class(bytes);
   {
     std::lock_guard lock(mutex_);

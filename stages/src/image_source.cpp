@@ -1,10 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "stoker/stages/image_source.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <system_error>
@@ -19,6 +23,15 @@ namespace stoker {
 namespace {
 
 namespace fs = std::filesystem;
+
+// Which folder a path is, links followed: its device and inode.
+using FolderId = std::pair<dev_t, ino_t>;
+FolderId folder_id(const fs::path& folder) {
+  struct stat st {};
+  if (::stat(folder.c_str(), &st) != 0)
+    throw DataError(folder.string(), std::string("cannot stat: ") + std::strerror(errno));
+  return {st.st_dev, st.st_ino};
+}
 
 bool is_space(char c) noexcept { return c == ' ' || c == '\t' || c == '\r' || c == '\n' || c == '\v' || c == '\f'; }
 
@@ -120,15 +133,18 @@ std::shared_ptr<const ImageDataset> ImageDataset::from_folder(const fs::path& ro
   const std::string name = root.string();
   std::error_code error;
   if (!fs::is_directory(root, error)) throw DataError(name, "is not a folder");
-  // A folder's entries, files and subfolders apart, each sorted by name (os.walk, sorted).
+  // A folder's entries, files and subfolders apart, each sorted by name (os.walk, sorted). An
+  // entry whose kind cannot be known (a dangling link, a loop of links, no permission) is named.
   const auto entries = [&](const fs::path& dir, std::vector<std::string>& files, std::vector<std::string>& dirs) {
     std::error_code e;
     for (fs::directory_iterator it(dir, e), end; !e && it != end; it.increment(e)) {
       const auto& entry = *it;
       std::error_code kind;
-      if (entry.is_directory(kind))
+      const fs::file_status status = entry.status(kind);
+      if (kind) throw DataError(entry.path().string(), "cannot tell a file from a folder: " + kind.message());
+      if (fs::is_directory(status))
         dirs.push_back(entry.path().filename().string());
-      else if (entry.is_regular_file(kind))
+      else if (fs::is_regular_file(status))
         files.push_back(entry.path().filename().string());
     }
     if (e) throw DataError(dir.string(), "cannot list the folder: " + e.message());
@@ -143,19 +159,31 @@ std::shared_ptr<const ImageDataset> ImageDataset::from_folder(const fs::path& ro
   if (classes.empty()) throw DataError(name, "has no class subfolder (expected <root>/<class>/<image>)");
   for (std::size_t label = 0; label < classes.size(); ++label) {
     const std::uint64_t before = data->items_.size();
-    // Depth-first, as os.walk: a folder's files, then each subfolder. Symbolic links are followed
-    // (as ImageFolder does); the depth bound stops a loop of them.
-    const auto walk = [&](const auto& self, const fs::path& relative, int depth) -> void {
-      if (depth > 64)
-        throw DataError((root / relative).string(), "folders nested over 64 deep (a loop of symbolic links?)");
+    // Every folder below the class folder, its images sorted by name, the folders sorted by
+    // their paths: ImageFolder's order (sorted(os.walk(...)), where "a-b" comes before "a/x").
+    // Symbolic links are followed, as ImageFolder does, but a folder that is one of its own
+    // ancestors (a link to `.` or above) is a loop, named; `path` holds the folders from the
+    // class folder down.
+    std::vector<std::pair<fs::path, FolderId>> path;
+    std::vector<std::pair<std::string, std::vector<std::string>>> folders;  // relative path, images
+    const auto walk = [&](const auto& self, const fs::path& relative) -> void {
+      const FolderId id = folder_id(root / relative);
+      for (const auto& [above, above_id] : path)
+        if (above_id == id)
+          throw DataError((root / relative).string(),
+                          "is a loop of symbolic links: the folder is " + (root / above).string() + ", which holds it");
+      path.emplace_back(relative, id);
       std::vector<std::string> files, dirs;
       entries(root / relative, files, dirs);
-      for (const auto& f : files)
-        if (image_extension(f))
-          data->add((relative / f).generic_string(), Item{.label = static_cast<std::int32_t>(label)});
-      for (const auto& d : dirs) self(self, relative / d, depth + 1);
+      std::erase_if(files, [](const std::string& f) { return !image_extension(f); });
+      folders.emplace_back(relative.generic_string(), std::move(files));
+      for (const auto& d : dirs) self(self, relative / d);
+      path.pop_back();
     };
-    walk(walk, classes[label], 0);
+    walk(walk, classes[label]);
+    std::sort(folders.begin(), folders.end());
+    for (const auto& [folder, files] : folders)
+      for (const auto& f : files) data->add(folder + "/" + f, Item{.label = static_cast<std::int32_t>(label)});
     if (data->items_.size() == before)
       throw DataError((root / classes[label]).string(),
                       "class '" + classes[label] + "' has no image (.jpg, .jpeg or .png file)");
@@ -194,6 +222,10 @@ std::shared_ptr<const ImageDataset> ImageDataset::from_tars(const std::vector<fs
         } else if (ext == "cls") {
           label = &members[j];
         }
+      }
+      if (!image && !label) {  // no sample: other members (__meta__.json, a README) are left out
+        i = j;
+        continue;
       }
       if (!image) throw DataError(name, "sample '" + std::string(key) + "' has no image (.jpg, .jpeg or .png)");
       if (!label) throw DataError(name, "sample '" + std::string(key) + "' has no label (.cls)");
@@ -277,7 +309,10 @@ EncodedImage ImageDataset::read(std::uint64_t id, BufferPool& pool, const StageC
     return out;
   }
   const detail::InputFile file(shards_[item.shard]);
-  if (item.offset + item.size > file.size() || item.label_offset + item.label_size > file.size())
+  const auto past_end = [&](std::uint64_t offset, std::uint64_t size) {  // offset + size, without wrapping
+    return offset > file.size() || size > file.size() - offset;
+  };
+  if (past_end(item.offset, item.size) || past_end(item.label_offset, item.label_size))
     throw DataError(out.name, "lies past the end of the shard (" + std::to_string(file.size()) +
                                   " bytes): was the shard changed after it was indexed?");
   if (item.label_size > 64)

@@ -67,7 +67,9 @@ std::string errno_text() { return std::strerror(errno); }
 }  // namespace
 
 InputFile::InputFile(const std::filesystem::path& path) : name_(path.string()) {
-  fd_ = ::open(name_.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO (or a device) must not wait for a writer before the check below
+  // refuses it; reads from a regular file ignore the flag.
+  fd_ = ::open(name_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd_ < 0) throw DataError(name_, "cannot open: " + errno_text());
   struct stat st {};
   if (::fstat(fd_, &st) != 0) {

@@ -221,6 +221,10 @@ std::vector<TarMember> read_wds_index(const std::filesystem::path& index) {
         throw DataError(name,
                         "line " + std::to_string(s + 2) +
                             ": expected groups of '<extension> <offset> <size> <name>', offsets multiples of 512");
+      if (size > UINT64_MAX - offset)
+        throw DataError(name, "line " + std::to_string(s + 2) + ": member " + member + " at offset " +
+                                  std::to_string(offset) + " claims " + std::to_string(size) +
+                                  " bytes, past any file's end");
       members.push_back({member, offset, size});
       any = true;
     }

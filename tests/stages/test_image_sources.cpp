@@ -2,6 +2,7 @@
 // Image data sets (list file, class folder, tar shards), the source that reads them, sharded and
 // resumed, and bad files in a running pipeline.
 #include <doctest/doctest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -125,7 +126,9 @@ TEST_CASE("a list file: paths relative to its folder, labels, blank lines, names
   CHECK_THROWS_WITH_AS(ImageDataset::from_list(dir / "data/gone.txt")->read(0, *pool),
                        doctest::Contains("nowhere.jpg: cannot open"), DataError);
   // A byte order mark, as some editors write one, is not part of the first path.
-  write_text(dir / "data/bom.txt", "\xef\xbb\xbf" "a.jpg 7\n");
+  write_text(dir / "data/bom.txt",
+             "\xef\xbb\xbf"
+             "a.jpg 7\n");
   CHECK(ImageDataset::from_list(dir / "data/bom.txt")->name(0) == (dir / "data/a.jpg").string());
   // An image given where a list was expected is named as what it is, not as a line without a label.
   CHECK_THROWS_WITH_AS(ImageDataset::open(dir / "data/a.jpg"), doctest::Contains("it is a JPEG image"), DataError);
@@ -153,7 +156,7 @@ TEST_CASE("a malformed list is a DataError naming the list and the line") {
                        DataError);
 }
 
-TEST_CASE("a class folder: classes sorted by name are labels 0..n-1, files in os.walk order, others left out") {
+TEST_CASE("a class folder: classes sorted by name are labels 0..n-1, files in ImageFolder's order, others left out") {
   TempDir dir("folder");
   const auto root = dir / "train";
   // Made out of order; sorted on reading.
@@ -161,14 +164,18 @@ TEST_CASE("a class folder: classes sorted by name are labels 0..n-1, files in os
   write_bytes(root / "zebra/a.PNG", image_bytes(2));
   write_bytes(root / "zebra/sub/c.jpeg", image_bytes(3));
   write_bytes(root / "zebra/z.jpg", image_bytes(4));
+  write_bytes(root / "zebra/sub/x/e.png", image_bytes(6));  // folders sorted by path, as
+  write_bytes(root / "zebra/sub-b/d.jpg", image_bytes(7));  // sorted(os.walk): sub, sub-b, sub/x
   write_text(root / "zebra/notes.txt", "not an image");
   write_bytes(root / "ant/x.png", image_bytes(5));
   write_text(root / "README", "a file at the top is no class");
   const auto data = ImageDataset::open(root);
   CHECK(data->classes() == std::vector<std::string>{"ant", "zebra"});
-  REQUIRE(data->size() == 5);
+  REQUIRE(data->size() == 7);
+  // What torchvision's make_dataset() lists for this folder (checked with torchvision 0.14).
   const std::vector<std::pair<std::string, std::int32_t>> want = {
-      {"ant/x.png", 0}, {"zebra/a.PNG", 1}, {"zebra/b.jpg", 1}, {"zebra/z.jpg", 1}, {"zebra/sub/c.jpeg", 1}};
+      {"ant/x.png", 0},        {"zebra/a.PNG", 1},       {"zebra/b.jpg", 1},      {"zebra/z.jpg", 1},
+      {"zebra/sub/c.jpeg", 1}, {"zebra/sub-b/d.jpg", 1}, {"zebra/sub/x/e.png", 1}};
   auto pool = BufferPool::create();
   for (std::uint64_t id = 0; id < want.size(); ++id) {
     const EncodedImage e = data->read(id, *pool);
@@ -178,6 +185,51 @@ TEST_CASE("a class folder: classes sorted by name are labels 0..n-1, files in os
   fs::create_directories(root / "empty");
   CHECK_THROWS_WITH_AS(ImageDataset::from_folder(root), doctest::Contains("class 'empty' has no image"), DataError);
   CHECK_THROWS_WITH_AS(ImageDataset::from_folder(root / "ant"), doctest::Contains("has no class subfolder"), DataError);
+}
+
+TEST_CASE("class folders: links are followed, a loop of them or a dangling one is a DataError naming it") {
+  TempDir dir("links");
+  const auto root = dir / "train";
+  write_bytes(root / "c0/a.jpg", image_bytes(1));
+  write_bytes(dir / "elsewhere/b.jpg", image_bytes(2));
+  fs::create_directory_symlink(dir / "elsewhere", root / "c0/more");
+  const auto data = ImageDataset::open(root);
+  REQUIRE(data->size() == 2);
+  auto pool = BufferPool::create();
+  CHECK(data->read(1, *pool).name == (root / "c0/more/b.jpg").string());
+
+  // One link to its own folder made the walk list a.jpg 41 times; two, 2^40 folders (a hang).
+  for (const int links : {1, 2}) {
+    CAPTURE(links);
+    for (int i = 1; i <= links; ++i) fs::create_directory_symlink(".", root / ("c0/s" + std::to_string(i)));
+    CHECK_THROWS_WITH_AS(ImageDataset::open(root),
+                         doctest::Contains(((root / "c0/s1").string() + ": is a loop of symbolic links").c_str()),
+                         DataError);
+    for (int i = 1; i <= links; ++i) fs::remove(root / ("c0/s" + std::to_string(i)));
+  }
+  fs::create_directory_symlink("../c1", root / "c0/up");  // c1 links back to c0: a loop through two
+  fs::create_directory_symlink("c0", root / "c1");
+  CHECK_THROWS_WITH_AS(ImageDataset::open(root), doctest::Contains("is a loop of symbolic links"), DataError);
+  fs::remove(root / "c0/up");
+  fs::remove(root / "c1");
+
+  fs::create_symlink(dir / "nothing.jpg", root / "c0/gone.jpg");
+  CHECK_THROWS_WITH_AS(
+      ImageDataset::open(root),
+      doctest::Contains(((root / "c0/gone.jpg").string() + ": cannot tell a file from a folder").c_str()), DataError);
+}
+
+// Without O_NONBLOCK, open() of a FIFO waits for a writer that never comes (ctest's TIMEOUT).
+TEST_CASE("a list entry that is a FIFO is refused as not a regular file, without waiting for a writer") {
+  TempDir dir("fifo");
+  REQUIRE(::mkfifo((dir / "pipe.jpg").c_str(), 0600) == 0);
+  write_bytes(dir / "ok.jpg", image_bytes(1));
+  write_text(dir / "list.txt", "ok.jpg 0\npipe.jpg 1\n");
+  const auto data = ImageDataset::open(dir / "list.txt");
+  auto pool = BufferPool::create();
+  CHECK(data->read(0, *pool).label == 0);
+  CHECK_THROWS_WITH_AS(data->read(1, *pool),
+                       doctest::Contains(((dir / "pipe.jpg").string() + ": is not a regular file").c_str()), DataError);
 }
 
 TEST_CASE("tar shards: samples by key, labels from .cls, with or without an index, long names, GNU tar's archives") {
@@ -260,6 +312,18 @@ TEST_CASE("tar shards: samples by key, labels from .cls, with or without an inde
     fs::last_write_time(wds_index_path(shards[0]), fs::last_write_time(shards[0]) - std::chrono::hours(1));
     CHECK(text_of(ImageDataset::from_tars({shards[0]})->read(0, *pool).bytes()) == text_of(files.bytes[0]));
   }
+  // offset + size wrapped around and passed the bounds check: the pool then rounded the size
+  // up to a few bytes, and only pread's address check stopped a heap overwrite.
+  SUBCASE("an index entry past any file's end is refused, and no pool hands out a wrapped size") {
+    const auto index = wds_index_path(shards[0]);
+    write_text(index, "v1.2 1\njpg 512 18446744073709551500 a.jpg cls 1024 1 a.cls\n");
+    fs::last_write_time(index, fs::last_write_time(shards[0]) + std::chrono::hours(1));
+    CHECK_THROWS_WITH_AS(ImageDataset::from_tars({shards[0]}),
+                         doctest::Contains((index.string() + ": line 2: member a.jpg at offset 512 claims").c_str()),
+                         DataError);
+    CHECK_THROWS_AS(pool->acquire(SIZE_MAX - 100), std::length_error);
+    CHECK_THROWS_AS(pool->acquire(SIZE_MAX / 2 + 1), std::length_error);
+  }
   SUBCASE("bad shards are a DataError naming the shard") {
     const auto bad = files.dir / "bad.tar";
     {
@@ -275,6 +339,15 @@ TEST_CASE("tar shards: samples by key, labels from .cls, with or without an inde
       tar.finish();
     }
     CHECK_THROWS_WITH_AS(ImageDataset::from_tars({bad}), doctest::Contains("sample 'a' has no image"), DataError);
+    {  // members that are no sample at all are left out
+      TarWriter tar(bad);
+      tar.add("__meta__.json", "{}");
+      tar.add("a.jpg", files.bytes[1]);
+      tar.add("a.cls", "1");
+      tar.add("README", "text");
+      tar.finish();
+    }
+    CHECK(ImageDataset::from_tars({bad})->size() == 1);
     {
       TarWriter tar(bad);
       tar.add("a.jpg", files.bytes[1]);

@@ -39,7 +39,7 @@ class StateError : public std::runtime_error {
 /// source's data set (its function's `fingerprint()`), and the stages and what decides their
 /// outputs (kind, fanout, batch size, shuffle window and seed).
 struct PipelineState {
-  static constexpr std::uint32_t kVersion = 2;  ///< reads 1 too (deterministic states only)
+  static constexpr std::uint32_t kVersion = 3;  ///< reads 1 and 2 too
 
   /// Free order: the consumer's items traced back to the items of one queue (what the batch
   /// stage takes, or the last queue when there is none), by their origins (StageContext::index).
@@ -56,9 +56,11 @@ struct PipelineState {
   std::string data;            ///< the source's data set, as its fingerprint() describes it
   /// Every stage and shuffle in pipeline order: its name, and what decides what it yields.
   std::vector<std::pair<std::string, std::string>> stages;
-  /// For a shuffle whose input had ended when the state was taken: the items it got this epoch
-  /// (the last draws of an epoch come from fewer than the window).
-  std::map<std::string, std::uint64_t> shuffle_inputs;
+  /// Deterministic mode: for every queue whose producer had ended the epoch when the state was
+  /// taken, the items it got in the epoch. A resume asks no stage for more of its input than its
+  /// input queue got (a short last batch took fewer than a full one), and a shuffle's last draws
+  /// come from fewer than its window. (Versions 1 and 2 named it shuffle_inputs, shuffles only.)
+  std::map<std::string, std::uint64_t> inputs;
   bool deterministic = true;   ///< the pipeline's mode
   std::optional<Taken> taken;  ///< free order only
 

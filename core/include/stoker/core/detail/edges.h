@@ -160,7 +160,7 @@ class EdgeBase : public QueueMeter {
   /// A shuffle's window and seed, what decides its order in deterministic mode; empty for a FIFO.
   /// In free order only the items a shuffle holds count, not their order.
   std::string describe() const;
-  /// For a shuffle whose producer has ended the epoch: the items it got in the epoch.
+  /// When the producer has ended the epoch: the items the queue got in it.
   std::optional<std::uint64_t> input_total() {
     std::lock_guard lock(mutex_);
     return ended_.load() ? std::optional(pushed_) : std::nullopt;

@@ -353,7 +353,6 @@ class PipelineCore {
   // Exact resume, set by start(): a state's fields that never change, and why there can be none.
   PipelineState resume_shape_;
   std::string cannot_resume_;
-  std::vector<EdgeBase*> shuffles_;
   std::unique_ptr<TakenItems> taken_;
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Monitor> monitor_;
