@@ -133,19 +133,23 @@ std::shared_ptr<const ImageDataset> ImageDataset::from_folder(const fs::path& ro
   const std::string name = root.string();
   std::error_code error;
   if (!fs::is_directory(root, error)) throw DataError(name, "is not a folder");
-  // A folder's entries, files and subfolders apart, each sorted by name (os.walk, sorted). An
-  // entry whose kind cannot be known (a dangling link, a loop of links, no permission) is named.
+  // A folder's entries, files and subfolders apart, each sorted by name (os.walk, sorted). The
+  // kind comes from the listing (a stat only for a link). An entry whose kind cannot be known (a
+  // dangling link, no permission) is, as for ImageFolder, a file: left out, unless its name is
+  // an image's, which cannot be read, named.
   const auto entries = [&](const fs::path& dir, std::vector<std::string>& files, std::vector<std::string>& dirs) {
     std::error_code e;
     for (fs::directory_iterator it(dir, e), end; !e && it != end; it.increment(e)) {
       const auto& entry = *it;
       std::error_code kind;
-      const fs::file_status status = entry.status(kind);
-      if (kind) throw DataError(entry.path().string(), "cannot tell a file from a folder: " + kind.message());
-      if (fs::is_directory(status))
+      if (entry.is_directory(kind)) {
         dirs.push_back(entry.path().filename().string());
-      else if (fs::is_regular_file(status))
+      } else if (kind) {
+        if (image_extension(entry.path()))
+          throw DataError(entry.path().string(), "cannot tell a file from a folder: " + kind.message());
+      } else if (entry.is_regular_file(kind)) {
         files.push_back(entry.path().filename().string());
+      }
     }
     if (e) throw DataError(dir.string(), "cannot list the folder: " + e.message());
     std::sort(files.begin(), files.end());

@@ -81,6 +81,7 @@ InputFile::InputFile(const std::filesystem::path& path) : name_(path.string()) {
     ::close(fd_);
     throw DataError(name_, "is not a regular file");
   }
+  if (const int flags = ::fcntl(fd_, F_GETFL); flags >= 0) ::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK);  // reads block
   size_ = static_cast<std::uint64_t>(st.st_size);
 }
 

@@ -821,6 +821,19 @@ TEST_SUITE("Pipeline runtime") {
         ids.push_back(x.id);
       }
     CHECK(sorted(ids) == iota(20));
+    // ...and reaches the consumer's loop unbatched.
+    auto unbatched = PipelineBuilder{}
+                         .epochs(1)
+                         .source("read",
+                                 [n = 0]() mutable -> std::optional<Named> {
+                                   if (n == 5) return std::nullopt;
+                                   const int id = n++;
+                                   return Named{id, std::to_string(id)};
+                                 })
+                         .build();
+    ids.clear();
+    for (const Named& x : unbatched.epoch()) ids.push_back(x.id);
+    CHECK(sorted(ids) == iota(5));
   }
 
   TEST_CASE("options() sets every option at once: first, then setters change it; after a setter, an error") {

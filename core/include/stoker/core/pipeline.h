@@ -587,8 +587,8 @@ class Pipeline<T>::EpochRange {
     T& operator*() const { return *current_; }
     T* operator->() const { return &*current_; }
     iterator& operator++() {
-      current_.reset();  // the item goes before the next is asked for
-      current_ = p_->next();
+      current_.reset();                                                // the item goes before the next is asked for
+      if (auto item = p_->next()) current_.emplace(std::move(*item));  // T need not be assignable
       return *this;
     }
     void operator++(int) { ++*this; }
