@@ -105,9 +105,10 @@ if ((consumer)); then
 
   echo "test: building tests/consumer against $prefix (CMake components, every header, every docs block)"
   # --fresh: find_package must succeed from scratch every time, not from a cached stoker_DIR.
-  # The package registry is off so that only the install prefix can satisfy it.
+  # The package registry is off so that only the install prefix can satisfy it. Unoptimized
+  # (build type None): what it proves is that they compile, link and run against the install.
   cmake --fresh -S tests/consumer -B "$consumer_dir" -G Ninja \
-    -DCMAKE_BUILD_TYPE=Release \
+    -DCMAKE_BUILD_TYPE=None \
     -DCMAKE_PREFIX_PATH="$prefix" \
     -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF
   cmake --build "$consumer_dir" --parallel "${STOKER_JOBS:-$(nproc)}"
