@@ -15,6 +15,7 @@
 #include <condition_variable>
 #include <nlohmann/json.hpp>
 #include <oneapi/tbb/info.h>
+#include <oneapi/tbb/task.h>
 #include <oneapi/tbb/task_arena.h>
 #include <oneapi/tbb/task_group.h>
 #include <oneapi/tbb/task_scheduler_observer.h>
@@ -55,13 +56,17 @@ namespace {
 // stop() on a thread that a body may wait for cannot wait for every body to return. Those are
 // the threads in the pipeline's arena, where its bodies and the oneTBB work they wait for (a
 // stage function's parallel_for, whose iterations any of them may steal) run: an observer of
-// the arena marks them as they enter and leave it. And the thread of a running body, also
-// while it works in another arena: its task marks it.
+// the arena marks them as they enter and leave it. The thread of a running body, also while it
+// works in another arena: its task marks it. And any thread running a oneTBB task, in any arena:
+// a worker of an arena a stage function runs its own work in is one its body waits for, and
+// nothing tells it from a worker of unrelated work (which oneTBB forbids to block anyway).
 thread_local const PipelineCore* in_arena_of = nullptr;
 thread_local const PipelineCore* task_of = nullptr;
 }  // namespace
 
-bool PipelineCore::on_own_thread() const noexcept { return in_arena_of == this || task_of == this; }
+bool PipelineCore::may_be_waited_for() const noexcept {
+  return in_arena_of == this || task_of == this || tbb::task::current_context() != nullptr;
+}
 
 // ---------------------------------------------------------------------------------------
 // Engine: the pipeline's threads and the arena they run the stage bodies in.
@@ -753,7 +758,9 @@ class PipelineCore::Tuner {
 PipelineCore::PipelineCore() = default;
 
 PipelineCore::~PipelineCore() {
-  stop();
+  // Whatever thread it is on (a destructor must wait): as the stop() of a thread that waits.
+  request_stop();
+  finish_stop();
   wait_idle();  // a wake-up from another thread may have raced a stop() made there
   engine_.reset();
 }
@@ -845,8 +852,15 @@ void PipelineCore::fit_to_budget(int budget) {
 
 bool PipelineCore::enqueue(StageBase& stage) noexcept {
   // Counted until the task's very last use of the stage (run_task()): wait_idle() means every
-  // body has returned.
+  // body has returned. Counted before the stop is checked, and both sequentially consistent, as
+  // stop() sets stopping_ before it reads the count: either it sees this task and waits for it,
+  // or this sees the stop and enqueues nothing. (A wake-up that saw no stop a moment ago would
+  // otherwise start a body after a stop() that had found none running returned.)
   tasks_.fetch_add(1);
+  if (stopping_.load()) {
+    if (tasks_.fetch_sub(1) == 1) tasks_.notify_all();
+    return false;
+  }
   try {
     engine_->enqueue(stage);
     return true;
@@ -1065,12 +1079,15 @@ void PipelineCore::rethrow_if_failed() const {
 
 // One caller does the stopping and every other waits for it to be done, so that every stop()
 // that returns, from any thread, returns after the bodies and the monitor, whose last records
-// call the counters() callback. A thread of the pipeline's own only asks: it may be running a
-// body (or oneTBB work one waits for) that the waiting would wait for. The end of the run
+// call the counters() callback. A thread a body may wait for (may_be_waited_for(): the
+// pipeline's own, or one running oneTBB work) only asks: the waiting would wait for it. The end of the run
 // (end_run(), on the consumer's thread) is a phase of the same machine (StopPhase).
 void PipelineCore::stop() noexcept {
   request_stop();
-  if (on_own_thread()) return;
+  if (!may_be_waited_for()) finish_stop();
+}
+
+void PipelineCore::finish_stop() noexcept {
   for (auto phase = stop_phase_.load();;) {
     if (phase == StopPhase::stopped) return;
     if (phase == StopPhase::ending || phase == StopPhase::stopping) {  // another's: wait for its end

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <oneapi/tbb/parallel_for.h>
+#include <oneapi/tbb/task_arena.h>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -298,6 +299,43 @@ TEST_SUITE("Pipeline") {
       CHECK(pipe.finished());
       pipe.stop();  // the consumer's: waits for every body
     }
+  }
+
+  TEST_CASE("stop() from a worker of a stage function's own task_arena does not deadlock" * doctest::timeout(60)) {
+    // The stage function runs its parallel_for in an arena of its own: oneTBB's workers, not the
+    // pipeline's threads, steal its iterations, and one of them stops the run while the body
+    // waits for it.
+    const Deadline deadline(30s, "a pipeline stopped from a worker of a stage function's own arena");
+    std::atomic<Pipeline<int>*> self{nullptr};
+    std::atomic<bool> stopped_elsewhere{false};
+    tbb::task_arena arena(2);
+    auto pipe = PipelineBuilder{}
+                    .threads(1)
+                    .source("read", [n = 0]() mutable { return std::optional<int>(n++); })  // endless
+                    .map("parallel",
+                         [&](int x) {
+                           const auto body_thread = std::this_thread::get_id();
+                           arena.execute([&] {
+                             tbb::parallel_for(
+                                 0, 64,
+                                 [&](int) {
+                                   spin_for(100us);
+                                   if (std::this_thread::get_id() == body_thread || x < 10) return;
+                                   if (auto* p = self.load(); p != nullptr && !stopped_elsewhere.exchange(true))
+                                     p->stop();
+                                 },
+                                 tbb::simple_partitioner{});
+                           });
+                           return x;
+                         })
+                    .build();
+    self = &pipe;
+    const auto t0 = Clock::now();
+    while (pipe.next() && ms_since(t0) < 10'000.0) {
+    }
+    CHECK(stopped_elsewhere.load());  // a worker of the arena took an iteration, and stopped the run
+    CHECK(pipe.finished());
+    pipe.stop();  // the consumer's: waits for every body
   }
 
   TEST_CASE("a second stop(), made while the first waits, also returns only once every body has returned" *

@@ -297,8 +297,8 @@ class PipelineCore {
   /// wait for a chunk's work, so this is brief.
   void wait_idle() const;
 
-  /// Enqueues a task that runs bodies of `stage` on one of the pipeline's threads; false (and
-  /// the pipeline failed) if no task could be made.
+  /// Enqueues a task that runs bodies of `stage` on one of the pipeline's threads; false when
+  /// the pipeline is stopping, or (and the pipeline failed) if no task could be made.
   bool enqueue(StageBase& stage) noexcept;
   /// Runs one body of a stage after `from` that has work and a free slot, on this thread,
   /// nearest the consumer first: those are what make room for `from`, or give back what it
@@ -336,8 +336,10 @@ class PipelineCore {
   void describe_for_resume();
   void fit_to_budget(int budget);
   void request_stop() noexcept;
-  /// Whether this thread is one of the pipeline's own.
-  bool on_own_thread() const noexcept;
+  /// stop()'s waiting part: the stop phase's state machine, after request_stop().
+  void finish_stop() noexcept;
+  /// Whether a body may be waiting for this thread (runtime.cpp): stop() then only asks.
+  bool may_be_waited_for() const noexcept;
 
   struct Engine;
   class Monitor;
