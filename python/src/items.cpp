@@ -101,10 +101,11 @@ static std::string numpy_type(const DLDataType& t) {
 
 // The array interface of a tensor in host memory, owned by `owner`; numpy.asarray keeps `owner`.
 py::dict array_interface(const DLTensor& t) {
-  py::tuple strides = py::none();
+  py::object strides = py::none();  // C order (a py::tuple made from None would raise)
   if (t.strides != nullptr) {
-    strides = py::tuple(static_cast<std::size_t>(t.ndim));
-    for (int i = 0; i < t.ndim; ++i) strides[static_cast<std::size_t>(i)] = t.strides[i] * (t.dtype.bits / 8);
+    py::tuple bytes(static_cast<std::size_t>(t.ndim));
+    for (int i = 0; i < t.ndim; ++i) bytes[static_cast<std::size_t>(i)] = t.strides[i] * (t.dtype.bits / 8);
+    strides = std::move(bytes);
   }
   return py::dict(py::arg("shape") = dims_of(t), py::arg("typestr") = numpy_type(t.dtype),
                   py::arg("data") = py::make_tuple(address_of(t), false), py::arg("strides") = strides,

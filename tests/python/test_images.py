@@ -181,6 +181,31 @@ def test_gray_decodes_layouts_and_resize(images):
     assert batch.samples.shape == (COUNT, 3, 20, 24) and batch.samples.dtype == "float32"
 
 
+def test_gray_of_a_colour_jpeg_is_within_a_level_of_pils_luma_on_average(images):
+    """docs/images.md: gray from a colour JPEG is the JPEG's own Y, not PIL's luma of the decoded
+    RGB; the two differ by under a level on average, by more at single pixels."""
+    names = [line.split()[0] for line in (images / "train.txt").read_text().splitlines()]
+    data = stoker.ImageDataset.open(images / "train.txt")
+    pipe = (stoker.PipelineBuilder().epochs(1)
+            .source("read", stoker.ImageSource(data))
+            .map("decode", stoker.ImageDecoder(color="gray"))
+            .build())
+    differences = []
+    for sample in pipe:
+        path = images / names[sample.id]
+        with Image.open(path) as image:
+            if path.suffix != ".jpg" or image.mode != "RGB":
+                continue
+            expected = np.asarray(image.convert("L"), dtype=np.int16)
+        view = np.asarray(sample)  # through __array_interface__, without a copy
+        assert view.shape == sample.shape and view.dtype == np.uint8
+        got = view.reshape(expected.shape).astype(np.int16)
+        differences.append(np.abs(got - expected).ravel())
+    assert len(differences) >= COUNT // 2  # most of the fixture's images are colour JPEGs
+    differences = np.concatenate(differences)
+    assert differences.mean() < 1.0, f"mean {differences.mean():.3f}, max {differences.max()}"
+
+
 def test_a_folder_per_class_gives_the_classes_in_name_order(images):
     data = stoker.ImageDataset.open(images / "classes")
     assert data.classes == ["class0", "class1", "class2"] and len(data) == COUNT
