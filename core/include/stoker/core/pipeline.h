@@ -331,9 +331,9 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
     if (!Flat && options.fanout > 1)
       throw std::invalid_argument("stage '" + name + "': fanout " + std::to_string(options.fanout) +
                                   " is for a flat_map; a map has one output per input");
-    using Stage = detail::TransformStage<T, U, Flat>;
+    using Stage = detail::TransformStage<T, U, F, Flat>;
     auto stage = std::make_unique<Stage>(
-        name, std::make_unique<detail::StageFn<T, U, F, Flat>>(std::move(fn)),
+        name, std::move(fn),
         typename Stage::Options{options.threads, detail::max_chunk_or_any(options.max_chunk), options.on_error,
                                 options.copy_per_body, options.autotune, options.fanout});
     connect(*a, *stage);

@@ -398,69 +398,8 @@ concept EndsEpoch = requires(F& f, Emitter<Out>& emit, const StageContext& ctx) 
                     requires(F& f, Emitter<Out>& emit) { f.end_epoch(emit); };
 // clang-format on
 
-/// A map's or flat_map's function, behind the little its stage needs of it: the stage's
-/// machinery (TransformStage) is compiled once for each pair of item types, and only this for
-/// each function, so that a program of many stages of the same types compiles that once.
-template <class In, class Out, bool Flat>
-class TransformFn {
- public:
-  virtual ~TransformFn() = default;
-  /// Calls the function of body `body` on `in`: a map pushes its output to `outputs` (numbered
-  /// `ctx.index`), a flat_map emits through `emit`, which appends to `outputs.items`.
-  virtual void call(std::size_t body, const StageContext& ctx, In&& in, Chunk<Out>& outputs, Emitter<Out>& emit) = 0;
-  /// Whether the function holds outputs back until the end of the epoch (end_epoch).
-  virtual bool ends_epoch() const = 0;
-  /// Calls end_epoch on every copy of the function.
-  virtual void end_epoch(Emitter<Out>& emit, const StageContext& ctx) = 0;
-  /// Why the function cannot be resumed (its `resumable = false`), or nothing.
-  virtual std::string refuses_resume(const std::string& stage) const = 0;
-  /// The function's own cap on a chunk (its max_chunk()), or none.
-  virtual std::size_t max_chunk() const = 0;
-  /// Makes one copy of the function for each of `bodies` bodies; false when it cannot be copied.
-  virtual bool copy_per_body(std::size_t bodies) = 0;
-};
-
-template <class In, class Out, class F, bool Flat>
-class StageFn final : public TransformFn<In, Out, Flat> {
- public:
-  explicit StageFn(F fn) { fns_.push_back(std::move(fn)); }  // no copy: the function may be move-only
-
-  void call(std::size_t body, const StageContext& ctx, In&& in, Chunk<Out>& outputs, Emitter<Out>& emit) override {
-    F& f = fns_.size() == 1 ? fns_[0] : fns_[body];
-    if constexpr (Flat)
-      call_with_context(f, ctx, std::move(in), emit);
-    else
-      outputs.push(call_with_context(f, ctx, std::move(in)), ctx.index);
-  }
-  bool ends_epoch() const override { return Flat && EndsEpoch<F, Out>; }
-  void end_epoch([[maybe_unused]] Emitter<Out>& emit, [[maybe_unused]] const StageContext& ctx) override {
-    if constexpr (Flat && EndsEpoch<F, Out>) {
-      for (auto& f : fns_) {
-        if constexpr (requires { f.end_epoch(emit, ctx); })
-          f.end_epoch(emit, ctx);
-        else
-          f.end_epoch(emit);
-      }
-    }
-  }
-  std::string refuses_resume(const std::string& stage) const override { return detail::refuses_resume<F>(stage); }
-  std::size_t max_chunk() const override { return function_max_chunk(fns_.front()); }
-  bool copy_per_body([[maybe_unused]] std::size_t bodies) override {
-    if constexpr (std::is_copy_constructible_v<F>) {
-      fns_.reserve(bodies);  // copies of the first, made before any body calls one
-      while (fns_.size() < bodies) fns_.push_back(fns_.front());
-      return true;
-    } else {
-      return false;
-    }
-  }
-
- private:
-  std::vector<F> fns_;  // one, or one per body
-};
-
 /// 1 -> 1 (`map`) or 1 -> k (`flat_map`) on up to `threads` bodies at once.
-template <class In, class Out, bool Flat>
+template <class In, class Out, class F, bool Flat>
 class TransformStage final : public Consumer<In, Out> {
   using Step = StageBase::Step;
   using Key = typename Output<Out>::Key;
@@ -475,14 +414,14 @@ class TransformStage final : public Consumer<In, Out> {
     std::size_t fanout = 0;
   };
 
-  TransformStage(std::string name, std::unique_ptr<TransformFn<In, Out, Flat>> fn, Options o)
+  TransformStage(std::string name, F fn, Options o)
       : Consumer<In, Out>(std::move(name), o.threads, o.on_error),
-        max_chunk_(std::min(o.max_chunk, fn->max_chunk())),
+        max_chunk_(std::min(o.max_chunk, function_max_chunk(fn))),
         copy_per_body_(o.copy_per_body),
         tunable_(o.tunable),
         fanout_(Flat ? o.fanout : 1),
-        fn_(std::move(fn)) {
-    if (copy_per_body_ && !fn_->copy_per_body(1))
+        fns_(only(std::move(fn))) {
+    if (copy_per_body_ && !std::is_copy_constructible_v<F>)
       throw std::invalid_argument("stage '" + this->name() +
                                   "': copy_per_body needs a function that can be copied, one copy per body");
   }
@@ -492,7 +431,7 @@ class TransformStage final : public Consumer<In, Out> {
     return fanout_ != 0 ? "flat_map fanout " + std::to_string(fanout_) : "flat_map";
   }
   std::string resume_problem() const override {
-    if (fn_->ends_epoch())
+    if (EndsEpoch<F, Out>)
       return "flat_map '" + this->name() +
              "' cannot be resumed: its function holds outputs back until the end of the epoch (end_epoch), "
              "which a resume cannot make again";
@@ -500,7 +439,7 @@ class TransformStage final : public Consumer<In, Out> {
       return "flat_map '" + this->name() +
              "' cannot be resumed: give it StageOptions::fanout, the number of outputs of every input, so that "
              "a resume knows which input an output came from";
-    return fn_->refuses_resume(this->name());
+    return refuses_resume<F>(this->name());
   }
   bool remakes() const override { return resume_problem().empty(); }
   // The inputs of the outputs at `positions`, made again by the stages before, and this stage's
@@ -513,15 +452,19 @@ class TransformStage final : public Consumer<In, Out> {
     std::vector<Out> items;
     items.reserve(positions.size());
     auto wanted = positions.begin();
-    Chunk<Out> outputs;
-    Emitter<Out> emit(outputs.items);
+    std::vector<Out> outputs;
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       const StageContext ctx = this->context_at(inputs[i]);
       outputs.clear();
-      fn_->call(0, ctx, std::move(made_inputs[i]), outputs, emit);
-      if constexpr (Flat) check_fanout(outputs.size(), ctx.index);
+      if constexpr (Flat) {
+        Emitter<Out> emit(outputs);
+        call_with_context(fns_.front(), ctx, std::move(made_inputs[i]), emit);
+        check_fanout(outputs.size(), ctx.index);
+      } else {
+        outputs.push_back(call_with_context(fns_.front(), ctx, std::move(made_inputs[i])));
+      }
       for (; wanted != positions.end() && *wanted / fanout_ == inputs[i]; ++wanted)
-        items.push_back(std::move(outputs.items[*wanted % fanout_]));
+        items.push_back(std::move(outputs[*wanted % fanout_]));
     }
     return items;
   }
@@ -531,7 +474,12 @@ class TransformStage final : public Consumer<In, Out> {
     Consumer<In, Out>::start(core, position);
     const auto slots = static_cast<std::size_t>(this->slots());
     inputs_.resize(slots);
-    if (copy_per_body_) fn_->copy_per_body(slots);
+    if (copy_per_body_) {
+      if constexpr (std::is_copy_constructible_v<F>) {
+        fns_.reserve(slots);  // copies of the first, made before any body calls one
+        while (fns_.size() < slots) fns_.push_back(fns_.front());
+      }
+    }
   }
   void begin_epoch(std::uint32_t epoch) override {
     Consumer<In, Out>::begin_epoch(epoch);
@@ -589,6 +537,10 @@ class TransformStage final : public Consumer<In, Out> {
           n, std::max<std::size_t>(1, (queued + this->threads() - 1) / static_cast<std::size_t>(this->threads())));
     }
     return n;
+  }
+
+  F& fn(const StageBase::Body& body) {
+    return fns_.size() == 1 ? fns_[0] : fns_[static_cast<std::size_t>(body.ctx.body)];
   }
 
   // A body's outputs on their way out: the chunk being made, and the pieces sent from it.
@@ -749,11 +701,10 @@ class TransformStage final : public Consumer<In, Out> {
       for (std::uint64_t k = 0; k < run.count && !this->stopping(); ++k, ++i) {
         body.ctx.index = run.first + k;
         this->guarded(body.ctx.index, [&] {
-          const auto at = static_cast<std::size_t>(body.ctx.body);
           if constexpr (Flat) {
             spill.begin_call(body.ctx.index);
             try {
-              fn_->call(at, body.ctx, std::move(inputs.items[i]), outputs, spill.emitter());
+              call_with_context(fn(body), body.ctx, std::move(inputs.items[i]), spill.emitter());
               spill.end_call();
             } catch (const PipelineStopped&) {
               throw;
@@ -764,7 +715,7 @@ class TransformStage final : public Consumer<In, Out> {
               throw;
             }
           } else {
-            fn_->call(at, body.ctx, std::move(inputs.items[i]), outputs, spill.emitter());
+            outputs.push(call_with_context(fn(body), body.ctx, std::move(inputs.items[i])), body.ctx.index);
           }
         });
         // Slower than usual: hand on what is made rather than keep it from the stages downstream.
@@ -813,13 +764,19 @@ class TransformStage final : public Consumer<In, Out> {
   void maybe_finish(StageBase::Body& body) {
     if (!this->in_->drained() || processing_.load() != 0 || finished_.exchange(true)) return;
     const std::uint64_t inputs = this->in_->taken();
-    if (Flat && fn_->ends_epoch()) {
+    if constexpr (Flat && EndsEpoch<F, Out>) {
       // Every call of the function for this epoch has returned.
       Chunk<Out> outputs;
       const std::size_t limit = std::min(max_chunk_, this->out_.cap());
       outputs.reserve(limit);  // see process()
       Spill spill(*this, body, outputs, Key{inputs, 0}, limit, /*fanout=*/0, /*numbered=*/false);
-      fn_->end_epoch(spill.emitter(), body.ctx);
+      auto& emit = spill.emitter();
+      for (auto& f : fns_) {
+        if constexpr (requires { f.end_epoch(emit, body.ctx); })
+          f.end_epoch(emit, body.ctx);
+        else
+          f.end_epoch(emit);
+      }
       if (!outputs.empty()) spill.send(true);
       this->count_out(spill.spilled());
     }
@@ -834,7 +791,13 @@ class TransformStage final : public Consumer<In, Out> {
   const std::size_t max_chunk_;
   const bool copy_per_body_, tunable_;
   const std::size_t fanout_;                  // outputs per input; 0: any number
-  const std::unique_ptr<TransformFn<In, Out, Flat>> fn_;
+  // A vector of one, made without a copy: the function may be move-only.
+  static std::vector<F> only(F&& fn) {
+    std::vector<F> v;
+    v.push_back(std::move(fn));
+    return v;
+  }
+  std::vector<F> fns_;                        // one, or one per body
   std::vector<Chunk<In>> inputs_;             // per body slot
   std::atomic<std::size_t> mean_fanout_{16};  // outputs per input, times 16, averaged over chunks
   std::atomic<int> processing_{0};            // chunks taken and not yet put
