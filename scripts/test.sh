@@ -207,7 +207,10 @@ PY
   )
   "$pip_dir/venv/bin/pip" wheel --no-build-isolation --no-index --no-deps --quiet -w "$pip_dir/wheels" "$pip_dir/src"
   wheel="$(ls "$pip_dir"/wheels/stoker-*.whl)"
-  "$pip_dir/venv/bin/python" -m zipfile -l "$wheel" | grep -q 'stoker/_stoker\..*\.so' ||
+  # The listing whole, then searched: `zipfile -l | grep -q` fails under pipefail when grep
+  # leaves at its first match and the listing's writer gets a broken pipe.
+  listing="$("$pip_dir/venv/bin/python" -m zipfile -l "$wheel")"
+  grep -q 'stoker/_stoker\..*\.so' <<<"$listing" ||
     { echo "test: the wheel $wheel holds no compiled module" >&2; exit 1; }
   echo "test: pip wheel made $(basename "$wheel")"
   "$pip_dir/venv/bin/pip" uninstall --yes --quiet stoker
