@@ -264,58 +264,20 @@ TEST_SUITE("Pipeline") {
     }
   }
 
-  TEST_CASE("stop() from oneTBB work of a stage function, on another of the pipeline's threads, does not deadlock" *
-            doctest::timeout(60)) {
-    // The stage function's parallel_for runs on the pipeline's threads, which steal its
-    // iterations: the stop() comes from an iteration on a thread other than the body's.
-    const Deadline deadline(30s, "a pipeline stopped from a stolen parallel_for iteration");
-    for (int threads : {2, 4}) {
-      CAPTURE(threads);
-      std::atomic<Pipeline<int>*> self{nullptr};
-      std::atomic<bool> stopped_elsewhere{false};
-      auto pipe = PipelineBuilder{}
-                      .threads(threads)
-                      .source("read", [n = 0]() mutable { return std::optional<int>(n++); })  // endless
-                      .map("parallel",
-                           [&](int x) {
-                             const auto body_thread = std::this_thread::get_id();
-                             tbb::parallel_for(
-                                 0, 64,
-                                 [&](int) {
-                                   spin_for(100us);
-                                   if (std::this_thread::get_id() == body_thread || x < 10) return;
-                                   if (auto* p = self.load(); p != nullptr && !stopped_elsewhere.exchange(true))
-                                     p->stop();
-                                 },
-                                 tbb::simple_partitioner{});
-                             return x;
-                           })
-                      .build();
-      self = &pipe;
-      const auto t0 = Clock::now();
-      while (pipe.next() && ms_since(t0) < 10'000.0) {
-      }
-      CHECK(stopped_elsewhere.load());  // an iteration was stolen, and stopped the run
-      CHECK(pipe.finished());
-      pipe.stop();  // the consumer's: waits for every body
-    }
-  }
-
-  TEST_CASE("stop() from a worker of a stage function's own task_arena does not deadlock" * doctest::timeout(60)) {
-    // The stage function runs its parallel_for in an arena of its own: oneTBB's workers, not the
-    // pipeline's threads, steal its iterations, and one of them stops the run while the body
-    // waits for it.
-    const Deadline deadline(30s, "a pipeline stopped from a worker of a stage function's own arena");
+  // A stage function runs a parallel_for through `in_arena` (directly, or in an arena of its
+  // own); an iteration on a thread other than the body's stops the pipeline while the body waits
+  // for it. Runs for at most 10 s and checks that such an iteration did stop the run.
+  template <class InArena>
+  void stop_from_an_iteration(int threads, InArena in_arena) {
     std::atomic<Pipeline<int>*> self{nullptr};
     std::atomic<bool> stopped_elsewhere{false};
-    tbb::task_arena arena(2);
     auto pipe = PipelineBuilder{}
-                    .threads(1)
+                    .threads(threads)
                     .source("read", [n = 0]() mutable { return std::optional<int>(n++); })  // endless
                     .map("parallel",
                          [&](int x) {
                            const auto body_thread = std::this_thread::get_id();
-                           arena.execute([&] {
+                           in_arena([&] {
                              tbb::parallel_for(
                                  0, 64,
                                  [&](int) {
@@ -333,9 +295,29 @@ TEST_SUITE("Pipeline") {
     const auto t0 = Clock::now();
     while (pipe.next() && ms_since(t0) < 10'000.0) {
     }
-    CHECK(stopped_elsewhere.load());  // a worker of the arena took an iteration, and stopped the run
+    CHECK(stopped_elsewhere.load());  // another thread took an iteration, and stopped the run
     CHECK(pipe.finished());
     pipe.stop();  // the consumer's: waits for every body
+  }
+
+  TEST_CASE("stop() from oneTBB work of a stage function, on another of the pipeline's threads, does not deadlock" *
+            doctest::timeout(60)) {
+    // The stage function's parallel_for runs on the pipeline's threads, which steal its
+    // iterations: the stop() comes from an iteration on a thread other than the body's.
+    const Deadline deadline(30s, "a pipeline stopped from a stolen parallel_for iteration");
+    for (int threads : {2, 4}) {
+      CAPTURE(threads);
+      stop_from_an_iteration(threads, [](auto&& work) { work(); });
+    }
+  }
+
+  TEST_CASE("stop() from a worker of a stage function's own task_arena does not deadlock" * doctest::timeout(60)) {
+    // The stage function runs its parallel_for in an arena of its own: oneTBB's workers, not the
+    // pipeline's threads, steal its iterations, and one of them stops the run while the body
+    // waits for it.
+    const Deadline deadline(30s, "a pipeline stopped from a worker of a stage function's own arena");
+    tbb::task_arena arena(2);
+    stop_from_an_iteration(1, [&](auto&& work) { arena.execute(work); });
   }
 
   TEST_CASE("a second stop(), made while the first waits, also returns only once every body has returned" *
