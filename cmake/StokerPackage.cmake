@@ -23,8 +23,6 @@ set(STOKER_GENERATED_DIR ${PROJECT_BINARY_DIR}/generated)
 # reference a target that nothing finds.
 set(STOKER_PACKAGE_Threads "Threads")
 set(STOKER_PKGCONFIG_Threads "")  # -pthread, in stoker.pc's flags
-set(STOKER_PACKAGE_ConcurrentQueue "ConcurrentQueue")  # cmake/FindConcurrentQueue.cmake
-set(STOKER_PKGCONFIG_ConcurrentQueue "")               # headers only: stoker.pc's -I
 set(STOKER_PACKAGE_dlpack "dlpack")
 set(STOKER_PKGCONFIG_dlpack "")
 set(STOKER_PACKAGE_TBB "TBB")
@@ -139,7 +137,7 @@ function(stoker_generate_pkgconfig components packages)
   endforeach()
   # Header-only dependencies outside the compiler's own search path.
   set(cflags "")
-  foreach(target ConcurrentQueue::ConcurrentQueue dlpack::dlpack)
+  foreach(target dlpack::dlpack)
     if(TARGET ${target})
       get_target_property(dirs ${target} INTERFACE_INCLUDE_DIRECTORIES)
       foreach(dir IN LISTS dirs)
@@ -162,6 +160,12 @@ function(stoker_generate_pkgconfig components packages)
     endforeach()
     list(REMOVE_DUPLICATES requires_private)
   endif()
+  # Shared libraries: a program linked with these flags finds them at run time wherever the
+  # install is, without LD_LIBRARY_PATH (the install's lib/ is its RUNPATH).
+  set(rpath "")
+  if(STOKER_SHARED)
+    set(rpath [[-Wl,-rpath,${libdir} ]])
+  endif()
   list(JOIN requires_private " " requires_private)
   if(requires_private)
     set(requires_private "Requires.private: ${requires_private}\n")
@@ -176,7 +180,7 @@ Description: @PROJECT_DESCRIPTION@
 Version: @PROJECT_VERSION@
 License: @STOKER_LICENSE@
 @requires_private@Cflags: -I${includedir}@cflags@ -pthread
-Libs: -L${libdir} @libs@-pthread
+Libs: -L${libdir} @rpath@@libs@-pthread
 ]])
   install(FILES ${STOKER_GENERATED_DIR}/stoker.pc DESTINATION ${pc_dir})
 endfunction()
@@ -233,8 +237,10 @@ function(stoker_package)
   write_basic_package_version_file(${STOKER_GENERATED_DIR}/stokerConfigVersion.cmake
     COMPATIBILITY SameMinorVersion)
   install(FILES ${STOKER_GENERATED_DIR}/stokerConfig.cmake ${STOKER_GENERATED_DIR}/stokerConfigVersion.cmake
-                ${PROJECT_SOURCE_DIR}/cmake/FindConcurrentQueue.cmake ${PROJECT_SOURCE_DIR}/cmake/FindSPNG.cmake
+                ${PROJECT_SOURCE_DIR}/cmake/FindSPNG.cmake
           DESTINATION ${STOKER_CMAKE_INSTALL_DIR})
   stoker_generate_pkgconfig("${components}" "${all_packages}")
-  install(FILES ${PROJECT_SOURCE_DIR}/LICENSE DESTINATION ${CMAKE_INSTALL_DOCDIR})
+  # The docs the programs' --help points to (apps::doc_page), beside the license.
+  install(FILES ${PROJECT_SOURCE_DIR}/LICENSE ${PROJECT_SOURCE_DIR}/README.md DESTINATION ${CMAKE_INSTALL_DOCDIR})
+  install(DIRECTORY ${PROJECT_SOURCE_DIR}/docs DESTINATION ${CMAKE_INSTALL_DOCDIR})
 endfunction()

@@ -10,7 +10,7 @@
 
 STOKER_PACKAGES=(
   cmake g++ ninja-build
-  libtbb-dev libspdlog-dev libconcurrentqueue-dev doctest-dev libcli11-dev nlohmann-json3-dev
+  libtbb-dev libspdlog-dev doctest-dev libcli11-dev nlohmann-json3-dev
   zlib1g-dev libopenblas-dev libdlpack-dev libopenmpi-dev openmpi-bin
   libturbojpeg0-dev libjpeg62-turbo-dev libspng-dev
   python3-dev python3-pybind11

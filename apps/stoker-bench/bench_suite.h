@@ -41,7 +41,7 @@ struct Suite {
   SuiteSetup setup;
 };
 
-SuiteRun setup_queues(CLI::App& command);
+SuiteRun setup_shuffle(CLI::App& command);
 SuiteRun setup_pipeline(CLI::App& command);
 SuiteRun setup_autotune(CLI::App& command);
 

@@ -32,7 +32,8 @@ namespace {
 
 // Adding a suite (pipeline, augment, transfer, ...) is one row here and one setup function.
 constexpr Suite kSuites[] = {
-    {"queues", "items/s through BoundedQueue vs tbb::concurrent_bounded_queue vs mutex+condvar", &setup_queues},
+    {"shuffle", "RandomShuffleQueue's cost per item: drawing from all it holds vs from its oldest window",
+     &setup_shuffle},
     {"pipeline", "efficiency against the slowest stage; framework cost per item vs tbb::parallel_pipeline",
      &setup_pipeline},
     {"augment", "the reference job (Fashion-MNIST crops) in crops/s: stoker pipeline vs a plain loop on all cores",

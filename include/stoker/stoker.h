@@ -9,7 +9,6 @@
 #include "stoker/cluster/remote.h"
 #include "stoker/config.h"
 #include "stoker/core/body_tracer.h"
-#include "stoker/core/bounded_queue.h"
 #include "stoker/core/log.h"
 #include "stoker/core/pipeline.h"
 #include "stoker/core/random.h"

@@ -3,10 +3,10 @@
 // and dependencies are complete, and that a queue works across the install boundary.
 #include <cstdio>
 
-#include "stoker/core/bounded_queue.h"
+#include "stoker/core/random_shuffle_queue.h"
 
 int main() {
-  stoker::BoundedQueue<int> queue("consumer", 4);
+  stoker::RandomShuffleQueue<int> queue("consumer", {.capacity = 4, .min_after_dequeue = 0, .seed = 7});
   for (int i = 0; i < 4; ++i) {
     if (!queue.push(i)) {
       std::fprintf(stderr, "consumer: push %d failed\n", i);
@@ -15,17 +15,19 @@ int main() {
   }
   queue.close();
 
-  int expected = 0;
-  int value = -1;
+  // Drawn in random order: each of 0..3 must come back exactly once.
+  unsigned seen = 0;
+  int count = 0, value = -1;
   while (queue.pop(value)) {
-    if (value != expected) {
-      std::fprintf(stderr, "consumer: popped %d, expected %d\n", value, expected);
+    if (value < 0 || value > 3 || (seen & (1u << value)) != 0) {
+      std::fprintf(stderr, "consumer: popped %d, which was not pushed or came back twice\n", value);
       return 1;
     }
-    ++expected;
+    seen |= 1u << value;
+    ++count;
   }
-  if (expected != 4) {
-    std::fprintf(stderr, "consumer: got %d items back, expected 4\n", expected);
+  if (count != 4) {
+    std::fprintf(stderr, "consumer: got %d items back, expected 4\n", count);
     return 1;
   }
   std::puts("consumer OK");

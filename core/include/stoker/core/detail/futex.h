@@ -1,16 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // A word one thread sleeps on until another changes it: a Linux futex, with the timed wait that
-// std::atomic::wait lacks. Internal.
+// std::atomic::wait lacks. Internal; the system calls are in core/src/futex.cpp, so that no
+// user file gets Linux's headers and their macros.
 #pragma once
-
-#include <linux/futex.h>
-#include <sys/syscall.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <ctime>
 
 namespace stoker::detail {
 
@@ -26,21 +22,11 @@ class Futex {
   std::uint32_t value() const noexcept { return word_.load(); }
 
   /// Sleeps while the word equals `seen`, at most `timeout`.
-  void wait(std::uint32_t seen, std::chrono::nanoseconds timeout) noexcept {
-    if (timeout <= std::chrono::nanoseconds::zero()) return;
-    const auto s = std::chrono::duration_cast<std::chrono::seconds>(timeout);
-    const timespec relative{static_cast<std::time_t>(s.count()), static_cast<long>((timeout - s).count())};
-    syscall(SYS_futex, address(), FUTEX_WAIT_PRIVATE, seen, &relative, nullptr, 0);
-  }
+  void wait(std::uint32_t seen, std::chrono::nanoseconds timeout) noexcept;
   /// Sleeps while the word equals `seen`.
-  void wait(std::uint32_t seen) noexcept {
-    syscall(SYS_futex, address(), FUTEX_WAIT_PRIVATE, seen, nullptr, nullptr, 0);
-  }
+  void wait(std::uint32_t seen) noexcept;
   /// Changes the word and wakes one thread in wait().
-  void notify_one() noexcept {
-    word_.fetch_add(1);
-    syscall(SYS_futex, address(), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
-  }
+  void notify_one() noexcept;
 
  private:
   static_assert(sizeof(std::atomic<std::uint32_t>) == sizeof(std::uint32_t) &&
