@@ -90,11 +90,18 @@ if ((consumer)); then
       echo "test: the installed $name still names the build tree in its RUNPATH" >&2
       exit 1
     fi
-    if ! env -u LD_LIBRARY_PATH "$program" --help >/dev/null 2>"$build_dir/program.err"; then
+    if ! help="$(env -u LD_LIBRARY_PATH "$program" --help 2>"$build_dir/program.err")"; then
       echo "test: the installed $name --help failed:" >&2
       cat "$build_dir/program.err" >&2
       exit 1
     fi
+    # The page of the docs a --help points to is one the install has, named by its path there.
+    for page in $(grep -o 'See [^ ]*\.md' <<<"$help" | cut -c5- || true); do
+      if [[ "$page" != /*/share/doc/stoker/docs/* || ! -f "$page" ]]; then
+        echo "test: the installed $name --help points to $page, not to a page of the install's docs" >&2
+        exit 1
+      fi
+    done
     version="$(env -u LD_LIBRARY_PATH "$program" --version)"
     if [[ "$version" != "$name "[0-9]* ]]; then
       echo "test: the installed $name --version printed '$version'" >&2
@@ -151,13 +158,13 @@ if ((consumer)); then
   export PKG_CONFIG_PATH="$(dirname "$pc_file")"
   read -r -a pc_cflags <<<"$(pkg-config --cflags stoker)"
   read -r -a pc_libs <<<"$(pkg-config --libs stoker)"
-  pc_libdir="$(pkg-config --variable=libdir stoker)"
   readme_example="$(ls "$consumer_dir"/docs/readme_*.cpp | sort -t_ -k2 -n | head -1)"
   for source in tests/consumer/main.cpp "$readme_example"; do
     out="$consumer_dir/pkgconfig-$(basename "$source" .cpp)"
-    "${CXX:-c++}" -std=c++20 -O1 "$source" "${pc_cflags[@]}" "${pc_libs[@]}" -Wl,-rpath,"$pc_libdir" -o "$out"
+    "${CXX:-c++}" -std=c++20 -O1 "$source" "${pc_cflags[@]}" "${pc_libs[@]}" -o "$out"
   done
-  "$consumer_dir/pkgconfig-main"
+  # stoker.pc's flags carry the install's lib/ as the program's RUNPATH: no LD_LIBRARY_PATH.
+  env -u LD_LIBRARY_PATH "$consumer_dir/pkgconfig-main"
   if [[ -n "${python:-}" ]]; then
     echo "test: importing the Python module installed in $prefix"
     site="$(sed -n 's/^STOKER_PYTHON_INSTALL_DIR:STRING=//p' "$build_dir/CMakeCache.txt")"

@@ -149,6 +149,7 @@ class LogParser {
     log_.job = text_field(j, "job");
     if (const auto rank = j.find("rank"); rank != j.end()) set_rank(label(*rank));
     if (const auto role = j.find("role"); role != j.end()) log_.role = label(*role);
+    if (const auto data = j.find("data"); data != j.end()) log_.data = label(*data);
     log_.pipeline.threads = static_cast<int>(optional_count(j, "threads"));
     log_.pipeline.cores = static_cast<int>(optional_count(j, "cores"));
   }

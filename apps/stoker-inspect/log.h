@@ -84,6 +84,7 @@ struct OccupancyLog {
   std::string job;      ///< the job it belongs to; logs of one job's ranks have the same; empty when unknown
   std::string rank;     ///< its rank in the job, empty when none
   std::string role;     ///< "trainer" or "worker" for a job with remote workers; empty otherwise
+  std::string data;     ///< the run record's "data" label: "images" for stoker-train --images
   std::optional<ConsumerCounters> consumer;
   PipelineFigures pipeline;
   std::vector<QueueSeries> queues;

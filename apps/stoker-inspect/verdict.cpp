@@ -351,7 +351,8 @@ std::string more_pipeline_threads(const Report& r, const Model& m, const Vocabul
     out = "the pipeline already has " + std::string(have > cores ? "more threads than" : "as many threads as") +
           " the machine has cores (" + std::to_string(cores) +
           "), and more help only stages that wait, not stages that compute";
-  out += ": add cores, move work to the GPU (" + words.device_work() + "), or make the stages cheaper";
+  const std::string device = words.device_work();
+  out += ": add cores, " + (device.empty() ? "" : "move work to the GPU (" + device + "), ") + "or make the stages cheaper";
   return out;
 }
 
@@ -373,9 +374,8 @@ std::string suggest_stage(const Report& r, const Model& m, const Vocabulary& wor
   if (s && waits_for_pool(*s))
     return "'" + name + "' waits for its pool's buffers (" + percent(s->pool_wait_pct) +
            " of the run), which come back only as the parts after it, the device's copies and the training steps "
-           "that use them, give them back: more threads would wait as well; move fewer bytes per batch, or do more "
-           "of the work on the device (" +
-           words.device_work() + ")";
+           "that use them, give them back: more threads would wait as well; move fewer bytes per batch" +
+           (words.device_work().empty() ? "" : ", or do more of the work on the device (" + words.device_work() + ")");
   if (!s) return "give '" + name + "' more threads, or make its function cheaper";
   const int threads = s->counters.threads;
   const int cores = r.pipeline.cores;
@@ -385,9 +385,9 @@ std::string suggest_stage(const Report& r, const Model& m, const Vocabulary& wor
   if (more <= threads)
     return "'" + name + "' has " + threads_of(threads) + ", at least as many as the machine's " +
            std::to_string(cores) +
-           " cores, and computes: more threads would only share them; make its function cheaper, add cores, or "
-           "move its work to the GPU (" +
-           words.device_work() + ")";
+           " cores, and computes: more threads would only share them; make its function cheaper" +
+           (words.device_work().empty() ? std::string(", or add cores")
+                                        : ", add cores, or move its work to the GPU (" + words.device_work() + ")");
   const std::string how = words.stage_threads(name, more);
   if (how.empty())
     return words.program() + " gives '" + name + "' " + threads_of(threads) +
@@ -451,7 +451,7 @@ std::string suggest_swings(const Report& r, const Vocabulary& words) {
 
 void judge(Report& r) {
   const Model m(r);
-  const Vocabulary words(r.program);
+  const Vocabulary words(r.program, r.data);
   Verdict& v = r.verdict;
   v.evidence.push_back(waited_line(r));
   // A loop that waits while its queue holds items waits to be run: for a core, on a machine
@@ -604,6 +604,7 @@ Report analyze(const OccupancyLog& log) {
   r.job = log.job;
   r.rank = log.rank;
   r.role = log.role;
+  r.data = log.data;
   double first = INFINITY, last = -INFINITY;
   for (const QueueSeries& q : log.queues) {
     r.queues.push_back(summarize(q));

@@ -17,8 +17,8 @@ const std::map<std::string, std::string>& train_stage_options() {
 
 }  // namespace
 
-Vocabulary::Vocabulary(const std::string& program)
-    : train_(program == "stoker-train"), program_(train_ ? program : "the program") {}
+Vocabulary::Vocabulary(const std::string& program, const std::string& data)
+    : train_(program == "stoker-train"), images_(data == "images"), program_(train_ ? program : "the program") {}
 
 std::string Vocabulary::stage_threads(const std::string& stage, int n) const {
   const std::string count = std::to_string(n);
@@ -42,6 +42,9 @@ std::string Vocabulary::queue_capacity(const std::string& queue, const std::stri
   return "--batch-queue " + count;  // every queue of batches
 }
 
-std::string Vocabulary::device_work() const { return train_ ? "--augment gpu" : "stoker::gpu::GpuAugment"; }
+std::string Vocabulary::device_work() const {
+  if (!train_) return "stoker::gpu::GpuAugment";
+  return images_ ? "" : "--augment gpu";
+}
 
 }  // namespace stoker::inspect

@@ -11,8 +11,9 @@ namespace stoker::inspect {
 
 class Vocabulary {
  public:
-  /// For the log of `program` (the run record's; empty for a log without one: the library's terms).
-  explicit Vocabulary(const std::string& program);
+  /// For the log of `program` (the run record's; empty for a log without one: the library's terms),
+  /// which read `data` (the run record's "data" label: "images" for stoker-train --images).
+  explicit Vocabulary(const std::string& program, const std::string& data = {});
 
   /// How to give stage `stage` `n` threads: "--crop-threads 4", "{.threads = 4} on stage 'crops'";
   /// empty when the program has no way to.
@@ -23,13 +24,15 @@ class Vocabulary {
   /// program has no way to.
   std::string queue_capacity(const std::string& queue, const std::string& producer, bool shuffle, std::size_t n) const;
   /// The program's way to move the crops to the device, for a pipeline short of cores: "--augment gpu",
-  /// or the library's GpuAugment.
+  /// or the library's GpuAugment; empty when the program has none (stoker-train --images, which
+  /// refuses --augment gpu).
   std::string device_work() const;
   /// "stoker-train" or "the program".
   const std::string& program() const { return program_; }
 
  private:
   bool train_ = false;
+  bool images_ = false;
   std::string program_;
 };
 

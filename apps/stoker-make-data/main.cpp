@@ -6,6 +6,8 @@
 
 #include <chrono>
 #include <iostream>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "app_main.h"
@@ -30,13 +32,36 @@ nlohmann::json describe(const std::string& kind, const std::string& dir, const M
   return j;
 }
 
+// A line on stderr at most every `seconds` while files are written: "stoker-make-data: 1200 of
+// 50000 images (2%)". Nothing when `seconds` is 0, or for a run shorter than that.
+Progress progress_line(double seconds) {
+  if (seconds <= 0) return {};
+  using Clock = std::chrono::steady_clock;
+  struct State {
+    std::mutex mutex;
+    Clock::duration every;
+    Clock::time_point next;
+  };
+  auto state = std::make_shared<State>();
+  state->every = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(seconds));
+  state->next = Clock::now() + state->every;
+  return [state](const char* what, std::uint64_t done, std::uint64_t total) {
+    const auto now = Clock::now();
+    const std::unique_lock lock(state->mutex, std::try_to_lock);  // a writer never waits for it
+    if (!lock || now < state->next) return;
+    state->next = now + state->every;
+    std::cerr << "stoker-make-data: " << done << " of " << total << " " << what << " (" << 100 * done / total
+              << "%)\n";
+  };
+}
+
 int run(int argc, char** argv) {
   CLI::App app{
       "stoker-make-data: writes an image data set to disk, with nothing to download.\n"
       "  imagenet DIR       JPEGs like ImageNet's (sizes, qualities, natural-like content), a folder per\n"
       "                     class, a list file and optionally WebDataset tar shards\n"
       "  fashion-mnist DIR  Fashion-MNIST (from the Debian package's IDX files) as PNG files\n"
-      "See docs/images.md."};
+      "See " + apps::doc_page("images.md") + "."};
   app.name("stoker-make-data");
   app.require_subcommand(1);
   bool json = false;
@@ -74,10 +99,14 @@ int run(int argc, char** argv) {
   fashion->add_option("--from", source, "The folder of the IDX files")->capture_default_str();
   fashion->add_option("--limit", limit, "Only the first N images of each split (0: all)")->capture_default_str();
 
+  double progress_s = 5;
   for (auto* sub : {inet, fashion}) {
     sub->add_option("--threads", threads, "Threads that write (0: one per core); the files do not depend on it")
         ->capture_default_str()
         ->check(at_least(0));
+    sub->add_option("--progress", progress_s, "Say on stderr how far it got, every this many seconds (0: never)")
+        ->capture_default_str()
+        ->check(in_range(0.0, 86400.0));
     sub->add_flag("--json", json, "Also print the result as one JSON object on the last line of stdout");
   }
   if (const auto done = parse_command_line(app, argc, argv)) return *done;
@@ -88,8 +117,9 @@ int run(int argc, char** argv) {
   const auto t0 = std::chrono::steady_clock::now();
   const bool is_imagenet = inet->parsed();
   imagenet.threads = threads;
-  const MadeData made =
-      is_imagenet ? make_imagenet_like(dir, imagenet) : export_fashion_mnist(dir, source, limit, threads);
+  imagenet.progress = progress_line(progress_s);
+  const MadeData made = is_imagenet ? make_imagenet_like(dir, imagenet)
+                                    : export_fashion_mnist(dir, source, limit, threads, imagenet.progress);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::cout << "stoker-make-data: wrote " << made.images << (is_imagenet ? " JPEGs" : " PNGs") << " ("
             << fixed(made.bytes / 1048576.0, 1) << " MiB, "

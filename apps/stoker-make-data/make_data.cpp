@@ -70,10 +70,12 @@ std::vector<float> fractal(std::uint32_t h, std::uint32_t w, Rng& rng, double sl
   return field;
 }
 
-// Runs `body(i)` for i in [0, n) on `threads` threads (0: one per core); rethrows the first error.
-void parallel_for(std::uint64_t n, int threads, const std::function<void(std::uint64_t)>& body) {
+// Runs `body(i)` for i in [0, n) on `threads` threads (0: one per core), telling `progress` of
+// each `what` done; rethrows the first error.
+void parallel_for(std::uint64_t n, int threads, const std::function<void(std::uint64_t)>& body, const char* what,
+                  const Progress& progress) {
   const int count = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  std::atomic<std::uint64_t> next{0};
+  std::atomic<std::uint64_t> next{0}, done{0};
   std::exception_ptr error;
   std::mutex error_mutex;
   {
@@ -83,6 +85,8 @@ void parallel_for(std::uint64_t n, int threads, const std::function<void(std::ui
         for (std::uint64_t i; (i = next.fetch_add(1)) < n;) {
           try {
             body(i);
+            const std::uint64_t d = done.fetch_add(1) + 1;
+            if (progress) progress(what, d, n);
           } catch (...) {
             std::lock_guard lock(error_mutex);
             if (!error) error = std::current_exception();
@@ -209,7 +213,7 @@ MadeData make_imagenet_like(const fs::path& dir, const ImageNetLikeOptions& o) {
     pixels += std::uint64_t{width} * height;
     progressive += jpeg.progressive;
     gray += is_gray;
-  });
+  }, "images", o.progress);
   MadeData made{o.images, bytes, pixels, progressive, gray, {dir / "train.txt"}, {}};
   {
     std::ofstream list(made.lists[0], std::ios::trunc);
@@ -232,12 +236,13 @@ MadeData make_imagenet_like(const fs::path& dir, const ImageNetLikeOptions& o) {
       }
       tar.finish();
       write_wds_index(wds_index_path(made.shards[s]), tar.members());
-    });
+    }, "tar shards", o.progress);
   }
   return made;
 }
 
-MadeData export_fashion_mnist(const fs::path& dir, const fs::path& source, std::uint32_t limit, int threads) {
+MadeData export_fashion_mnist(const fs::path& dir, const fs::path& source, std::uint32_t limit, int threads,
+                              const Progress& progress) {
   MadeData made;
   for (const auto& [split, idx_split] : {std::pair{"train", "train"}, std::pair{"test", "t10k"}}) {
     const IdxReader reader(fashion_mnist(source, idx_split));
@@ -255,7 +260,7 @@ MadeData export_fashion_mnist(const fs::path& dir, const fs::path& source, std::
       const auto png = encode_png(image);
       write_file(dir / image_path(i, image.label), png);
       bytes += png.size();
-    });
+    }, split == std::string("train") ? "train images" : "test images", progress);
     made.lists.push_back(dir / (std::string(split) + ".txt"));
     std::ofstream list(made.lists.back(), std::ios::trunc);
     for (std::uint64_t i = 0; i < n; ++i) list << image_path(i, labels[i]).generic_string() << ' ' << labels[i] << '\n';

@@ -5,12 +5,17 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <vector>
 
 #include "stoker/stages/buffer_pool.h"
 #include "stoker/stages/sample.h"
 
 namespace stoker::apps {
+
+/// Told of each file written, from the writing threads (so it must be thread-safe): what is being
+/// written ("images", "tar shards", "train images"), how many of them are done, and of how many.
+using Progress = std::function<void(const char* what, std::uint64_t done, std::uint64_t total)>;
 
 struct ImageNetLikeOptions {
   std::uint32_t images = 2000;
@@ -22,6 +27,7 @@ struct ImageNetLikeOptions {
   std::uint32_t tar_shards = 0;                  ///< also write the images as WebDataset shards
   std::uint64_t seed = 0;
   int threads = 0;  ///< 0: one per core; the files do not depend on it
+  Progress progress;  ///< none: nothing is told
 };
 
 /// What was written.
@@ -49,6 +55,6 @@ MadeData make_imagenet_like(const std::filesystem::path& dir, const ImageNetLike
 /// `dir/train/<label>/NNNNN.png` and `dir/test/<label>/NNNNN.png`, with `dir/train.txt` and
 /// `dir/test.txt`. `limit` > 0 writes only the first `limit` images of each split.
 MadeData export_fashion_mnist(const std::filesystem::path& dir, const std::filesystem::path& source,
-                              std::uint32_t limit = 0, int threads = 0);
+                              std::uint32_t limit = 0, int threads = 0, const Progress& progress = {});
 
 }  // namespace stoker::apps

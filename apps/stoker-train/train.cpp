@@ -444,6 +444,7 @@ void log_place(PipelineBuilder& builder, const TrainOptions& o, const Place& pla
   if (!o.occupancy_log.empty()) builder.occupancy_log(per_rank(o.occupancy_log, place));
   if (place.world > 1) builder.log_label("rank", std::to_string(place.rank));
   if (!place.role.empty()) builder.log_label("role", place.role);
+  if (!o.images.empty()) builder.log_label("data", "images");  // stoker-inspect's suggestions fit --images
 }
 
 PipelineBuilder pipeline_builder(const TrainOptions& o, Trainer& trainer, const std::optional<PipelineState>& resume,

@@ -44,7 +44,26 @@ void set_body_tracer(BodyTracer tracer) noexcept {
   trace_begin.store(tracer.begin);
 }
 
-bool StageContext::help_downstream() const { return link_.stage_ != nullptr && link_.stage_->help_downstream(); }
+namespace {
+// The call a body is making on this thread, which StageContext's ties to the pipeline read. Set
+// for the length of a body's run and restored after it: a body may run inside another's call
+// (help_downstream()).
+struct RunningCall {
+  const detail::StageBase* stage = nullptr;
+  const StageContext* ctx = nullptr;
+  std::chrono::nanoseconds* blocked = nullptr;
+};
+thread_local RunningCall running_call;
+}  // namespace
+
+bool StageContext::in_pipeline() const noexcept { return running_call.ctx == this; }
+bool StageContext::help_downstream() const { return in_pipeline() && running_call.stage->help_downstream(); }
+
+namespace detail {
+std::chrono::nanoseconds* blocked_time_of(const StageContext& ctx) noexcept {
+  return ctx.in_pipeline() ? running_call.blocked : nullptr;
+}
+}  // namespace detail
 
 }  // namespace stoker
 
@@ -224,8 +243,6 @@ void StageBase::start(PipelineCore& core, std::size_t position) {
     ctx.seed = core.options().seed;
     ctx.body = static_cast<int>(i);
     ctx.stop = core.stop_token();
-    ctx.link_.blocked_ = &bodies_[i].blocked;
-    ctx.link_.stage_ = this;
     if (core.trace_)
       bodies_[i].track = &core.trace_->add_track(slots > 1 ? name_ + " #" + std::to_string(i) : name_, name_);
   }
@@ -294,6 +311,7 @@ void StageBase::run_body(int slot) noexcept {
     blocked_mark = body.blocked;
   };
   Step last = Step::done;
+  const RunningCall outer = std::exchange(running_call, RunningCall{this, &body.ctx, &body.blocked});
   core_->engine_->body_on_this_thread(+1);
   try {
     body_started();
@@ -329,6 +347,7 @@ void StageBase::run_body(int slot) noexcept {
   count_busy();  // what a step that threw had done
   core_->engine_->body_on_this_thread(-1);
   body_left(last, body.blocked);
+  running_call = outer;
 }
 
 void StageBase::skipped(std::uint64_t index, const char* what) {

@@ -164,12 +164,15 @@ the first `taken` positions of epoch `epoch`'s order were taken before, by any n
   py::class_<ImageSource>(m, "ImageSource", R"(A pipeline source of one rank's images of an ImageDataset, as
 stoker.EncodedImage (the file's bytes, label, id, name), for a map stage to decode on many
 threads. order: 'shuffle' (a new order of all images each epoch), 'shards' (a new order of
-the tar shards, each read front to back) or 'fixed'. pool: where the bytes go.)")
+the tar shards, each read front to back) or 'fixed'. pool: where the bytes go. max_file_bytes:
+a larger file is a DataError naming it, refused before it is read.)")
       .def(py::init([](std::shared_ptr<ImageDataset> data, const ShardOptions& shard, std::string_view order,
-                       std::shared_ptr<BufferPool> pool, std::optional<EpochCut> resume_at) {
+                       std::shared_ptr<BufferPool> pool, std::optional<EpochCut> resume_at,
+                       std::uint64_t max_file_bytes) {
              return ImageSource(
                  std::move(data),
                  {.shard = shard,
+                  .max_file_bytes = max_file_bytes,
                   .order = parse_choice<ImageOrder>(
                       order, "order",
                       {{"shuffle", ImageOrder::shuffle}, {"shards", ImageOrder::shards}, {"fixed", ImageOrder::fixed}}),
@@ -177,7 +180,8 @@ the tar shards, each read front to back) or 'fixed'. pool: where the bytes go.)"
                   .resume_at = resume_at});
            }),
            py::arg("data").none(false), py::arg("shard") = ShardOptions{}, py::arg("order") = "shuffle",
-           py::arg("pool") = nullptr, py::arg("resume_at") = py::none())
+           py::arg("pool") = nullptr, py::arg("resume_at") = py::none(),
+           py::arg("max_file_bytes") = kMaxImageFileBytes)
       .def("__len__", &ImageSource::size, "Images this rank reads per epoch (a whole one's).")
       .def("size_of", &ImageSource::size_of, py::arg("epoch"),
            "Images this rank reads in epoch `epoch`: len(), but in the epoch of resume_at.")

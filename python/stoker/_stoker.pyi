@@ -248,8 +248,9 @@ class ImageSource:
     """A pipeline source of one rank's images of an ImageDataset, as
     stoker.EncodedImage (the file's bytes, label, id, name), for a map stage to decode on many
     threads. order: 'shuffle' (a new order of all images each epoch), 'shards' (a new order of
-    the tar shards, each read front to back) or 'fixed'. pool: where the bytes go."""
-    def __init__(self, data: ImageDataset, shard: ShardOptions = ..., order: str = ..., pool: BufferPool = ..., resume_at: Optional[EpochCut] = ...) -> None: ...
+    the tar shards, each read front to back) or 'fixed'. pool: where the bytes go. max_file_bytes:
+    a larger file is a DataError naming it, refused before it is read."""
+    def __init__(self, data: ImageDataset, shard: ShardOptions = ..., order: str = ..., pool: BufferPool = ..., resume_at: Optional[EpochCut] = ..., max_file_bytes: int = ...) -> None: ...
     def __len__(self) -> int:
         """Images this rank reads per epoch (a whole one's)."""
         ...

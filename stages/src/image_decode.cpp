@@ -118,7 +118,7 @@ constexpr std::size_t kPngChunkCache = std::size_t{64} << 20;
 class PngDecoder {
  public:
   PngDecoder(std::span<const std::byte> bytes, const std::string& name, const DecodeOptions& options)
-      : name_(name), owner_(spng_ctx_new(0), spng_ctx_free), ctx_(owner_.get()) {
+      : name_(name), bytes_(bytes), owner_(spng_ctx_new(0), spng_ctx_free), ctx_(owner_.get()) {
     if (!ctx_) throw std::bad_alloc();
     // Per side: no side can be longer than the pixel limit allows when the other is 1.
     const auto side = static_cast<std::uint32_t>(std::min<std::uint64_t>(options.max_pixels, 0x7fffffff));
@@ -135,6 +135,12 @@ class PngDecoder {
   }
 
   const spng_ihdr& ihdr() const noexcept { return ihdr_; }
+  const std::string& name() const noexcept { return name_; }
+  spng_plte palette() const {
+    spng_plte plte{};
+    check(spng_get_plte(ctx_, &plte));
+    return plte;
+  }
   ImageInfo info() const noexcept {
     static constexpr std::uint32_t kChannels[] = {1, 0, 3, 3, 2, 0, 4};  // by color type; palette: 3
     return {ImageFormat::png, ihdr_.width, ihdr_.height, ihdr_.color_type < 7 ? kChannels[ihdr_.color_type] : 0};
@@ -153,6 +159,7 @@ class PngDecoder {
     // The image ends with the deflate stream, before the last IDAT's CRC: read on to IEND, so that
     // a damaged CRC or a file cut after its pixels is found, as libpng finds them.
     check(spng_decode_chunks(ctx_));
+    check_last_chunk();
   }
 
  private:
@@ -168,16 +175,65 @@ class PngDecoder {
     throw DataError(name_, "damaged PNG: " + problem);
   }
 
+  // libspng 0.7.3 takes a file cut inside IEND's CRC for a whole one: the chunks are walked to
+  // their IEND (headers only), whose CRC must be there; what follows IEND is not looked at.
+  void check_last_chunk() const {
+    const auto* b = reinterpret_cast<const unsigned char*>(bytes_.data());
+    const std::size_t size = bytes_.size();
+    for (std::size_t at = 8;;) {  // after the signature: length, type, data, CRC
+      if (size - at < 12) throw DataError(name_, "damaged PNG: truncated (it ends inside a chunk before IEND's end)");
+      const std::uint64_t length = std::uint64_t{b[at]} << 24 | std::uint64_t{b[at + 1]} << 16 |
+                                   std::uint64_t{b[at + 2]} << 8 | b[at + 3];
+      if (length > size - at - 12) throw DataError(name_, "damaged PNG: truncated (its chunks end before IEND's end)");
+      if (std::memcmp(b + at + 4, "IEND", 4) == 0) return;
+      at += 12 + length;
+    }
+  }
+
   std::string name_;
+  std::span<const std::byte> bytes_;
   std::unique_ptr<spng_ctx, void (*)(spng_ctx*)> owner_;  // freed however the constructor leaves
   spng_ctx* ctx_;
   spng_ihdr ihdr_{};
 };
 
+// A palette image whose PLTE has fewer than 2^depth entries, through its indices: libspng 0.7
+// expands an index past the palette to black without a word, and that is a damaged file.
+void decode_indexed(PngDecoder& png, Sample& out, BufferPool& pool, const StageContext& ctx) {
+  const auto& h = png.ihdr();
+  const spng_plte plte = png.palette();
+  const std::size_t depth = h.bit_depth, row_bytes = (std::size_t{h.width} * depth + 7) / 8;
+  Buffer indices = pool.acquire(row_bytes * h.height, ctx);
+  png.decode(indices.data(), indices.size(), SPNG_FMT_PNG);  // rows of packed indices, as stored
+  const auto* in = reinterpret_cast<const std::uint8_t*>(indices.data());
+  auto* px = reinterpret_cast<std::uint8_t*>(out.data.data());
+  const bool rgb = out.shape.channels == 3;
+  const unsigned per_byte = 8 / static_cast<unsigned>(depth), mask = (1u << depth) - 1;
+  for (std::uint32_t y = 0; y < h.height; ++y, in += row_bytes)
+    for (std::uint32_t x = 0; x < h.width; ++x) {
+      const unsigned shift = static_cast<unsigned>(depth) * (per_byte - 1 - x % per_byte);
+      const unsigned i = (in[x / per_byte] >> shift) & mask;
+      if (i >= plte.n_entries)
+        throw DataError(png.name(), "damaged PNG: palette index " + std::to_string(i) + " at (" + std::to_string(x) +
+                                        ", " + std::to_string(y) + ") past the " + std::to_string(plte.n_entries) +
+                                        " entries of its palette (PLTE)");
+      const spng_plte_entry& e = plte.entries[i];
+      if (rgb) {
+        *px++ = e.red, *px++ = e.green, *px++ = e.blue;
+      } else {
+        *px++ = detail::luma(e.red, e.green, e.blue);
+      }
+    }
+}
+
 Sample decode_png(PngDecoder& png, BufferPool& pool, const DecodeOptions& options, const StageContext& ctx) {
   const auto& h = png.ihdr();
   const std::uint32_t channels = detail::channels_of(options.color);
   Sample out = detail::make_image(pool, detail::image_shape(h.height, h.width, channels), ctx);
+  if (h.color_type == SPNG_COLOR_TYPE_INDEXED && png.palette().n_entries < (1u << h.bit_depth)) {
+    decode_indexed(png, out, pool, ctx);
+    return out;
+  }
   // libspng makes gray only of gray files of up to 8 bits; of anything else, RGB and then luma.
   if (options.color == ImageColor::rgb || (h.color_type == SPNG_COLOR_TYPE_GRAYSCALE && h.bit_depth <= 8)) {
     png.decode(out.data.data(), out.data.size(), options.color == ImageColor::rgb ? SPNG_FMT_RGB8 : SPNG_FMT_G8);

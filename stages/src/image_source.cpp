@@ -300,13 +300,20 @@ std::string ImageDataset::name(std::uint64_t id) const {
   return (root_ / fs::path(stored_name(item))).string();
 }
 
-EncodedImage ImageDataset::read(std::uint64_t id, BufferPool& pool, const StageContext& ctx) const {
+EncodedImage ImageDataset::read(std::uint64_t id, BufferPool& pool, const StageContext& ctx,
+                                std::uint64_t max_bytes) const {
   EncodedImage out;
   out.name = name(id);  // throws for a bad id
   out.id = id;
   const Item& item = items_[id];
+  const auto check_size = [&](std::uint64_t size) {
+    if (size > max_bytes)
+      throw DataError(out.name, "holds " + std::to_string(size) + " bytes, over the limit of " +
+                                    std::to_string(max_bytes) + " (ImageSourceOptions::max_file_bytes): not read");
+  };
   if (kind_ != Kind::tar) {
     const detail::InputFile file(root_ / fs::path(stored_name(item)));
+    check_size(file.size());
     out.data = pool.acquire(file.size(), ctx);
     file.read_at(0, {out.data.data(), out.data.size()});
     out.label = item.label;
@@ -328,6 +335,7 @@ EncodedImage ImageDataset::read(std::uint64_t id, BufferPool& pool, const StageC
     throw DataError(out.name, "its .cls label '" + std::string(label, item.label_size) +
                                   "' is not a whole number from 0 to 2147483647");
   out.label = *parsed;
+  check_size(item.size);
   out.data = pool.acquire(item.size, ctx);
   file.read_at(item.offset, {out.data.data(), out.data.size()});
   return out;
@@ -392,7 +400,8 @@ std::optional<EncodedImage> ImageSource::operator()(const StageContext& ctx) {
   if (ctx.index >= size_of(ctx.epoch)) return std::nullopt;
   if (options_.order == ImageOrder::shards && (!plan_ || plan_->seed != ctx.seed || plan_->epoch != ctx.epoch))
     plan_ = plan(ctx.seed, ctx.epoch);
-  return data_->read(id_in(plan_ ? &*plan_ : nullptr, ctx.seed, ctx.epoch, ctx.index), *options_.pool, ctx);
+  return data_->read(id_in(plan_ ? &*plan_ : nullptr, ctx.seed, ctx.epoch, ctx.index), *options_.pool, ctx,
+                     options_.max_file_bytes);
 }
 
 std::string ImageSource::fingerprint() const {

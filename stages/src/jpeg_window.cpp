@@ -12,6 +12,7 @@
 #include <cstring>
 #include <vector>
 
+#include <jerror.h>
 #include <jpeglib.h>
 
 #include "image_codec.h"
@@ -29,6 +30,8 @@ struct ErrorManager {
   jpeg_error_mgr pub;
   std::jmp_buf jump;
   char message[JMSG_LENGTH_MAX];
+  int code;          // libjpeg's message code of the error (J_MESSAGE_CODE), or 0
+  int precision;     // for JERR_BAD_PRECISION: the file's bits per sample
 };
 
 // A decompressor and everything its callbacks need, in one C-style block.
@@ -45,6 +48,9 @@ struct Decompressor {
 }
 
 [[noreturn]] void on_error(j_common_ptr cinfo) {
+  auto* error = reinterpret_cast<ErrorManager*>(cinfo->err);
+  error->code = cinfo->err->msg_code;
+  error->precision = cinfo->err->msg_parm.i[0];
   char message[JMSG_LENGTH_MAX];
   (*cinfo->err->format_message)(cinfo, message);
   jump_with(cinfo, message);
@@ -166,7 +172,12 @@ class JpegDecoder {
   }
   Decompressor& get() noexcept { return d_; }
   void check(bool ok, const std::string& name) const {
-    if (!ok) throw DataError(name, std::string("damaged or truncated JPEG: ") + d_.error.message);
+    if (ok) return;
+    // A JPEG of 12 or 16 bits per sample is well formed; libjpeg-turbo 2.1's API decodes 8 only.
+    if (d_.error.code == JERR_BAD_PRECISION)
+      throw DataError(name, "unsupported JPEG: " + std::to_string(d_.error.precision) +
+                                " bits per sample (stoker decodes 8-bit JPEG only; convert the file to 8 bits)");
+    throw DataError(name, std::string("damaged or truncated JPEG: ") + d_.error.message);
   }
   ImageInfo info() const noexcept {
     const auto& c = d_.cinfo;

@@ -3,11 +3,15 @@
 #include <doctest/doctest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <numeric>
 #include <set>
 #include <string>
 
@@ -222,4 +226,34 @@ TEST_CASE("stoker-make-data's command line: --help, bad arguments, --json") {
   CHECK(j["images"] == 6);
   CHECK(j["lists"][0] == (dir / "ok" / "train.txt").string());
   CHECK(ImageDataset::open(dir / "ok" / "train.txt")->size() == 6);
+  CHECK(ok.err.empty());  // shorter than --progress's 5 s: nothing to say
+  // Progress on stderr, every --progress seconds; the last line a run of 30 can have is 30 of 30.
+  const auto told =
+      run("imagenet " + (dir / "told").string() + " --images 30 --min-side 64 --max-side 128 --progress 0.000001",
+          dir.path());
+  REQUIRE(told.status == 0);
+  CHECK(told.err.find("stoker-make-data: ") == 0);
+  CHECK(told.err.find(" of 30 images (") != std::string::npos);
+  CHECK(run("imagenet " + (dir / "x").string() + " --progress -1", dir.path()).status == 2);
+}
+
+TEST_CASE("every file written is told to the progress callback, once, up to the total") {
+  TempDir dir("progress");
+  std::mutex m;
+  std::map<std::string, std::vector<std::uint64_t>> told;
+  apps::ImageNetLikeOptions o{.images = 12, .classes = 3, .min_side = 16, .max_side = 24, .tar_shards = 2, .threads = 3};
+  o.progress = [&](const char* what, std::uint64_t done, std::uint64_t total) {
+    const std::lock_guard lock(m);
+    told[what].push_back(done);
+    CHECK(total == (std::string(what) == "images" ? 12u : 2u));
+  };
+  apps::make_imagenet_like(dir.path(), o);
+  REQUIRE(told.size() == 2);
+  for (auto& [what, done] : told) {
+    CAPTURE(what);
+    std::sort(done.begin(), done.end());
+    std::vector<std::uint64_t> want(what == "images" ? 12 : 2);
+    std::iota(want.begin(), want.end(), 1);
+    CHECK(done == want);
+  }
 }

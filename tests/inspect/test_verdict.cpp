@@ -39,7 +39,7 @@ struct Made {
   std::optional<double> cpu_share;  // of the stages' busy time
   std::optional<double> machine_busy_pct;
   std::string program;
-  std::string rank, job, role;
+  std::string rank, job, role, data;
   std::vector<std::pair<std::string, std::uint64_t>> counters;
   std::uint64_t items = 1000;
 };
@@ -53,6 +53,7 @@ OccupancyLog make(const Made& m) {
   log.rank = m.rank;
   log.job = m.job;
   log.role = m.role;
+  log.data = m.data;
   for (std::size_t i = 0; i < m.stages.size(); ++i) {
     const std::string consumer = i + 1 < m.stages.size() ? m.stages[i + 1].name : "consumer";
     QueueSeries q{m.stages[i].name + "->" + consumer, m.stages[i].name, consumer, 100, 0, {}};
@@ -272,6 +273,13 @@ TEST_SUITE("the verdict") {
     CHECK(cores.verdict.kind == Bottleneck::threads);
     CHECK(has(cores.verdict.headline, "the machine's cores"));
     CHECK(has(cores.verdict.suggestion, "add cores, move work to the GPU"));
+    // stoker-train spells it --augment gpu, except on --images, which refuses it.
+    bound.program = "stoker-train";
+    CHECK(has(analyze(make(bound)).verdict.suggestion, "add cores, move work to the GPU (--augment gpu), or make"));
+    bound.data = "images";
+    const Report images = analyze(make(bound));
+    CHECK(has(images.verdict.suggestion, "add cores, or make the stages cheaper"));
+    CHECK(!has(images.verdict.suggestion, "GPU"));
   }
 
   TEST_CASE("a stage waiting for its pool is told so, and not given threads") {
@@ -355,7 +363,7 @@ TEST_SUITE("files that are not occupancy logs") {
 
   TEST_CASE("the run record says who wrote the log; the sample records what a consumer could take and what waits") {
     std::istringstream in(
-        R"({"type":"run","t":0,"program":"stoker-train","job":"pmix:77","host":"h","pid":5,"threads":3,"cores":2,"rank":"1","role":"worker"})"
+        R"({"type":"run","t":0,"program":"stoker-train","job":"pmix:77","host":"h","pid":5,"threads":3,"cores":2,"rank":"1","role":"worker","data":"images"})"
         "\n"
         R"({"type":"sample","t":0.1,"queue":"shuffle","size":3,"capacity":10,"floor":6,"waiting":2,"producer":"a","consumer":"consumer"})"
         "\n");
@@ -364,6 +372,7 @@ TEST_SUITE("files that are not occupancy logs") {
     CHECK(log.job == "pmix:77");
     CHECK(log.rank == "1");
     CHECK(log.role == "worker");
+    CHECK(log.data == "images");
     CHECK(log.pipeline.threads == 3);
     REQUIRE(log.queues.size() == 1);
     CHECK(log.queues[0].floor == 6);

@@ -782,7 +782,7 @@ TEST_SUITE("Pipeline runtime") {
     CHECK(a != c);  // the shuffle's seed follows the pipeline's
   }
 
-  TEST_CASE("items and functions that compile: a move-only map function, an item with a const member") {
+  TEST_CASE("items and functions that compile: a move-only map function, an item with a const member, bool") {
     // A lambda owning a unique_ptr: the stage keeps the one function, and copy_per_body says it cannot copy it.
     auto offset = std::make_unique<int>(100);
     auto moved = PipelineBuilder{}
@@ -834,6 +834,107 @@ TEST_SUITE("Pipeline runtime") {
     ids.clear();
     for (const Named& x : unbatched.epoch()) ids.push_back(x.id);
     CHECK(sorted(ids) == iota(5));
+
+    // bool items, whose chunks are std::vector<bool> (proxies, not bool&), through every kind of
+    // queue, a stop and a resume. 7 of 20 are true (n % 3 == 0); the map flips them.
+    struct Bools {
+      std::uint64_t n = 0;
+      std::optional<bool> operator()() {
+        if (n == 20) return std::nullopt;
+        return n++ % 3 == 0;
+      }
+      void seek(std::uint64_t i) { n = i; }
+    };
+    auto bools = [] {
+      return PipelineBuilder{}
+          .epochs(1)
+          .deterministic()
+          .source("read", Bools{})
+          .shuffle("mix", {.capacity = 8, .min_after_dequeue = 4})
+          .map("not", [](bool b) { return !b; }, {.threads = 2});
+    };
+    auto flipped = bools().build();
+    int trues = 0, count = 0;
+    for (bool b : flipped.epoch()) trues += b, ++count;
+    CHECK(count == 20);
+    CHECK(trues == 13);
+    auto batched = bools().batch("batch", 6).build();
+    const std::optional<std::vector<bool>> first = batched.next();
+    REQUIRE(first);
+    CHECK(first->size() == 6);
+    const PipelineState state = batched.state();
+    batched.stop();
+    auto resumed = bools().batch("batch", 6).resume_from(state).build();
+    trues = static_cast<int>(std::count(first->begin(), first->end(), true));
+    count = 6;
+    for (auto& batch : resumed.epoch()) {
+      trues += static_cast<int>(std::count(batch.begin(), batch.end(), true));
+      count += static_cast<int>(batch.size());
+    }
+    CHECK(count == 20);
+    CHECK(trues == 13);
+  }
+
+  TEST_CASE("next() while another thread is in it is refused: a pipeline has one consumer" * doctest::timeout(30)) {
+    std::atomic<bool> release{false};
+    auto pipe = PipelineBuilder{}
+                    .epochs(1)
+                    .source("read",
+                            [n = 0, &release]() mutable -> std::optional<int> {
+                              while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                              if (n == 3) return std::nullopt;
+                              return n++;
+                            })
+                    .build();
+    std::optional<int> first;
+    std::thread consumer([&] { first = pipe.next(); });  // waits in next() until the source is released
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    std::thread watchdog([&] {  // should the consumer not be in next() yet, the call below ends anyway
+      for (int i = 0; i < 500 && !release; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      release = true;
+    });
+    CHECK_THROWS_WITH_AS(pipe.next(), doctest::Contains("called while another thread is in it"), std::logic_error);
+    release = true;
+    consumer.join();
+    watchdog.join();
+    CHECK(first == 0);
+    // One at a time, any thread may consume.
+    std::thread([&] { CHECK(pipe.next() == 1); }).join();
+    CHECK(pipe.next() == 2);
+    CHECK(pipe.next() == std::nullopt);
+  }
+
+  TEST_CASE("StageContext is a plain aggregate; its ties to the pipeline hold on the call's thread, during the call") {
+    static_assert(std::is_aggregate_v<StageContext>);
+    const StageContext made{.seed = 7, .epoch = 2};  // outside a pipeline, as the docs show
+    CHECK(made.seed == 7);
+    CHECK_FALSE(made.in_pipeline());
+    CHECK_FALSE(made.help_downstream());
+    std::atomic<int> inside{0}, copies{0}, other_threads{0};
+    auto pipe = PipelineBuilder{}
+                    .epochs(1)
+                    .threads(2)
+                    .source("read", CountUpTo{8})
+                    .map("wait",
+                         [&](int x, const StageContext& ctx) {
+                           inside += ctx.in_pipeline();
+                           const StageContext copy = ctx;
+                           copies += copy.in_pipeline();
+                           std::thread([&] { other_threads += ctx.in_pipeline(); }).join();
+                           const BlockedTime waiting(ctx);  // counted: the call's own thread
+                           std::this_thread::sleep_for(std::chrono::milliseconds(5));
+                           return x;
+                         })
+                    .build();
+    CHECK(drain_epoch(pipe).size() == 8);
+    CHECK(inside == 8);
+    CHECK(copies == 0);
+    CHECK(other_threads == 0);
+    const PipelineSummary s = pipe.summary();
+    const auto wait = std::find_if(s.stages.begin(), s.stages.end(), [](const StageStats& st) { return st.name == "wait"; });
+    REQUIRE(wait != s.stages.end());
+    CHECK(wait->pool_wait >= std::chrono::milliseconds(8 * 5 / 2));  // 40 ms of sleep, averaged over 2 threads at most
+    CHECK(wait->busy < std::chrono::milliseconds(8 * 5));
   }
 
   TEST_CASE("options() sets every option at once: first, then setters change it; after a setter, an error") {

@@ -54,6 +54,14 @@ std::vector<std::uint8_t> cmyk_to_rgb(std::span<const std::uint8_t> cmyk) {
   return rgb;
 }
 
+// PIL's luma (Image.convert("L")) of interleaved RGB.
+std::vector<std::uint8_t> luma_of(const std::vector<std::uint8_t>& rgb) {
+  std::vector<std::uint8_t> gray;
+  for (std::size_t i = 0; i < rgb.size(); i += 3)
+    gray.push_back(static_cast<std::uint8_t>((rgb[i] * 19595 + rgb[i + 1] * 38470 + rgb[i + 2] * 7471 + 0x8000) >> 16));
+  return gray;
+}
+
 // What decoding `pattern` with `color` should give, before the codec's own error.
 std::vector<std::uint8_t> expected_pixels(const Sample& pattern, ImageColor color) {
   const auto p = pixels(pattern);
@@ -64,11 +72,7 @@ std::vector<std::uint8_t> expected_pixels(const Sample& pattern, ImageColor colo
     for (const auto v : p) rgb.insert(rgb.end(), {v, v, v});
   else
     rgb.assign(p.begin(), p.end());
-  if (color == ImageColor::rgb) return rgb;
-  std::vector<std::uint8_t> gray;
-  for (std::size_t i = 0; i < rgb.size(); i += 3)
-    gray.push_back(static_cast<std::uint8_t>((rgb[i] * 19595 + rgb[i + 1] * 38470 + rgb[i + 2] * 7471 + 0x8000) >> 16));
-  return gray;
+  return color == ImageColor::rgb ? rgb : luma_of(rgb);
 }
 
 // A PNG of raw PNG-format rows (packed for bit depths under 8, host-endian for 16), written by
@@ -293,6 +297,23 @@ TEST_CASE("every kind of PNG decodes exactly: RGB, RGBA, gray, gray + alpha, pal
       want.insert(want.end(), {e.red, e.green, e.blue});
     }
     CHECK(std::vector<std::uint8_t>(pixels(out).begin(), pixels(out).end()) == want);
+    // As gray: PIL's luma of each entry.
+    const Sample gray = decode_image(png, "pal.png", *pool, {.color = ImageColor::gray});
+    CHECK(std::vector<std::uint8_t>(pixels(gray).begin(), pixels(gray).end()) == luma_of(want));
+    // 2 bits a pixel, packed, with 3 of the 4 entries a palette of 2 bits can have.
+    plte.n_entries = 3;
+    const std::size_t row_bytes = (w + 3) / 4;
+    std::vector<std::byte> packed(row_bytes * h, std::byte{0});
+    want.clear();
+    for (std::uint32_t y = 0; y < h; ++y)
+      for (std::uint32_t x = 0; x < w; ++x) {
+        const unsigned i = (x + 2 * y) % 3;
+        packed[y * row_bytes + x / 4] |= static_cast<std::byte>(i << (6 - 2 * (x % 4)));
+        const auto& e = plte.entries[i];
+        want.insert(want.end(), {e.red, e.green, e.blue});
+      }
+    const Sample two = decode_image(raw_png(w, h, SPNG_COLOR_TYPE_INDEXED, 2, packed, &plte), "pal2.png", *pool);
+    CHECK(std::vector<std::uint8_t>(pixels(two).begin(), pixels(two).end()) == want);
   }
   SUBCASE("gray of 1, 2 and 4 bits, scaled to 0..255") {
     for (const std::uint8_t depth : {1, 2, 4}) {
@@ -348,6 +369,23 @@ TEST_CASE("bad files are a DataError naming the file and what is wrong, and noth
   };
   std::vector<std::byte> bad_crc = png;
   bad_crc[bad_crc.size() - 13] ^= std::byte{0x5A};  // IDAT's CRC (IEND's 12 bytes follow it)
+  std::vector<std::byte> bad_iend_crc = png;
+  bad_iend_crc.back() ^= std::byte{0x5A};
+  const std::vector<std::byte> cut_in_iend_crc(png.begin(), png.end() - 2);
+  // A palette of 3 entries, and one index (7) past it.
+  spng_plte three{};
+  three.n_entries = 3;
+  std::vector<std::byte> indices(80 * 64, std::byte{1});
+  indices[80 * 10 + 5] = std::byte{7};
+  const auto past_palette = raw_png(80, 64, SPNG_COLOR_TYPE_INDEXED, 8, indices, &three);
+  // A JPEG whose frame header says 12 bits per sample (SOF1, extended sequential).
+  std::vector<std::byte> twelve_bit = jpeg;
+  for (std::size_t i = 2; i + 4 < twelve_bit.size(); ++i)
+    if (twelve_bit[i] == std::byte{0xFF} && twelve_bit[i + 1] == std::byte{0xC0}) {
+      twelve_bit[i + 1] = std::byte{0xC1};
+      twelve_bit[i + 4] = std::byte{12};
+      break;
+    }
   struct Case {
     const char* what;
     std::vector<std::byte> bytes;
@@ -366,6 +404,12 @@ TEST_CASE("bad files are a DataError naming the file and what is wrong, and noth
       {"JPEG header only", std::vector<std::byte>(jpeg.begin(), jpeg.begin() + 40), "damaged or truncated JPEG"},
       {"PNG truncated", half(png), "truncated", true},
       {"PNG with a bad CRC", bad_crc, "bad CRC", true},
+      {"PNG with a bad CRC in IEND", bad_iend_crc, "bad CRC", true},
+      {"PNG cut inside IEND's CRC", cut_in_iend_crc, "truncated", true},
+      {"PNG with a palette index past its PLTE", past_palette,
+       "damaged PNG: palette index 7 at (5, 10) past the 3 entries of its palette (PLTE)", true},
+      {"12-bit JPEG", twelve_bit,
+       "unsupported JPEG: 12 bits per sample (stoker decodes 8-bit JPEG only; convert the file to 8 bits)"},
       {"PNG header only", std::vector<std::byte>(png.begin(), png.begin() + 20), "damaged PNG"},
       {"JPEG claiming 60000 x 60000", jpeg_claiming(jpeg, 60000, 60000),
        "JPEG header claims 60000x60000 = 3600000000 pixels, over the limit of 89478485"},

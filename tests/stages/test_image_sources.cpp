@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <set>
@@ -702,6 +703,32 @@ TEST_CASE("a subset of a data set: the images asked for, renumbered, read as bef
                          std::invalid_argument);
     CHECK_THROWS_AS(data->subset({}), std::invalid_argument);
   }
+}
+
+TEST_CASE("a file over the size limit is a DataError naming it, refused before anything is read or allocated") {
+  TempDir dir("big");
+  write_bytes(dir / "ok.jpg", image_bytes(1));
+  // 300 MiB, sparse: over the default limit of 256 MiB without taking the disk.
+  { std::ofstream(dir / "huge.jpg"); }
+  fs::resize_file(dir / "huge.jpg", std::uint64_t{300} << 20);
+  write_text(dir / "list.txt", "ok.jpg 0\nhuge.jpg 1\n");
+  auto pool = BufferPool::create();
+  ImageSource source(ImageDataset::open(dir / "list.txt"), {.order = ImageOrder::fixed, .pool = pool});
+  CHECK(source(StageContext{.index = 0}));
+  const auto allocations = pool->allocations();
+  CHECK_THROWS_WITH_AS(source(StageContext{.index = 1}),
+                       doctest::Contains(((dir / "huge.jpg").string() +
+                                          ": holds 314572800 bytes, over the limit of 268435456 "
+                                          "(ImageSourceOptions::max_file_bytes): not read")
+                                             .c_str()),
+                       DataError);
+  CHECK(pool->allocations() == allocations);
+  // The limit is the caller's: at the size of ok.jpg it passes, one byte under it is refused.
+  const auto size = fs::file_size(dir / "ok.jpg");
+  ImageSource exact(ImageDataset::open(dir / "list.txt"), {.max_file_bytes = size, .order = ImageOrder::fixed});
+  CHECK(exact(StageContext{.index = 0}));
+  ImageSource under(ImageDataset::open(dir / "list.txt"), {.max_file_bytes = size - 1, .order = ImageOrder::fixed});
+  CHECK_THROWS_WITH_AS(under(StageContext{.index = 0}), doctest::Contains("over the limit of"), DataError);
 }
 
 TEST_CASE("files of many sizes recycle one another's buffers, and each keeps its exact size") {

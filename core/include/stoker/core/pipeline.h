@@ -363,7 +363,8 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
   }
 };
 
-/// A running pipeline. The thread that iterates it is its consumer; one thread only.
+/// A running pipeline. The thread that iterates it is its consumer; one thread at a time:
+/// next() called while another thread is in it throws std::logic_error.
 ///
 ///   for (auto epoch : pipe.epochs())      // until the run is over
 ///     for (auto& batch : epoch) train(batch);
@@ -399,6 +400,7 @@ class Pipeline {
   /// it is taken ends the run too, as a StageError naming "consumer". At the end of an epoch,
   /// the next one starts (on_epoch_start, then its stages) before this returns: see the class.
   std::optional<T> next() {
+    const OneConsumer one(in_next_);
     rethrow_if_failed();
     try {
       return take();
@@ -563,7 +565,25 @@ class Pipeline {
     }
   }
 
+  // Marks a call of next() in progress: a second thread's call while it is refused.
+  class OneConsumer {
+   public:
+    explicit OneConsumer(std::atomic<bool>& in) : in_(in) {
+      if (in_.exchange(true, std::memory_order_acquire))
+        throw std::logic_error(
+            "stoker::Pipeline::next(): called while another thread is in it; a pipeline has one consumer "
+            "(hand its items on to other threads, or give each its own pipeline)");
+    }
+    ~OneConsumer() { in_.store(false, std::memory_order_release); }
+    OneConsumer(const OneConsumer&) = delete;
+    OneConsumer& operator=(const OneConsumer&) = delete;
+
+   private:
+    std::atomic<bool>& in_;
+  };
+
   std::unique_ptr<detail::PipelineCore> core_;
+  std::atomic<bool> in_next_{false};
   detail::Edge<T>* final_ = nullptr;
   detail::StageBase* last_ = nullptr;
   std::uint32_t epochs_ = 0;

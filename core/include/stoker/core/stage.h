@@ -25,26 +25,14 @@ enum class OnError : std::uint8_t {
   skip,
 };
 
-struct StageContext;
-class BlockedTime;
-
-namespace detail {
-class StageBase;
-/// A StageContext's link to the body that makes the call: where its blocked time adds up, and
-/// the stage whose later stages help_downstream() runs. Opaque; empty outside a pipeline.
-class BodyLink {
- private:
-  friend class StageBase;
-  friend struct ::stoker::StageContext;
-  friend class ::stoker::BlockedTime;
-  std::chrono::nanoseconds* blocked_ = nullptr;
-  const StageBase* stage_ = nullptr;
-};
-}  // namespace detail
-
 /// What a stage function may ask about the call it is in. A function that takes
 /// `const StageContext&` as its last parameter gets one; it is valid for the call. To call a
 /// stage function outside a pipeline, make one: `StageContext{.seed = 7, .epoch = 2}`.
+///
+/// What ties a context to its pipeline (in_pipeline(), help_downstream(), BlockedTime) holds on
+/// the thread the pipeline called the function on, while the call runs: elsewhere (on a thread
+/// the function hands work to, or in a copy kept for later) a context acts as one made outside
+/// a pipeline. The fields hold anywhere.
 struct StageContext {
   std::uint64_t seed = 0;   ///< the pipeline's seed
   std::uint32_t epoch = 0;  ///< the epoch the item belongs to
@@ -71,12 +59,16 @@ struct StageContext {
   /// bodies then never hold every thread of the pipeline while the stage that would give back
   /// needs one. False outside a pipeline, or when no later stage can run now.
   bool help_downstream() const;
-  /// Whether the call is a pipeline's (false for a context made outside one): only then can
-  /// help_downstream() run anything.
-  bool in_pipeline() const noexcept { return link_.stage_ != nullptr; }
-
-  detail::BodyLink link_{};  ///< the pipeline's own
+  /// Whether this is the context of a pipeline's call running on this thread (false for a
+  /// context made outside one): only then can help_downstream() run anything.
+  bool in_pipeline() const noexcept;
 };
+
+namespace detail {
+/// Where BlockedTime adds up: the counter of the body whose call on this thread has `ctx` as its
+/// context; null for any other context.
+std::chrono::nanoseconds* blocked_time_of(const StageContext& ctx) noexcept;
+}  // namespace detail
 
 /// Thrown by a stage function that gave up waiting because its pipeline is stopping; the
 /// pipeline does not report it as an error.
@@ -86,10 +78,12 @@ struct PipelineStopped : std::runtime_error {
 
 /// Counts the time from its construction to its destruction as the calling stage's blocked
 /// time rather than busy time: for a function that waits for something given back downstream,
-/// such as a free buffer of a pool. Does nothing for a context that is not a pipeline's.
+/// such as a free buffer of a pool. Does nothing for a context that is not a pipeline's call on
+/// this thread.
 class BlockedTime {
  public:
-  explicit BlockedTime(const StageContext& ctx) noexcept : into_(ctx.link_.blocked_), since_(Clock::now()) {}
+  explicit BlockedTime(const StageContext& ctx) noexcept
+      : into_(detail::blocked_time_of(ctx)), since_(Clock::now()) {}
   ~BlockedTime() {
     if (into_) *into_ += Clock::now() - since_;
   }
@@ -114,6 +108,10 @@ class EmitterAccess;
 /// sends it on and waits until the queue downstream has taken it, so a stage that emits without
 /// bound (one file into many records) is bounded too. With a fanout (StageOptions::fanout), the
 /// emit past it throws, as the item's error.
+///
+/// An Emitter belongs to the call it is given to: use it on that call's thread, while the call
+/// runs. It is not thread-safe (outputs made on other threads are emitted from the call's thread
+/// once they are back), and it must not be kept past the call's return.
 template <class T>
 class Emitter {
  public:

@@ -18,6 +18,10 @@
 
 namespace stoker {
 
+/// The default limit on an image file's size (ImageSourceOptions::max_file_bytes): 256 MiB, just
+/// above an 8-bit RGB image of kDefaultMaxPixels stored without compression (268,435,455 bytes).
+inline constexpr std::uint64_t kMaxImageFileBytes = std::uint64_t{256} << 20;
+
 /// Where the images of a data set are and what their labels are. Immutable once made, and
 /// thread-safe: share one between sources (ranks, copies) through the shared_ptr.
 ///
@@ -68,9 +72,10 @@ class ImageDataset {
 
   /// Image `id`'s bytes, label and name, its bytes read (with pread, once, straight into a buffer
   /// of `pool`, acquired with `ctx`). Thread-safe. Throws std::out_of_range for an id not below
-  /// size(), and DataError naming the file for a file that is missing or cannot be read, or a
-  /// tar label that is not a number.
-  EncodedImage read(std::uint64_t id, BufferPool& pool, const StageContext& ctx = {}) const;
+  /// size(), and DataError naming the file for a file that is missing or cannot be read, holds
+  /// more than `max_bytes` (refused before anything is read), or a tar label that is not a number.
+  EncodedImage read(std::uint64_t id, BufferPool& pool, const StageContext& ctx = {},
+                    std::uint64_t max_bytes = kMaxImageFileBytes) const;
 
   /// Tells data sets apart, for a resumed pipeline to refuse a state taken on other data: the
   /// kind, the count and a hash of every name and label (tar: of names and member offsets).
@@ -125,6 +130,9 @@ struct EpochCut {
 
 struct ImageSourceOptions {
   ShardOptions shard{};  ///< this rank's share: the epoch's k-th image goes to rank k % world
+  /// A file (or tar member) larger than this is a DataError naming it, refused before it is read,
+  /// as the decoder's DecodeOptions::max_pixels refuses a header that claims too many pixels.
+  std::uint64_t max_file_bytes = kMaxImageFileBytes;
   ImageOrder order = ImageOrder::shuffle;
   std::shared_ptr<BufferPool> pool = nullptr;  ///< where the files' bytes go; null: a pool of its own
   /// In that epoch only the rest of its order, dealt to the ranks as a whole epoch is (the k-th

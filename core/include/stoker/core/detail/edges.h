@@ -438,7 +438,7 @@ class Edge final : public EdgeBase {
     Chunk<T> kept;
     OriginCursor o;
     std::uint64_t i = 0;
-    for (auto& item : chunk.items)
+    for (auto&& item : chunk.items)
       if (const auto at = o.next(chunk.runs); i++ >= n) kept.push(std::move(item), at);
     chunk = std::move(kept);
     return n;
@@ -448,7 +448,7 @@ class Edge final : public EdgeBase {
   static void drop_before(Chunk<T>& chunk, std::uint64_t origin) {
     Chunk<T> kept;
     OriginCursor o;
-    for (auto& item : chunk.items)
+    for (auto&& item : chunk.items)
       if (const auto at = o.next(chunk.runs); at >= origin) kept.push(std::move(item), at);
     chunk = std::move(kept);
   }
@@ -467,7 +467,7 @@ class Edge final : public EdgeBase {
       std::size_t n = 0;
       try {
         OriginCursor o;
-        for (auto& v : chunk.items) {
+        for (auto&& v : chunk.items) {
           prefetch(slots, n);
           slots[n++]->fill(std::move(v), o.next(chunk.runs));
         }
@@ -486,7 +486,7 @@ class Edge final : public EdgeBase {
       counted.n = n;
     } else {
       try {
-        for (auto& v : chunk.items) {
+        for (auto&& v : chunk.items) {
           fifo_.push_back(std::move(v));
           ++counted.n;
         }

@@ -161,7 +161,6 @@ class StageBase {
     StageContext ctx = bodies_.front().ctx;
     ctx.index = index;
     ctx.body = 0;
-    ctx.link_ = {};
     return ctx;
   }
   void count_in(std::uint64_t n) { items_in_.fetch_add(n, std::memory_order_relaxed); }
