@@ -109,7 +109,8 @@ int run(int argc, char** argv) {
   CLI::App app{
       "stoker-torch-example: trains a small CNN on Fashion-MNIST crops with libtorch, on the CPU, fed by a\n"
       "stoker pipeline through DLPack (--loader stoker) or by libtorch's own DataLoader doing the same job\n"
-      "(--loader torch), and reports samples/s and test accuracy. See docs/torch.md."};
+      "(--loader torch), and reports samples/s and test accuracy. See " +
+      apps::doc_page("torch.md") + "."};
   app.name("stoker-torch-example");
   ExampleOptions o;
   o.workers = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
