@@ -53,7 +53,8 @@ inline void prepare_output_file(const std::string& option, const std::string& pa
   std::error_code error;
   if (fs::is_directory(file, error)) throw UsageError(what + "is a directory");
   const fs::path parent = file.parent_path().empty() ? fs::path(".") : file.parent_path();
-  if (fs::create_directories(parent, error)) std::cerr << "note: " << what << "created the folder " << parent.string() << "\n";
+  if (fs::create_directories(parent, error))
+    std::cerr << "note: " << what << "created the folder " << parent.string() << "\n";
   if (error) throw UsageError(what + "cannot create its directory: " + error.message());
   const bool exists = fs::exists(file, error);
   if (::access((exists ? file : parent).c_str(), W_OK) != 0)

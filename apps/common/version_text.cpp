@@ -16,9 +16,9 @@ namespace {
 #define STOKER_TEXT(x) #x
 #define STOKER_VALUE_TEXT(x) STOKER_TEXT(x)
 // The versions the image decoders were built against (stages/: JPEG, PNG).
-constexpr const char* kImageDecoders = "JPEG (libjpeg-turbo " STOKER_VALUE_TEXT(LIBJPEG_TURBO_VERSION) "), PNG (libspng "
-    STOKER_VALUE_TEXT(SPNG_VERSION_MAJOR) "." STOKER_VALUE_TEXT(SPNG_VERSION_MINOR) "." STOKER_VALUE_TEXT(
-        SPNG_VERSION_PATCH) ")";
+constexpr const char* kImageDecoders =
+    "JPEG (libjpeg-turbo " STOKER_VALUE_TEXT(LIBJPEG_TURBO_VERSION) "), PNG (libspng " STOKER_VALUE_TEXT(
+        SPNG_VERSION_MAJOR) "." STOKER_VALUE_TEXT(SPNG_VERSION_MINOR) "." STOKER_VALUE_TEXT(SPNG_VERSION_PATCH) ")";
 #undef STOKER_VALUE_TEXT
 #undef STOKER_TEXT
 }  // namespace

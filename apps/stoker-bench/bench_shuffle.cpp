@@ -30,8 +30,8 @@ struct ShuffleBench {
 // ns per item of a pop and a push on a full queue, the steady state in which the consumer is
 // the slower side. Every item popped is summed, so that the work cannot be optimized away.
 double shuffle_ns(const ShuffleBench& opt, ShuffleRule rule, std::uint64_t& checksum) {
-  RandomShuffleQueue<Item> q(
-      "shuffle", {.capacity = opt.capacity, .min_after_dequeue = opt.min_after_dequeue, .seed = 1}, rule);
+  RandomShuffleQueue<Item> q("shuffle",
+                             {.capacity = opt.capacity, .min_after_dequeue = opt.min_after_dequeue, .seed = 1}, rule);
   std::uint64_t pushed = 0;
   for (; pushed < opt.capacity; ++pushed) q.try_push(Item{{pushed}});
   Item out{};

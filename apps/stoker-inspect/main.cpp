@@ -38,7 +38,8 @@ int run(int argc, char** argv) {
   CLI::App app{
       "stoker-inspect: reads a pipeline's occupancy log (written with .occupancy_log(path)), prints each\n"
       "queue's fill and each stage's counters, and names the bottleneck stage with its evidence.\n"
-      "See " + apps::doc_page("inspect.md") + " for how to read the report."};
+      "See " +
+      apps::doc_page("inspect.md") + " for how to read the report."};
   app.name("stoker-inspect");
 
   std::vector<std::string> log_paths;

@@ -352,7 +352,8 @@ std::string more_pipeline_threads(const Report& r, const Model& m, const Vocabul
           " the machine has cores (" + std::to_string(cores) +
           "), and more help only stages that wait, not stages that compute";
   const std::string device = words.device_work();
-  out += ": add cores, " + (device.empty() ? "" : "move work to the GPU (" + device + "), ") + "or make the stages cheaper";
+  out += ": add cores, " + (device.empty() ? "" : "move work to the GPU (" + device + "), ") +
+         "or make the stages cheaper";
   return out;
 }
 

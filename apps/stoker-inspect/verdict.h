@@ -80,7 +80,7 @@ struct Verdict {
 /// A run summed up, and its verdict.
 struct Report {
   std::string source, program, job, rank, role;
-  std::string data;  ///< what stoker-train read: "images" for --images, else empty
+  std::string data;       ///< what stoker-train read: "images" for --images, else empty
   double duration_s = 0;  ///< from the first sample to the last
   std::vector<QueueSummary> queues;
   std::vector<StageSummary> stages;                             ///< empty when the log has no stage records

@@ -50,8 +50,7 @@ Progress progress_line(double seconds) {
     const std::unique_lock lock(state->mutex, std::try_to_lock);  // a writer never waits for it
     if (!lock || now < state->next) return;
     state->next = now + state->every;
-    std::cerr << "stoker-make-data: " << done << " of " << total << " " << what << " (" << 100 * done / total
-              << "%)\n";
+    std::cerr << "stoker-make-data: " << done << " of " << total << " " << what << " (" << 100 * done / total << "%)\n";
   };
 }
 
@@ -61,7 +60,8 @@ int run(int argc, char** argv) {
       "  imagenet DIR       JPEGs like ImageNet's (sizes, qualities, natural-like content), a folder per\n"
       "                     class, a list file and optionally WebDataset tar shards\n"
       "  fashion-mnist DIR  Fashion-MNIST (from the Debian package's IDX files) as PNG files\n"
-      "See " + apps::doc_page("images.md") + "."};
+      "See " +
+      apps::doc_page("images.md") + "."};
   app.name("stoker-make-data");
   app.require_subcommand(1);
   bool json = false;

@@ -72,8 +72,8 @@ std::vector<float> fractal(std::uint32_t h, std::uint32_t w, Rng& rng, double sl
 
 // Runs `body(i)` for i in [0, n) on `threads` threads (0: one per core), telling `progress` of
 // each `what` done; rethrows the first error.
-void parallel_for(std::uint64_t n, int threads, const std::function<void(std::uint64_t)>& body, const char* what,
-                  const Progress& progress) {
+void parallel_for(std::uint64_t n, int threads, const char* what, const Progress& progress,
+                  const std::function<void(std::uint64_t)>& body) {
   const int count = threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::atomic<std::uint64_t> next{0}, done{0};
   std::exception_ptr error;
@@ -195,7 +195,7 @@ MadeData make_imagenet_like(const fs::path& dir, const ImageNetLikeOptions& o) {
   };
   for (std::uint32_t c = 0; c < o.classes; ++c) fs::create_directories(dir / "train" / numbered("class_%03llu", c));
   std::atomic<std::uint64_t> bytes{0}, pixels{0}, progressive{0}, gray{0};
-  parallel_for(o.images, o.threads, [&](std::uint64_t i) {
+  parallel_for(o.images, o.threads, "images", o.progress, [&](std::uint64_t i) {
     Rng rng(derive_seed(o.seed, i, hash_name("image")));
     const auto side = [&] { return o.min_side + static_cast<std::uint32_t>(rng.below(o.max_side - o.min_side + 1)); };
     const std::uint32_t width = side(), height = side();
@@ -213,7 +213,7 @@ MadeData make_imagenet_like(const fs::path& dir, const ImageNetLikeOptions& o) {
     pixels += std::uint64_t{width} * height;
     progressive += jpeg.progressive;
     gray += is_gray;
-  }, "images", o.progress);
+  });
   MadeData made{o.images, bytes, pixels, progressive, gray, {dir / "train.txt"}, {}};
   {
     std::ofstream list(made.lists[0], std::ios::trunc);
@@ -226,7 +226,7 @@ MadeData make_imagenet_like(const fs::path& dir, const ImageNetLikeOptions& o) {
     const Permutation order(o.images, derive_seed(o.seed, hash_name("shards")));
     for (std::uint32_t s = 0; s < o.tar_shards; ++s)
       made.shards.push_back(dir / "shards" / numbered("train-%04llu.tar", s));
-    parallel_for(o.tar_shards, o.threads, [&](std::uint64_t s) {
+    parallel_for(o.tar_shards, o.threads, "tar shards", o.progress, [&](std::uint64_t s) {
       TarWriter tar(made.shards[s]);
       for (std::uint64_t k = s; k < o.images; k += o.tar_shards) {
         const std::uint64_t i = order(k);
@@ -236,7 +236,7 @@ MadeData make_imagenet_like(const fs::path& dir, const ImageNetLikeOptions& o) {
       }
       tar.finish();
       write_wds_index(wds_index_path(made.shards[s]), tar.members());
-    }, "tar shards", o.progress);
+    });
   }
   return made;
 }
@@ -255,12 +255,13 @@ MadeData export_fashion_mnist(const fs::path& dir, const fs::path& source, std::
     for (const auto label : std::set<std::int32_t>(labels.begin(), labels.end()))
       fs::create_directories(dir / split / std::to_string(label));
     std::atomic<std::uint64_t> bytes{0};
-    parallel_for(n, threads, [&](std::uint64_t i) {
+    const char* what = split == std::string("train") ? "train images" : "test images";
+    parallel_for(n, threads, what, progress, [&](std::uint64_t i) {
       const Sample image = reader.read(i);
       const auto png = encode_png(image);
       write_file(dir / image_path(i, image.label), png);
       bytes += png.size();
-    }, split == std::string("train") ? "train images" : "test images", progress);
+    });
     made.lists.push_back(dir / (std::string(split) + ".txt"));
     std::ofstream list(made.lists.back(), std::ios::trunc);
     for (std::uint64_t i = 0; i < n; ++i) list << image_path(i, labels[i]).generic_string() << ' ' << labels[i] << '\n';

@@ -26,7 +26,7 @@ struct ImageNetLikeOptions {
   double gray = 0.02;                            ///< share of grayscale JPEGs (ImageNet has a few)
   std::uint32_t tar_shards = 0;                  ///< also write the images as WebDataset shards
   std::uint64_t seed = 0;
-  int threads = 0;  ///< 0: one per core; the files do not depend on it
+  int threads = 0;    ///< 0: one per core; the files do not depend on it
   Progress progress;  ///< none: nothing is told
 };
 

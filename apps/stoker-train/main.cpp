@@ -394,7 +394,8 @@ int run(int argc, char** argv, cluster::Communicator& ranks) {
       "stoker-train: trains a multilayer perceptron on Fashion-MNIST crops fed by a stoker pipeline\n"
       "(reader -> random crops + mirror -> shuffle buffer -> batch -> pinned staging -> copy -> trainer),\n"
       "on the GPU when there is one, and reports test accuracy, samples/s and input starvation.\n"
-      "See " + apps::doc_page("train.md") + "."};
+      "See " +
+      apps::doc_page("train.md") + "."};
   app.name("stoker-train");
   TrainOptions o;
   bool json = false;

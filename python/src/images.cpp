@@ -180,8 +180,7 @@ a larger file is a DataError naming it, refused before it is read.)")
                   .resume_at = resume_at});
            }),
            py::arg("data").none(false), py::arg("shard") = ShardOptions{}, py::arg("order") = "shuffle",
-           py::arg("pool") = nullptr, py::arg("resume_at") = py::none(),
-           py::arg("max_file_bytes") = kMaxImageFileBytes)
+           py::arg("pool") = nullptr, py::arg("resume_at") = py::none(), py::arg("max_file_bytes") = kMaxImageFileBytes)
       .def("__len__", &ImageSource::size, "Images this rank reads per epoch (a whole one's).")
       .def("size_of", &ImageSource::size_of, py::arg("epoch"),
            "Images this rank reads in epoch `epoch`: len(), but in the epoch of resume_at.")

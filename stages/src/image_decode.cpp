@@ -182,8 +182,8 @@ class PngDecoder {
     const std::size_t size = bytes_.size();
     for (std::size_t at = 8;;) {  // after the signature: length, type, data, CRC
       if (size - at < 12) throw DataError(name_, "damaged PNG: truncated (it ends inside a chunk before IEND's end)");
-      const std::uint64_t length = std::uint64_t{b[at]} << 24 | std::uint64_t{b[at + 1]} << 16 |
-                                   std::uint64_t{b[at + 2]} << 8 | b[at + 3];
+      const std::uint64_t length =
+          std::uint64_t{b[at]} << 24 | std::uint64_t{b[at + 1]} << 16 | std::uint64_t{b[at + 2]} << 8 | b[at + 3];
       if (length > size - at - 12) throw DataError(name_, "damaged PNG: truncated (its chunks end before IEND's end)");
       if (std::memcmp(b + at + 4, "IEND", 4) == 0) return;
       at += 12 + length;

@@ -30,8 +30,8 @@ struct ErrorManager {
   jpeg_error_mgr pub;
   std::jmp_buf jump;
   char message[JMSG_LENGTH_MAX];
-  int code;          // libjpeg's message code of the error (J_MESSAGE_CODE), or 0
-  int precision;     // for JERR_BAD_PRECISION: the file's bits per sample
+  int code;       // libjpeg's message code of the error (J_MESSAGE_CODE), or 0
+  int precision;  // for JERR_BAD_PRECISION: the file's bits per sample
 };
 
 // A decompressor and everything its callbacks need, in one C-style block.

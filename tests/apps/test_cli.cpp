@@ -221,7 +221,8 @@ TEST_CASE("stoker-inspect --plot creates the plot's missing parent directories, 
   INFO("stderr: " << inspect.err());
   CHECK(status == 0);
   CHECK(fs::file_size(plot) > 0);
-  CHECK(inspect.err() == "note: --plot " + plot.string() + ": created the folder " + plot.parent_path().string() + "\n");
+  CHECK(inspect.err() ==
+        "note: --plot " + plot.string() + ": created the folder " + plot.parent_path().string() + "\n");
   // A second run finds the folder there: nothing to say.
   Child again({kInspect, log.string(), "--plot", plot.string()}, dir);
   CHECK(again.wait() == 0);
@@ -255,7 +256,8 @@ TEST_CASE("a mistyped option is refused with the option it most likely meant" * 
       {{kTrain, "--epoch", "2"}, "; --epoch: did you mean --epochs? (see stoker-train --help)\n"},
       {{kTrain, "--devic=cpu"}, "; --devic=cpu: did you mean --device? (see stoker-train --help)\n"},
       {{kInspect, "--jsn", "x.jsonl"}, "; --jsn: did you mean --json? (see stoker-inspect --help)\n"},
-      {{kTrain, "--no-such-thing"}, "The following argument was not expected: --no-such-thing (see stoker-train --help)\n"},
+      {{kTrain, "--no-such-thing"},
+       "The following argument was not expected: --no-such-thing (see stoker-train --help)\n"},
   };
   for (const auto& c : cases) {
     CAPTURE(c.says);

@@ -241,7 +241,8 @@ TEST_CASE("every file written is told to the progress callback, once, up to the 
   TempDir dir("progress");
   std::mutex m;
   std::map<std::string, std::vector<std::uint64_t>> told;
-  apps::ImageNetLikeOptions o{.images = 12, .classes = 3, .min_side = 16, .max_side = 24, .tar_shards = 2, .threads = 3};
+  apps::ImageNetLikeOptions o{
+      .images = 12, .classes = 3, .min_side = 16, .max_side = 24, .tar_shards = 2, .threads = 3};
   o.progress = [&](const char* what, std::uint64_t done, std::uint64_t total) {
     const std::lock_guard lock(m);
     told[what].push_back(done);

@@ -398,7 +398,9 @@ TEST_SUITE("Pipeline") {
     } catch (const std::runtime_error& e) {
       CHECK(std::string(e.what()) == "trainer failed");
     }
-    CHECK(ms_since(t0) < 1000.0);
+    // A bound for a stall (a stop that waits out a timeout), not a speed: the unwinding took up to
+    // 1.3 s under ThreadSanitizer on 2 loaded cores, and a hang is ctest's TIMEOUT's to end.
+    CHECK(ms_since(t0) < 10'000.0);
   }
 
   TEST_CASE("deterministic mode gives the same sequence whatever the thread counts" * doctest::timeout(120)) {

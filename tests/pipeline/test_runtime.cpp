@@ -931,7 +931,8 @@ TEST_SUITE("Pipeline runtime") {
     CHECK(copies == 0);
     CHECK(other_threads == 0);
     const PipelineSummary s = pipe.summary();
-    const auto wait = std::find_if(s.stages.begin(), s.stages.end(), [](const StageStats& st) { return st.name == "wait"; });
+    const auto wait =
+        std::find_if(s.stages.begin(), s.stages.end(), [](const StageStats& st) { return st.name == "wait"; });
     REQUIRE(wait != s.stages.end());
     CHECK(wait->pool_wait >= std::chrono::milliseconds(8 * 5 / 2));  // 40 ms of sleep, averaged over 2 threads at most
     CHECK(wait->busy < std::chrono::milliseconds(8 * 5));

@@ -716,12 +716,12 @@ TEST_CASE("a file over the size limit is a DataError naming it, refused before a
   ImageSource source(ImageDataset::open(dir / "list.txt"), {.order = ImageOrder::fixed, .pool = pool});
   CHECK(source(StageContext{.index = 0}));
   const auto allocations = pool->allocations();
-  CHECK_THROWS_WITH_AS(source(StageContext{.index = 1}),
-                       doctest::Contains(((dir / "huge.jpg").string() +
-                                          ": holds 314572800 bytes, over the limit of 268435456 "
-                                          "(ImageSourceOptions::max_file_bytes): not read")
-                                             .c_str()),
-                       DataError);
+  CHECK_THROWS_WITH_AS(
+      source(StageContext{.index = 1}),
+      doctest::Contains(((dir / "huge.jpg").string() + ": holds 314572800 bytes, over the limit of 268435456 "
+                                                       "(ImageSourceOptions::max_file_bytes): not read")
+                            .c_str()),
+      DataError);
   CHECK(pool->allocations() == allocations);
   // The limit is the caller's: at the size of ok.jpg it passes, one byte under it is refused.
   const auto size = fs::file_size(dir / "ok.jpg");

@@ -82,8 +82,7 @@ struct PipelineStopped : std::runtime_error {
 /// this thread.
 class BlockedTime {
  public:
-  explicit BlockedTime(const StageContext& ctx) noexcept
-      : into_(detail::blocked_time_of(ctx)), since_(Clock::now()) {}
+  explicit BlockedTime(const StageContext& ctx) noexcept : into_(detail::blocked_time_of(ctx)), since_(Clock::now()) {}
   ~BlockedTime() {
     if (into_) *into_ += Clock::now() - since_;
   }
