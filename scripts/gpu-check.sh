@@ -5,8 +5,10 @@
 # the Fashion-MNIST files). Each step has its own time limit, and a failed step does not stop
 # the others; logs go to $OUT/logs.tar.gz (or ./gpu-out), a table of verdicts is printed last.
 #
-#   scripts/gpu-check.sh [STEP...]     steps: tests sanitizer transfer train bench images (default: all)
+#   scripts/gpu-check.sh [STEP...]     steps: tests python faults sanitizer transfer train bench images
+#                                      (default: all)
 #   STOKER_GPU_CROP_THREADS="4 8"      train also with --augment cpu at these crop threads
+#   STOKER_GPU_FAULT_RUNS=20           faults: how many times each own-process fault case runs
 set -uo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -24,7 +26,7 @@ export PATH="/usr/local/cuda/bin:$PATH"
 export STOKER_REQUIRE_CUDA=1
 
 steps=("$@")
-((${#steps[@]})) || steps=(tests sanitizer transfer train bench images)
+((${#steps[@]})) || steps=(tests python faults sanitizer transfer train bench images)
 verdicts=()
 
 # run NAME LIMIT_S CMD...: output to $out/NAME.log, its tail on the console.
@@ -50,6 +52,36 @@ cases_of() {
   "$1" --list-test-cases --no-version=true --test-case="$2" | grep -v -e '^\[doctest\]' -e '^=*$' -e '^$'
 }
 
+# python: the module is built on this machine, for its python3 (whose torch has CUDA; the module
+# built elsewhere is for Debian's Python), from the tree's sources against the carried stoker
+# libraries, whose public headers need only Python's, pybind11's and DLPack's. The machine's own
+# C++ runtime is used, not the carried one: it is newer, and its torch needs it.
+python_module() {
+  local py=python3 lib="$out/python/lib" pkg="$out/python/stoker" obj="$out/python/obj" ext
+  mkdir -p "$lib" "$pkg" "$obj"
+  for f in "$root"/.gpu/lib/*; do
+    case "${f##*/}" in libstdc++* | libgcc_s*) ;; *) ln -sf "$f" "$lib/" ;; esac
+  done
+  cp python/stoker/*.py python/stoker/*.pyi python/stoker/py.typed "$pkg/"
+  ext="$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')" || return
+  local version
+  version="$(sed -n 's/^project(stoker VERSION \([0-9.]*\).*/\1/p' CMakeLists.txt)"
+  local flags=(-O2 -fPIC -fvisibility=hidden -std=c++20 "-DSTOKER_VERSION=\"$version\"" -Iinclude -Icore/include
+    -I"$root/.gpu/include" -Istages/include -Igpu/include -Icluster/include $("$py" -m pybind11 --includes))
+  echo "$py $("$py" --version 2>&1), $(g++ --version | head -n 1), module $ext"
+  local pids=() src status=0
+  for src in python/src/*.cpp; do
+    g++ "${flags[@]}" -c "$src" -o "$obj/$(basename "$src").o" &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p" || status=1; done
+  ((status == 0)) || return 1
+  g++ -shared -o "$pkg/_stoker$ext" "$obj"/*.o -L"$lib" -l:libstoker_gpu.so.0 -l:libstoker_cluster.so.0 \
+    -l:libstoker_stages.so.0 -l:libstoker_core.so.0 -Wl,-rpath,"$lib"
+}
+export -f python_module
+export out root
+
 # The tests and the trainer look for Fashion-MNIST where Debian installs it.
 if [[ ! -d /usr/share/datasets/fashion-mnist && -d "$data" ]]; then
   mkdir -p /usr/share/datasets && ln -s "$data" /usr/share/datasets/fashion-mnist
@@ -70,6 +102,30 @@ for step in "${steps[@]}"; do
         while IFS= read -r fault; do
           # doctest's filters take wildcards: the name's brackets and commas would be read as such.
           run "$t-fault" 60 "$bin/$t" --test-case="$(printf '%s' "$fault" | tr '[],' '???')"
+        done < <(cases_of "$bin/$t" '*own process*')
+      done
+      ;;
+    python)
+      run python-build 300 bash -c python_module
+      run python-tests 300 env PYTHONPATH="$out/python" LD_LIBRARY_PATH="$out/python/lib:/usr/local/cuda/lib64" PYTHONUNBUFFERED=1 python3 -m pytest -q -p no:cacheprovider \
+        --timeout=120 -rs tests/python --ignore=tests/python/test_stubs.py
+      # (test_stubs.py compares the stubs with what Debian's pybind11 writes and runs Debian's mypy:
+      # the machine's pybind11 writes other signatures, and it has no mypy.)
+      ;;
+    faults)
+      # Each own-process fault case, again and again, each run given 20 s: a run that times out
+      # is a hang (the fault should reach the consumer as a StageError at once).
+      for t in test_gpu test_augment; do
+        while IFS= read -r fault; do
+          hangs=0 fails=0
+          for ((i = 0; i < ${STOKER_GPU_FAULT_RUNS:-20}; i++)); do
+            s=0
+            timeout --kill-after=5s 20 "$bin/$t" --test-case="$(printf '%s' "$fault" | tr '[],' '???')" \
+              >>"$out/faults-$t.log" 2>&1 || s=$?
+            if ((s == 124 || s == 137)); then hangs=$((hangs + 1)); elif ((s != 0)); then fails=$((fails + 1)); fi
+          done
+          verdicts+=("$(printf '%-28s %d runs: %d hung, %d failed: %s' "faults-$t" "$i" "$hangs" "$fails" "$fault")")
+          echo "${verdicts[-1]}"
         done < <(cases_of "$bin/$t" '*own process*')
       done
       ;;

@@ -305,7 +305,8 @@ CropSize parse_crop_size(const py::handle& size, const char* option) {
 }
 
 py::tuple size_tuple(const CropSize& s) {
-  return s.depth != 0 ? py::make_tuple(s.depth, s.height, s.width) : py::make_tuple(s.height, s.width);
+  if (s.depth != 0) return py::make_tuple(s.depth, s.height, s.width);
+  return py::make_tuple(s.height, s.width);
 }
 
 std::string repr_of(const char* name, const std::vector<std::pair<const char*, py::object>>& fields) {

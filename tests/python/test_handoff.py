@@ -114,8 +114,8 @@ def test_cuda_a_batch_waits_for_torch_s_stream_before_it_is_reused(how):
             batch.record_stream(side)
         total = x.float().sum()  # queued behind the sleep
         del x, batch
-    later = [pipe.next() for _ in range(4)]
+    for _ in range(4):  # each let go at once: the pipeline reuses the first batch's buffer
+        pipe.next()
     side.synchronize()
     assert int(total.item()) == 0, "the stream read a buffer the pipeline reused"
-    del later
     pipe.stop()
