@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <initializer_list>
 #include <memory>
@@ -20,7 +21,8 @@
 
 namespace stoker::gpu::detail {
 
-std::shared_ptr<Device> open_cpu_device();
+/// The CPU backend; `sticky`: with CUDA's sticky faults (Device::open("cpu:sticky")).
+std::shared_ptr<Device> open_cpu_device(bool sticky);
 /// CUDA device `ordinal`, which must be visible. Throws std::runtime_error in a build without
 /// CUDA.
 std::shared_ptr<Device> open_cuda_device(int ordinal);
@@ -47,6 +49,8 @@ class DeviceGuard {
   int previous_ = -1;  // the device to put back; -1 when there is nothing to put back
 };
 
+class StreamBase;
+
 /// A stream's timed work, for its device's timeline (device_timeline): spans in the order their
 /// work was issued, which on an in-order stream is the order it runs in. Shared by the stream,
 /// its device and (CPU backend) the stream's work, so that spans that end after the stream is
@@ -71,6 +75,9 @@ struct StreamSpans {
   std::deque<std::shared_ptr<Span>> spans;
   Clock::time_point last_end;  // of the last span taken; take_timeline()'s alone
   bool closed = false;         // its stream is gone
+  // Its stream while it can be asked about a fault of the device (StreamBase::enlist()), under
+  // `mutex`: a stream's destructor takes it out before it lets go of anything.
+  StreamBase* live = nullptr;
 };
 
 /// Base of both backends' devices: gives their streams access to the copy counters, and keeps
@@ -92,6 +99,8 @@ class DeviceBase : public Device {
   void counted_d2h(std::size_t bytes) noexcept { count_d2h(bytes); }
 
   bool timing() const noexcept { return listening_.load(std::memory_order_relaxed); }
+  /// Device::check(): the latched fault, else find_fault()'s, latched.
+  void check() final;
   /// The spans of a new stream, on a track named after the device (`short_name`) and a number.
   std::shared_ptr<StreamSpans> add_stream(const std::string& short_name);
   /// Throws std::logic_error if a timeline already listens.
@@ -117,6 +126,10 @@ class DeviceBase : public Device {
   virtual void release(Span& /*span*/) noexcept {}
   /// Drops every stream's spans.
   void drop_spans() noexcept;
+  /// The backend's: throws a fault of the whole device, if it has one (Device::check()).
+  virtual void find_fault() {}
+  /// Calls `fn` on each enlisted stream of this device, each under its spans' mutex.
+  void for_each_live_stream(const std::function<void(StreamBase&)>& fn);
 
  private:
   void give_back(Span& span) noexcept {
@@ -133,6 +146,8 @@ class DeviceBase : public Device {
  private:
   std::atomic<bool> listening_{false};
   std::mutex timeline_mutex_;  // start, take and stop
+  std::mutex fault_mutex_;
+  std::exception_ptr fault_;  // latched by check()
 };
 
 /// Base of both backends' streams: issues timed work (copies, launches).
@@ -142,8 +157,13 @@ class StreamBase : public Stream {
       : device_(device), spans_(device.add_stream(short_name)) {}
   ~StreamBase() override {
     std::lock_guard lock(spans_->mutex);
+    spans_->live = nullptr;
     spans_->closed = true;
   }
+  /// The backend's: throws a fault of the whole device that this stream reports (a sticky CUDA
+  /// error); never a failure of its own work alone (a host task that threw). For
+  /// DeviceBase::find_fault(), on enlisted streams.
+  virtual void query_fault() {}
 
   /// Issues `work` (which issues one copy or launch to this stream, or any number of them) as
   /// a span named `name` (static storage) on the device's timeline, when it listens. Work timed
@@ -183,6 +203,17 @@ class StreamBase : public Stream {
   }
 
  protected:
+  /// A stream the device's find_fault() may ask (query_fault()): called by the backend's stream
+  /// once it is whole; its destructor calls delist() before it lets go of anything.
+  void enlist() {
+    std::lock_guard lock(spans_->mutex);
+    spans_->live = this;
+  }
+  void delist() noexcept {
+    std::lock_guard lock(spans_->mutex);
+    spans_->live = nullptr;
+  }
+
   /// The backend's: marks on the stream where `span`'s work begins and ends.
   virtual void mark_begin(const std::shared_ptr<DeviceBase::Span>& span) = 0;
   virtual void mark_end(const std::shared_ptr<DeviceBase::Span>& span) = 0;

@@ -35,12 +35,13 @@ std::optional<int> cuda_ordinal(std::string_view spec) {
 }  // namespace
 
 std::shared_ptr<Device> Device::open(std::string_view backend) {
-  if (backend == "cpu") return detail::open_cpu_device();
+  if (backend == "cpu") return detail::open_cpu_device(false);
+  if (backend == "cpu:sticky") return detail::open_cpu_device(true);
   if (backend == "auto") {
     if (cuda_device_count() > 0) return detail::open_cuda_device(detail::current_cuda_device());
     if (const std::string problem = cuda_problem(); !problem.empty())
       log::warn("stoker::gpu: device 'auto': CUDA cannot start ({}); using the CPU backend", problem);
-    return detail::open_cpu_device();
+    return detail::open_cpu_device(false);
   }
   if (backend == "cuda" || backend.starts_with("cuda:")) {
     const std::string option = "device '" + std::string(backend) + "'";
@@ -60,7 +61,7 @@ std::shared_ptr<Device> Device::open(std::string_view backend) {
                                "; check CUDA_VISIBLE_DEVICES)");
     return detail::open_cuda_device(ordinal.value_or(detail::current_cuda_device()));
   }
-  throw std::invalid_argument("device '" + std::string(backend) + "': expected auto, cpu, cuda or cuda:N");
+  throw std::invalid_argument("device '" + std::string(backend) + "': expected auto, cpu, cpu:sticky, cuda or cuda:N");
 }
 
 CounterSource transfer_counters(std::shared_ptr<const Device> device) {
@@ -150,6 +151,32 @@ std::shared_ptr<StreamSpans> DeviceBase::add_stream(const std::string& short_nam
   auto spans = std::make_shared<StreamSpans>(short_name + " stream " + std::to_string(streams_made_++));
   streams_.push_back(spans);
   return spans;
+}
+
+void DeviceBase::check() {
+  {
+    std::lock_guard lock(fault_mutex_);
+    if (fault_) std::rethrow_exception(fault_);
+  }
+  try {
+    find_fault();
+  } catch (...) {
+    std::lock_guard lock(fault_mutex_);
+    if (!fault_) fault_ = std::current_exception();
+    std::rethrow_exception(fault_);
+  }
+}
+
+void DeviceBase::for_each_live_stream(const std::function<void(StreamBase&)>& fn) {
+  std::vector<std::shared_ptr<StreamSpans>> streams;
+  {
+    std::lock_guard lock(streams_mutex_);
+    streams = streams_;
+  }
+  for (const auto& stream : streams) {
+    std::lock_guard lock(stream->mutex);  // the stream's destructor delists it first
+    if (stream->live) fn(*stream->live);
+  }
 }
 
 void DeviceBase::prune_streams() noexcept {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The CPU backend: device memory is host memory, a stream is a worker thread that runs its
 // work in order, and an event completes when that worker reaches it.
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -25,16 +26,22 @@ namespace {
 // when the wait ends nor which failure it carries, as with cudaStreamWaitEvent. Shared with the
 // work that completes it and the waits for it: an event may be destroyed with work pending, as
 // a CUDA event may.
+//
+// On a sticky device that has stopped, a point is reached but never passed ("abandoned"): done()
+// stays false, as cudaEventQuery may keep answering "not ready" after a fault, while a wait for
+// it returns the failure.
 struct Point {
   std::mutex mutex;
   std::condition_variable changed;
   bool done = false;
+  bool abandoned = false;
   std::string failure;
 
-  void complete(const std::string& stream_failure) {
+  void complete(const std::string& stream_failure, bool abandon) {
     {
       std::lock_guard lock(mutex);
       done = true;
+      abandoned = abandon;
       failure = stream_failure;
     }
     changed.notify_all();
@@ -55,7 +62,7 @@ class CpuEvent final : public Event {
     const auto point = last();
     if (!point) return true;
     std::lock_guard lock(point->mutex);
-    if (!point->done) return false;
+    if (!point->done || point->abandoned) return false;
     if (!point->failure.empty()) throw_failure(point->failure);
     return true;
   }
@@ -80,13 +87,38 @@ class CpuEvent final : public Event {
   std::shared_ptr<Point> point_;
 };
 
+// What stops a sticky device: the first failure of work on any of its streams. Shared by the
+// device and its streams' workers.
+struct Stop {
+  std::atomic<bool> stopped{false};
+  std::mutex mutex;
+  std::string failure;  // set once, before `stopped`
+
+  void stop(const std::string& what) {
+    std::lock_guard lock(mutex);
+    if (stopped.load()) return;
+    failure = what;
+    stopped.store(true);
+  }
+  std::string why() {
+    std::lock_guard lock(mutex);
+    return failure;
+  }
+};
+
 // The worker runs each piece of work with the stream's failure so far (empty while there is
 // none): work proper is skipped once there is one, as a CUDA stream's is after a fault, while
-// event records and waits still run, to carry the failure on to whoever waits.
+// event records and waits still run, to carry the failure on to whoever waits. On a sticky
+// device (`stop_` set) the first failure stops every stream: each worker then runs its work
+// with that failure, records abandon their points, and no stream but the one that failed
+// reports it through check().
 class CpuStream final : public StreamBase {
  public:
-  explicit CpuStream(DeviceBase& device) : StreamBase(device, "cpu"), worker_([this] { work(); }) {}
+  CpuStream(DeviceBase& device, Stop* stop) : StreamBase(device, "cpu"), stop_(stop), worker_([this] { work(); }) {
+    enlist();
+  }
   ~CpuStream() override {
+    delist();
     {
       std::lock_guard lock(mutex_);
       closing_ = true;
@@ -108,7 +140,7 @@ class CpuStream final : public StreamBase {
     refuse_in_capture();
     auto& cpu = static_cast<CpuEvent&>(event);
     auto point = std::make_shared<Point>();
-    issue([point](std::string& failure) { point->complete(failure); });
+    issue([this, point](std::string& failure) { point->complete(failure, abandoning_); });
     cpu.moved_to(std::move(point));  // once issued: a point nothing completes would hang its waits
   }
   void wait(Event& event) override {
@@ -223,13 +255,20 @@ class CpuStream final : public StreamBase {
       auto fn = std::move(work_.front());
       work_.pop_front();
       lock.unlock();
+      if (stop_ && !abandoning_ && stop_->stopped.load()) {
+        abandoning_ = true;
+        if (failure.empty()) failure = stop_->why();
+      }
       const bool failed_before = !failure.empty();
       fn(failure);
+      if (stop_ && !failed_before && !failure.empty()) stop_->stop(failure);
       lock.lock();
       if (!failed_before && !failure.empty()) failure_ = failure;
     }
   }
 
+  Stop* const stop_;         // the sticky device's, or null
+  bool abandoning_ = false;  // the worker's alone: the device has stopped
   std::mutex mutex_;
   std::condition_variable ready_;
   std::deque<Work> work_;
@@ -244,14 +283,15 @@ constexpr std::align_val_t kAlign{256};
 
 class CpuDevice final : public DeviceBase {
  public:
+  explicit CpuDevice(bool sticky) : stop_(sticky ? std::make_unique<Stop>() : nullptr) {}
   Backend backend() const noexcept override { return Backend::cpu; }
-  std::string name() const override { return "cpu"; }
+  std::string name() const override { return stop_ ? "cpu:sticky" : "cpu"; }
   int ordinal() const noexcept override { return 0; }
   Resolved resolve(StreamSpans& stream, Span& span) noexcept override {
     std::lock_guard lock(stream.mutex);  // the stream's worker sets the times
     return span.ended ? Resolved::ready : Resolved::pending;
   }
-  std::unique_ptr<Stream> make_stream() override { return std::make_unique<CpuStream>(*this); }
+  std::unique_ptr<Stream> make_stream() override { return std::make_unique<CpuStream>(*this, stop_.get()); }
   std::shared_ptr<Stream> borrow_stream(std::uintptr_t native) override {
     throw std::invalid_argument("borrow_stream: the CPU backend has no native streams (asked for stream " +
                                 std::to_string(native) + "); use one of its own (Device::make_stream)");
@@ -264,15 +304,20 @@ class CpuDevice final : public DeviceBase {
   }
 
  private:
+  void find_fault() override {
+    if (stop_ && stop_->stopped.load()) throw_failure(stop_->why());
+  }
   static Memory host(std::size_t bytes) {
     return Memory(::operator new[](bytes, kAlign), bytes,
                   [](void* p, int) noexcept { ::operator delete[](p, kAlign); });
   }
+
+  const std::unique_ptr<Stop> stop_;  // "cpu:sticky"
 };
 
 }  // namespace
 
-std::shared_ptr<Device> open_cpu_device() { return std::make_shared<CpuDevice>(); }
+std::shared_ptr<Device> open_cpu_device(bool sticky) { return std::make_shared<CpuDevice>(sticky); }
 
 std::shared_ptr<void> capture_cpu_work(Stream& stream, const std::function<void()>& issue) {
   auto* cpu = dynamic_cast<CpuStream*>(&stream);

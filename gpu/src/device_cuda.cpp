@@ -168,6 +168,7 @@ class CudaStream final : public StreamBase {
     const DeviceGuard guard(ordinal_);
     // Non-blocking: no implicit ordering with the legacy default stream.
     STOKER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    enlist();  // not a borrowed one: its owner may destroy it while the device has it
   }
   /// Another library's stream (Device::borrow_stream): used, never synchronized or destroyed.
   CudaStream(DeviceBase& device, Timing& timing, cudaStream_t borrowed)
@@ -177,6 +178,7 @@ class CudaStream final : public StreamBase {
         stream_(borrowed),
         owned_(false) {}
   ~CudaStream() override {
+    delist();
     if (!owned_) return;
     bool unloading = false;
     try {
@@ -231,6 +233,10 @@ class CudaStream final : public StreamBase {
       std::lock_guard lock(mutex_);
       if (!host_failure_.empty()) throw DeviceError(async_failure(host_failure_));
     }
+    query_fault();
+  }
+  // A sticky error is the context's: the query of any of its streams reports it.
+  void query_fault() override {
     const DeviceGuard guard(ordinal_);
     const cudaError_t status = cudaStreamQuery(stream_);
     if (status == cudaErrorNotReady) {
@@ -341,6 +347,9 @@ class CudaDevice final : public DeviceBase, private Timing {
   }
   std::unique_ptr<Stream> make_stream() override {
     return std::make_unique<CudaStream>(*this, static_cast<Timing&>(*this));
+  }
+  void find_fault() override {
+    for_each_live_stream([](StreamBase& stream) { stream.query_fault(); });
   }
   std::shared_ptr<Stream> borrow_stream(std::uintptr_t native) override {
     if (native == 0)

@@ -153,6 +153,7 @@ Buffer SlotPool::acquire(std::size_t bytes, const StageContext& ctx) {
   const auto limit = options_.wait_limit;
   auto since = Clock::now();  // the last time a buffer came back, or the start of the wait
   std::uint64_t returns = returns_;
+  auto next_check = since;  // of the device: a fault that no event here will ever report
   for (;;) {
     // Read before anything below lets go of the lock: a buffer given back while it is let go
     // (around help_downstream()) changes the generation from this, so the wait at the end
@@ -166,6 +167,10 @@ Buffer SlotPool::acquire(std::size_t bytes, const StageContext& ctx) {
     lock.unlock();
     bool helped = false;
     try {
+      if (const auto now = Clock::now(); now >= next_check) {
+        device_->check();  // at most once a millisecond: it queries each of the device's streams
+        next_check = now + 1ms;
+      }
       helped = ctx.help_downstream();
     } catch (...) {
       lock.lock();
@@ -179,10 +184,12 @@ Buffer SlotPool::acquire(std::size_t bytes, const StageContext& ctx) {
     // A buffer comes back when a Buffer is destroyed or given back, which notifies, or when the
     // device passes its events. That is announced by a host task when a waiter was there at
     // release_after; otherwise nobody announces it, and it is polled for. A pipeline's stage
-    // also wakes every 2 ms to help the stages after it: their work arrives unannounced.
+    // also wakes every 2 ms to help the stages after it: their work arrives unannounced. Any
+    // other waiter wakes every 50 ms at least, to check the device (a CUDA fault may leave
+    // the events here "not ready" for ever, and announces nothing).
     const bool unannounced =
         std::any_of(pending_.begin(), pending_.end(), [](const Pending& p) { return !p.announced; });
-    Clock::duration wait = limit.count() > 0 ? Clock::duration(since + limit - now) : Clock::duration(1h);
+    Clock::duration wait = std::min<Clock::duration>(limit.count() > 0 ? since + limit - now : 1h, 50ms);
     if (unannounced) wait = std::min<Clock::duration>(wait, 20us);
     if (ctx.in_pipeline()) wait = std::min<Clock::duration>(wait, 2ms);
     wake_->changed.wait_for(lock, ctx.stop, wait, [&] { return wake_->generation != seen; });
@@ -193,6 +200,7 @@ void SlotPool::time_out(std::chrono::steady_clock::duration waited) const {
   // A failure that kept a stream from announcing its events (its host tasks no longer run)
   // is the error to report, not the wait.
   for (const Pending& p : pending_) (void)passed(p.slot, p.events);
+  device_->check();
   const auto seconds = std::chrono::duration<double>(waited).count();
   std::string what = "slot pool '" + options_.name + "': no buffer came back in " + std::to_string(seconds) +
                      " s of waiting, with all " + std::to_string(slots_.size()) + " of its buffers ";

@@ -78,7 +78,8 @@ device work, which a batch's buffer can be told to wait for (Batch.record_stream
   py::class_<gpu::Device, std::shared_ptr<gpu::Device>>(g, "Device", R"(A device: CUDA, or the CPU backend, whose
 streams and events are emulated on host threads.)")
       .def_static("open", &gpu::Device::open, py::arg("backend") = "auto",
-                  "'auto' (CUDA when a GPU is visible, else the CPU backend), 'cpu', 'cuda' or 'cuda:N'.")
+                  "'auto' (CUDA when a GPU is visible, else the CPU backend), 'cpu', 'cpu:sticky' (the CPU backend "
+                  "that stops on a fault as a GPU does), 'cuda' or 'cuda:N'.")
       .def(
           "make_stream",
           [](gpu::Device& d) {

@@ -167,8 +167,16 @@ class Memory {
 class Device {
  public:
   /// "auto": CUDA when a device is visible (the calling thread's current device), else the CPU
-  /// backend; "cpu"; "cuda": the calling thread's current CUDA device; "cuda:N": CUDA device N
-  /// (as numbered under CUDA_VISIBLE_DEVICES). Throws std::runtime_error when this build has no
+  /// backend; "cpu"; "cpu:sticky": the CPU backend with CUDA's sticky faults, for testing what
+  /// a program does when its GPU faults (below); "cuda": the calling thread's current CUDA
+  /// device; "cuda:N": CUDA device N (as numbered under CUDA_VISIBLE_DEVICES).
+  ///
+  /// "cpu:sticky": the first failure of work on any of its streams (a host task that threw)
+  /// stops the whole device, as a kernel fault stops a CUDA context: no stream runs work after
+  /// it, an event recorded after it never passes (done() stays false, as cudaEventQuery may keep
+  /// answering "not ready"), a wait on the host (synchronize()) throws the failure, and of the
+  /// streams only the one that failed reports it through check(); Device::check() reports it
+  /// from any thread. Throws std::runtime_error when this build has no
   /// CUDA backend or the device asked for is not visible (with cuda_problem() when CUDA cannot
   /// start), and std::invalid_argument for anything else (`cuda:x`, `cuda:-1`), naming what it
   /// was given. "auto" on a machine whose CUDA cannot start logs why, as a warning, and opens
@@ -203,6 +211,14 @@ class Device {
   /// memory on the CPU backend).
   virtual std::size_t free_memory() const = 0;
 
+  /// Throws, as DeviceError, a fault of the whole device: on CUDA a sticky error (a kernel's
+  /// fault), which any of the device's own streams reports, whichever stream's work faulted; on
+  /// "cpu:sticky" the failure that stopped it; never on "cpu", whose failures stay with their
+  /// streams. Latched: once it has thrown, every later call throws the same. Never waits; costs
+  /// a query of each of the device's streams (borrowed ones aside) until a fault is found.
+  /// A wait for the device's work checks it at every wake (SlotPool::acquire), so that a fault
+  /// that no event it waits for will ever report ends the wait at once.
+  virtual void check() {}
   /// Copies issued so far by all of this device's streams.
   TransferCounts transfers() const noexcept;
 

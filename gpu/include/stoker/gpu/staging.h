@@ -96,9 +96,11 @@ class SlotPool final : public BufferPool {
   using BufferPool::acquire;
   /// A free buffer of `bytes` (at most slot_bytes()). Waits while every slot is in use; gives
   /// up by throwing PipelineStopped once `ctx.stop` is requested (its pipeline stops), and
-  /// PoolTimeout once no buffer has come back for options().wait_limit. Wakes as soon as a
-  /// buffer is destroyed, or the device passes the events of one given back with release_after
-  /// while it waits (the pool's own stream waits for them and announces it).
+  /// PoolTimeout once no buffer has come back for options().wait_limit, and the device's fault
+  /// (DeviceError, Device::check()) within milliseconds of the fault, though no event it waits
+  /// for will ever report it. Wakes as soon as a buffer is destroyed, or the device passes the
+  /// events of one given back with release_after while it waits (the pool's own stream waits
+  /// for them and announces it).
   /// Throws std::invalid_argument when `bytes` exceeds slot_bytes().
   Buffer acquire(std::size_t bytes, const StageContext& ctx) override;
   bool waits() const noexcept override { return true; }
