@@ -16,13 +16,13 @@ namespace stoker::gpu::detail::cuda_nn {
 
 namespace {
 
-#define STOKER_CUBLAS_CHECK(call)                                                             \
-  do {                                                                                        \
-    const cublasStatus_t stoker_cublas_status_ = (call);                                      \
-    if (stoker_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                       \
-      throw CudaError(static_cast<int>(stoker_cublas_status_),                                \
-                      std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " + #call + \
-                          " failed: " + cublasGetStatusName(stoker_cublas_status_));          \
+// A DeviceError, not a CudaError: a cuBLAS status is not a CUDA error code (CudaError::code()).
+#define STOKER_CUBLAS_CHECK(call)                                                               \
+  do {                                                                                          \
+    const cublasStatus_t stoker_cublas_status_ = (call);                                        \
+    if (stoker_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                         \
+      throw DeviceError(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " + #call + \
+                        " failed: " + cublasGetStatusName(stoker_cublas_status_));              \
   } while (false)
 
 // One cuBLAS handle per stream, bound to it when made (a handle carries its stream, and
