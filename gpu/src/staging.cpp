@@ -451,11 +451,13 @@ DeviceBatch ToDevice::operator()(Batch batch, const StageContext& ctx) const {
     throw std::invalid_argument(
         "to_device: the batch was not collated into the staging pool (use Collate{.pool = to_device.staging()})");
   Buffer target = s.device_pool->acquire(batch.storage.size(), ctx);
+  // Whatever may throw comes before the copy: once it is queued, each buffer goes back only
+  // after the copy stream (the target through its event, the staging through release_after).
+  std::vector<std::int32_t> labels(batch.label_values().begin(), batch.label_values().end());
   const detail::TraceRange range("h2d copy");
   const std::size_t bytes = batch.payload_bytes();
   s.copy_stream->copy_to_device(target.data(), batch.data(), bytes);
   s.copy_stream->record(s.device_pool->event(target));
-  std::vector<std::int32_t> labels(batch.label_values().begin(), batch.label_values().end());
   DeviceBatch out(std::move(target), batch.shape, batch.dtype, batch.count, batch.labels_offset(), std::move(labels));
   s.staging->release_after(std::move(batch.storage), *s.copy_stream);
   return out;
