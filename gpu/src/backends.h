@@ -162,7 +162,7 @@ class StreamBase : public Stream {
   }
   /// The backend's: throws a fault of the whole device that this stream reports (a sticky CUDA
   /// error); never a failure of its own work alone (a host task that threw). For
-  /// DeviceBase::find_fault(), on enlisted streams.
+  /// DeviceBase::find_fault(), on enlisted streams, from any thread.
   virtual void query_fault() {}
 
   /// Issues `work` (which issues one copy or launch to this stream, or any number of them) as
@@ -212,6 +212,17 @@ class StreamBase : public Stream {
   void delist() noexcept {
     std::lock_guard lock(spans_->mutex);
     spans_->live = nullptr;
+  }
+
+  /// Calls `query` unless a thread is issuing to this stream under its issuing lock, a CUDA
+  /// graph's capture included (capture_graph() holds it throughout): a query of a stream that
+  /// is being captured fails and invalidates the capture. A stream skipped so is asked again at
+  /// the next check.
+  template <class Query>
+  void unless_issuing(Query&& query) {
+    if (chunk_owner_.load(std::memory_order_relaxed) == std::this_thread::get_id()) return;
+    std::unique_lock issuing(spans_->issuing, std::try_to_lock);
+    if (issuing.owns_lock()) query();
   }
 
   /// The backend's: marks on the stream where `span`'s work begins and ends.

@@ -233,17 +233,11 @@ class CudaStream final : public StreamBase {
       std::lock_guard lock(mutex_);
       if (!host_failure_.empty()) throw DeviceError(async_failure(host_failure_));
     }
-    query_fault();
+    query();
   }
   // A sticky error is the context's: the query of any of its streams reports it.
   void query_fault() override {
-    const DeviceGuard guard(ordinal_);
-    const cudaError_t status = cudaStreamQuery(stream_);
-    if (status == cudaErrorNotReady) {
-      (void)cudaGetLastError();
-      return;
-    }
-    STOKER_CUDA_CHECK(status);
+    unless_issuing([&] { query(); });
   }
   void* native_handle() noexcept override { return stream_; }
 
@@ -258,6 +252,15 @@ class CudaStream final : public StreamBase {
   }
 
  private:
+  void query() {
+    const DeviceGuard guard(ordinal_);
+    const cudaError_t status = cudaStreamQuery(stream_);
+    if (status == cudaErrorNotReady) {
+      (void)cudaGetLastError();
+      return;
+    }
+    STOKER_CUDA_CHECK(status);
+  }
   void copy(const char* name, void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
     const DeviceGuard guard(ordinal_);
     timed(name, bytes, [&] { STOKER_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream_)); });
