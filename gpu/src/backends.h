@@ -126,12 +126,11 @@ class DeviceBase : public Device {
   virtual void release(Span& /*span*/) noexcept {}
   /// Drops every stream's spans.
   void drop_spans() noexcept;
-  /// The backend's: throws a fault of the whole device, if it has one (Device::check()).
-  virtual void find_fault() {}
-  /// Calls `fn` on each enlisted stream of this device, each under its spans' mutex.
-  void for_each_live_stream(const std::function<void(StreamBase&)>& fn);
 
  private:
+  /// Asks each enlisted stream (StreamBase::query_fault()), under its spans' mutex: the
+  /// stream's destructor delists it first.
+  void find_fault();
   void give_back(Span& span) noexcept {
     release(span);
     span.released = true;
@@ -161,8 +160,8 @@ class StreamBase : public Stream {
     spans_->closed = true;
   }
   /// The backend's: throws a fault of the whole device that this stream reports (a sticky CUDA
-  /// error); never a failure of its own work alone (a host task that threw). For
-  /// DeviceBase::find_fault(), on enlisted streams, from any thread.
+  /// error; a stopped "cpu:sticky" device); never a failure of its own work alone (a host task
+  /// that threw). For Device::check(), on enlisted streams, from any thread.
   virtual void query_fault() {}
 
   /// Issues `work` (which issues one copy or launch to this stream, or any number of them) as

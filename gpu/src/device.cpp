@@ -167,7 +167,7 @@ void DeviceBase::check() {
   }
 }
 
-void DeviceBase::for_each_live_stream(const std::function<void(StreamBase&)>& fn) {
+void DeviceBase::find_fault() {
   std::vector<std::shared_ptr<StreamSpans>> streams;
   {
     std::lock_guard lock(streams_mutex_);
@@ -175,7 +175,7 @@ void DeviceBase::for_each_live_stream(const std::function<void(StreamBase&)>& fn
   }
   for (const auto& stream : streams) {
     std::lock_guard lock(stream->mutex);  // the stream's destructor delists it first
-    if (stream->live) fn(*stream->live);
+    if (stream->live) stream->live->query_fault();
   }
 }
 

@@ -162,6 +162,12 @@ class CpuStream final : public StreamBase {
     std::lock_guard lock(mutex_);
     if (!failure_.empty()) throw_failure(failure_);
   }
+  // A stopped sticky device is every stream's to report here, as a sticky CUDA error is.
+  void query_fault() override {
+    unless_issuing([&] {
+      if (stop_ && stop_->stopped.load()) throw_failure(stop_->why());
+    });
+  }
   void* native_handle() noexcept override { return nullptr; }
 
   using Work = std::function<void(std::string& failure)>;
@@ -304,9 +310,6 @@ class CpuDevice final : public DeviceBase {
   }
 
  private:
-  void find_fault() override {
-    if (stop_ && stop_->stopped.load()) throw_failure(stop_->why());
-  }
   static Memory host(std::size_t bytes) {
     return Memory(::operator new[](bytes, kAlign), bytes,
                   [](void* p, int) noexcept { ::operator delete[](p, kAlign); });

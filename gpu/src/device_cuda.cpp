@@ -351,9 +351,6 @@ class CudaDevice final : public DeviceBase, private Timing {
   std::unique_ptr<Stream> make_stream() override {
     return std::make_unique<CudaStream>(*this, static_cast<Timing&>(*this));
   }
-  void find_fault() override {
-    for_each_live_stream([](StreamBase& stream) { stream.query_fault(); });
-  }
   std::shared_ptr<Stream> borrow_stream(std::uintptr_t native) override {
     if (native == 0)
       throw std::invalid_argument(
