@@ -849,7 +849,7 @@ TEST_CASE("a kernel fault reaches the consumer as a StageError [own process on C
   }
 }
 
-// What the CUDA case above meets one run in a few (issue 45): the stage that issued the failing
+// What the CUDA case above meets one run in a few: the stage that issued the failing
 // work never checks again (backpressure holds it), and the pool's waits are for events that,
 // after a sticky fault, never pass and never report. "cpu:sticky" behaves so every time.
 TEST_CASE("a device that stops on a fault ends a pool's wait at once, though no event it waits for will pass" *
