@@ -156,7 +156,6 @@ class StreamBase : public Stream {
       : device_(device), spans_(device.add_stream(short_name)) {}
   ~StreamBase() override {
     std::lock_guard lock(spans_->mutex);
-    spans_->live = nullptr;
     spans_->closed = true;
   }
   /// The backend's: throws a fault of the whole device that this stream reports (a sticky CUDA
