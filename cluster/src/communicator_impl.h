@@ -2,8 +2,11 @@
 // Internal: what the world's communicators (MPI's, or none) share.
 #pragma once
 
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "stoker/cluster/communicator.h"
@@ -20,6 +23,25 @@ int run_guarded(Communicator& comm, const std::function<int(Communicator&)>& mai
 void note_unresponsive(int rank);
 /// The ranks noted so far, ascending.
 std::vector<int> unresponsive();
+
+/// Bounds one of MPI's calls that block and cannot be given up (MPI_Init_thread, MPI_Comm_dup,
+/// MPI_Finalize), where one rank that stopped, died or never started holds every other for ever:
+/// unless the scope ends within the setup timeout (STOKER_SETUP_TIMEOUT, in seconds; 120 unless
+/// set; 0: no limit), this process ends with exit status 1, saying which call of which rank
+/// waited how long, and mpirun ends the others. Built with MPI only.
+class SetupDeadline {
+ public:
+  explicit SetupDeadline(std::string call);
+  ~SetupDeadline();
+  SetupDeadline(const SetupDeadline&) = delete;
+  SetupDeadline& operator=(const SetupDeadline&) = delete;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_;
+  bool over_ = false;
+  std::thread watcher_;
+};
 
 namespace detail {
 /// The options of a remote edge checked against the world, with its workers filled in; throws

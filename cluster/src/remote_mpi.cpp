@@ -163,7 +163,10 @@ class MpiLink final : public Link {
     int level = 0;
     MPI_Query_thread(&level);
     // Every rank dups, also one the edge does not involve: MPI_Comm_dup is collective.
-    check(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
+    {
+      SetupDeadline deadline("MPI_Comm_dup (a remote edge's communicator)");
+      check(MPI_Comm_dup(MPI_COMM_WORLD, &comm_), "MPI_Comm_dup");
+    }
     if (level < MPI_THREAD_MULTIPLE)
       fail_open("MPI gives thread level " + std::to_string(level) +
                 ", and the edge's thread calls MPI while the program's do: it needs MPI_THREAD_MULTIPLE "

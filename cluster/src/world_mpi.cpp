@@ -24,6 +24,8 @@
 #include <thread>
 #include <utility>
 
+#include <unistd.h>
+
 #include "communicator_impl.h"
 
 namespace stoker::cluster {
@@ -42,13 +44,45 @@ std::string one_decimal(double v) {
 
 enum Tag : int { kQuery = 1, kReply };
 
+// STOKER_SETUP_TIMEOUT, read at each use (a call's first instruction, before MPI may be running).
+std::chrono::milliseconds setup_timeout() {
+  const char* text = std::getenv("STOKER_SETUP_TIMEOUT");
+  if (!text || !*text) return std::chrono::seconds(120);
+  char* end = nullptr;
+  const double s = std::strtod(text, &end);
+  if (*end != '\0' || !(s >= 0) || s > 1e6)
+    throw ClusterError("STOKER_SETUP_TIMEOUT: '" + std::string(text) +
+                       "' is not a number of seconds from 0 (no limit) to 1000000");
+  return std::chrono::milliseconds(static_cast<std::int64_t>(s * 1000));
+}
+
+// "rank 3 of 4": MPI's numbers once it runs, mpirun's (its environment) before.
+std::string this_rank() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (initialized && !finalized) {
+    int rank = 0, size = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    return "rank " + std::to_string(rank) + " of " + std::to_string(size);
+  }
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  const char* size = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (rank && size) return std::string("rank ") + rank + " of " + size;
+  return "process " + std::to_string(::getpid());
+}
+
 class Mpi final : public Communicator {
  public:
   Mpi() {
     check(MPI_Comm_rank(MPI_COMM_WORLD, &rank_), "MPI_Comm_rank");
     check(MPI_Comm_size(MPI_COMM_WORLD, &size_), "MPI_Comm_size");
     if (size_ == 1) return;
-    check(MPI_Comm_dup(MPI_COMM_WORLD, &control_), "MPI_Comm_dup");
+    {
+      SetupDeadline deadline("MPI_Comm_dup");
+      check(MPI_Comm_dup(MPI_COMM_WORLD, &control_), "MPI_Comm_dup");
+    }
     MPI_Comm_set_errhandler(control_, MPI_ERRORS_RETURN);
     int level = 0;
     MPI_Query_thread(&level);
@@ -108,8 +142,17 @@ class Mpi final : public Communicator {
   std::vector<std::string> gather(std::string_view record, int root) override {
     check_root(root, "MPI_Gather");
     int length = count(record.size(), "MPI_Gather");
-    std::vector<int> lengths(rank_ == root ? static_cast<std::size_t>(size_) : 0);
+    // MPI's displacements are ints: every rank learns the total first, so that all of them
+    // refuse a gather that would not fit, rather than the root's offsets wrapping around.
+    long long total = length;
     MPI_Request r = MPI_REQUEST_NULL;
+    begin("MPI_Allreduce", "of the records' total length");
+    check(MPI_Iallreduce(MPI_IN_PLACE, &total, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD, &r), "MPI_Iallreduce");
+    wait(r);
+    if (total > INT_MAX)
+      throw ClusterError("rank " + std::to_string(rank_) + ": gather: the records come to " + std::to_string(total) +
+                         " bytes, more than MPI's int displacements reach (2 GiB - 1): gather less at a time");
+    std::vector<int> lengths(rank_ == root ? static_cast<std::size_t>(size_) : 0);
     begin("MPI_Gather", "of record lengths at rank " + std::to_string(root));
     check(MPI_Igather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, root, MPI_COMM_WORLD, &r), "MPI_Igather");
     wait(r);
@@ -117,7 +160,7 @@ class Mpi final : public Communicator {
     std::string all;
     if (rank_ == root) {
       std::exclusive_scan(lengths.begin(), lengths.end(), offsets.begin(), 0);
-      all.resize(static_cast<std::size_t>(std::accumulate(lengths.begin(), lengths.end(), 0L)));
+      all.resize(static_cast<std::size_t>(total));
     }
     begin("MPI_Gatherv", "of records at rank " + std::to_string(root));
     check(MPI_Igatherv(record.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR, root,
@@ -294,35 +337,48 @@ class Mpi final : public Communicator {
       status = status_;
     }
     const auto answers = ask_the_others();
-    std::vector<int> missing;
+    // The summary names the ranks that hold this collective up, by what their answers show:
+    // those that did not answer, those that have not reached it, those in another collective
+    // of the same number. A rank that has passed it (its part is done) holds nothing up.
+    std::vector<int> silent, behind, different;
     std::string about;
+    const auto where = [](const Answer& a) {
+      return a.call + " #" + std::to_string(a.collectives) + " (" + a.detail + ") for " + one_decimal(a.seconds) + " s";
+    };
+    const auto done = [](const Answer& a) {
+      return std::to_string(a.collectives) + " collectives done, the last " + one_decimal(a.seconds) + " s ago";
+    };
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       const Answer& a = answers[static_cast<std::size_t>(r)];
       std::string what;
-      const bool here = a.answered && a.collectives == mine && a.in_call && a.call == call;
       if (!a.answered) {
         what = "did not answer within 2 s (stopped, or stuck where nothing of it runs)";
-      } else if (here) {
-        what = "waits in it too";
+        silent.push_back(r);
       } else if (a.collectives == mine && a.in_call) {
-        what = "is in " + a.call + " #" + std::to_string(a.collectives) + " (" + a.detail +
-               "): the ranks called different collectives";
-      } else if (a.in_call) {
-        what = "waits in " + a.call + " #" + std::to_string(a.collectives) + " (" + a.detail + ") for " +
-               one_decimal(a.seconds) + " s";
+        if (a.call == call) {
+          what = "waits in it too";
+        } else {
+          what = "is in " + a.call + " #" + std::to_string(a.collectives) + " (" + a.detail +
+                 "): the ranks called different collectives";
+          different.push_back(r);
+        }
+      } else if (a.collectives >= mine) {
+        what = "is past it: " + (a.in_call ? "waits in " + where(a) : done(a));
       } else {
-        what = "has not reached it: " + std::to_string(a.collectives) + " collectives done, the last " +
-               one_decimal(a.seconds) + " s ago";
+        what = "has not reached it: " + (a.in_call ? "waits in " + where(a) : done(a));
+        behind.push_back(r);
       }
       if (a.answered && !a.status.empty()) what += "; it was: " + a.status;
-      if (!here) missing.push_back(r);
       about += "\n  rank " + std::to_string(r) + " " + what;
     }
     std::string why = call + " #" + std::to_string(mine) + (detail.empty() ? "" : " (" + detail + ")") +
                       " gave up after " + one_decimal(seconds(waited)) + " s (the rank timeout)";
     if (!status.empty()) why += " while this rank was: " + status;
-    why += missing.empty() ? "; every other rank waits in it too" : "; " + rank_list(missing) + " stopped answering";
+    if (silent.empty() && behind.empty() && different.empty()) why += "; no other rank holds it up";
+    if (!silent.empty()) why += "; " + rank_list(silent) + " stopped answering";
+    if (!behind.empty()) why += "; " + rank_list(behind) + (behind.size() == 1 ? " has" : " have") + " not reached it";
+    if (!different.empty()) why += "; " + rank_list(different) + " called another collective";
     abort(why + ":" + about);
   }
 
@@ -364,6 +420,32 @@ class Mpi final : public Communicator {
 
 }  // namespace
 
+SetupDeadline::SetupDeadline(std::string call) {
+  const auto limit = setup_timeout();
+  if (limit.count() == 0) return;
+  watcher_ = std::thread([this, limit, call = std::move(call), who = this_rank()] {
+    const auto start = Clock::now();
+    std::unique_lock lock(mutex_);
+    if (done_.wait_for(lock, limit, [this] { return over_; })) return;
+    std::fprintf(stderr,
+                 "%s: %s has not returned after %.1f s (the setup timeout, STOKER_SETUP_TIMEOUT): a rank stopped, "
+                 "died or never started; this rank ends here (exit status 1)\n",
+                 who.c_str(), call.c_str(), seconds(Clock::now() - start));
+    std::fflush(stderr);
+    std::_Exit(1);
+  });
+}
+
+SetupDeadline::~SetupDeadline() {
+  if (!watcher_.joinable()) return;
+  {
+    std::lock_guard lock(mutex_);
+    over_ = true;
+  }
+  done_.notify_all();
+  watcher_.join();
+}
+
 bool built_with_mpi() noexcept { return true; }
 
 int run_world(int argc, char** argv, const std::function<int(Communicator&)>& main) {
@@ -372,8 +454,11 @@ int run_world(int argc, char** argv, const std::function<int(Communicator&)>& ma
   // own thread (remote_mpi.cpp), call MPI at the same time: that needs MPI_THREAD_MULTIPLE. A
   // remote edge refuses to open on an MPI that gives less; everything else works with what the
   // MPI gives.
-  if (MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
-    throw ClusterError("MPI_Init_thread failed");
+  {
+    SetupDeadline deadline("MPI_Init_thread");
+    if (MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+      throw ClusterError("MPI_Init_thread failed");
+  }
   MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   // Under Open MPI's --enable-recovery MPI_Abort ends only the rank that calls it.
   const char* recovery_option = std::getenv("OMPI_MCA_orte_enable_recovery");
@@ -404,6 +489,7 @@ int run_world(int argc, char** argv, const std::function<int(Communicator&)>& ma
     std::fflush(stderr);
     std::_Exit(status);
   }
+  SetupDeadline deadline("MPI_Finalize");
   MPI_Finalize();
   return status;
 }

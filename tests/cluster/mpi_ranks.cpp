@@ -11,6 +11,8 @@
 //                 the 2 s timeout, naming it as not answering (mpi_test.sh checks the message)
 //   stuck         rank 1 never comes to a collective, its main thread asleep; the others give
 //                 up after 2 s, naming it and what it said it was doing
+//   setup_stopped rank 1 stops itself (SIGSTOP) before MPI starts; the others wait in
+//                 MPI_Init_thread until the setup timeout ends them (mpi_test.sh checks it)
 //   elastic_save DIR    the ranks take 20 batches of epoch 0 of a 3-unit-per-sample pipeline and
 //                       rank 0 writes their states, the epoch's plan and the units taken to DIR
 //   elastic_resume DIR  the ranks (any number) resume what DIR says is left of epoch 0, and
@@ -37,6 +39,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -88,6 +91,22 @@ void collectives(Communicator& comm) {
               "gather: records in rank order");
   } else {
     require(records.empty(), "gather: nothing at the other ranks");
+  }
+  // Records of more than 2 GiB in all: every rank refuses, before anything is sent (so the
+  // records' pages, never written, are never touched either).
+  if (n > 1) {
+    const std::size_t each = (std::size_t{1} << 31) / static_cast<std::size_t>(n) + 1;
+    const auto big = std::make_unique_for_overwrite<char[]>(each);
+    std::string error;
+    try {
+      comm.gather(std::string_view(big.get(), each));
+    } catch (const stoker::cluster::ClusterError& e) {
+      error = e.what();
+    }
+    require(error.find("gather: the records come to " + std::to_string(each * static_cast<std::size_t>(n)) +
+                       " bytes, more than MPI's int displacements reach") != std::string::npos,
+            "gather of more than 2 GiB refused on every rank: " + error);
+    comm.barrier();  // the world goes on
   }
 }
 
@@ -685,8 +704,11 @@ void remote_resume(Communicator& comm, const std::string& dir) {
 
 int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
+  if (const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+      mode == "setup_stopped" && rank && rank == std::string("1"))
+    std::raise(SIGSTOP);
   return stoker::cluster::run_world(argc, argv, [&](Communicator& comm) {
-    if (mode == "collectives") {
+    if (mode == "collectives" || mode == "setup_stopped") {
       collectives(comm);
     } else if (mode == "shards") {
       shards(comm);
@@ -724,8 +746,8 @@ int main(int argc, char** argv) {
       elastic_resume(comm, argv[2]);
     } else {
       throw Failed("unknown mode '" + mode +
-                   "' (collectives, shards, throw, agree, idle_wait, stopped, stuck, elastic_save DIR, elastic_resume "
-                   "DIR, straggler DIR, remote, "
+                   "' (collectives, setup_stopped, shards, throw, agree, idle_wait, stopped, stuck, elastic_save DIR, "
+                   "elastic_resume DIR, straggler DIR, remote, "
                    "remote_throw, remote_stop, remote_epochs, "
                    "remote_sizes, remote_stuck, remote_stopped, remote_killed, remote_save DIR, remote_resume DIR)");
     }

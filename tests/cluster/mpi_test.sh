@@ -12,6 +12,11 @@ if [[ "$mode" == remote_killed ]]; then
   # A rank killed by a signal ends an Open MPI 4.1 job unless mpirun is told to go on.
   run=("$mpiexec" --oversubscribe --enable-recovery -np "$ranks" "$program" "$mode")
 fi
+if [[ "$mode" == setup_stopped ]]; then
+  # The setup timeout, on every rank (mpirun passes on what -x names).
+  export STOKER_SETUP_TIMEOUT=3
+  run=("$mpiexec" --oversubscribe -x STOKER_SETUP_TIMEOUT -np "$ranks" "$program" "$mode")
+fi
 if [[ "$mode" == elastic || "$mode" == remote_checkpoint ]]; then
   # $ranks ranks checkpoint mid-epoch (data-parallel ranks; a trainer and its workers); 2 and 4
   # ranks go on from there, each from the same checkpoint.
@@ -75,8 +80,14 @@ case "$mode" in
   stopped)  # a stopped rank: the others give up after the timeout, naming it
     expect_failure "gave up after 2\.[0-9] s \(the rank timeout\) while this rank was: epoch 1, step 35" \
       "rank 1 stopped answering" "rank 1 did not answer within 2 s" ;;
-  stuck)  # a rank that never comes: named, with what it said it was doing
-    expect_failure "rank 1 stopped answering" \
+  setup_stopped)  # a rank stopped before MPI starts: the others end after the setup timeout
+    bad=$(STOKER_SETUP_TIMEOUT=soon "$mpiexec" -np 1 "$program" collectives 2>&1) &&
+      { echo "FAIL: STOKER_SETUP_TIMEOUT=soon was taken" >&2; exit 1; }
+    grep -q "STOKER_SETUP_TIMEOUT: 'soon' is not a number of seconds" <<<"$bad" ||
+      { echo "FAIL: STOKER_SETUP_TIMEOUT=soon: $bad" >&2; exit 1; }
+    expect_failure "rank 0 of $ranks: MPI_Init_thread has not returned after 3\.[0-9] s \(the setup timeout, STOKER_SETUP_TIMEOUT\)" ;;
+  stuck)  # a rank that never comes: named as such (it answers), with what it said it was doing
+    expect_failure "\(the rank timeout\) while this rank was: .*; rank 1 has not reached it:$" \
       "rank 1 has not reached it: 1 collectives done, the last [0-9.]+ s ago; it was: epoch 1, step 34: waiting for its pipeline's next batch" ;;
   *) exec "${run[@]}" ;;
 esac

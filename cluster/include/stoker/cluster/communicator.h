@@ -55,7 +55,8 @@ class Communicator {
   /// Replaces `data`, on every rank, with its element-wise mean over the ranks.
   void allreduce_mean(std::span<float> data);
   /// Every rank's `record`, in rank order, at `root`; empty at the other ranks. For small
-  /// records (reports, counters), not for bulk data.
+  /// records (reports, counters), not for bulk data: records of more than 2 GiB - 1 bytes in
+  /// all (MPI's displacements are ints) throw ClusterError on every rank, and nothing is sent.
   virtual std::vector<std::string> gather(std::string_view record, int root = 0) = 0;
 
   /// How long a collective waits for the slowest rank; zero (the default) is as long as it takes.
