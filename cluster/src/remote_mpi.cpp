@@ -208,7 +208,7 @@ class MpiLink final : public Link {
 
   std::optional<Work> next_start() override {
     std::unique_lock lock(mutex_);
-    changed_.wait(lock, [&] { return !starts_.empty() || stopped_ || failed(); });
+    wait_for_trainer(lock, [&] { return !starts_.empty() || stopped_ || failed(); });
     rethrow_locked();
     if (stopped_) return std::nullopt;
     Work work = std::move(starts_.front());
@@ -251,22 +251,12 @@ class MpiLink final : public Link {
       }
       if (stopped_ || m.none_left || !starts_.empty()) return std::nullopt;
       // Ask the trainer. It may hold the request long (until the epoch's last units have come,
-      // a lost worker's included), and says it is there meanwhile; a trainer silent for twice
-      // the lease is given up on.
+      // a lost worker's included), and says it is there every quarter lease meanwhile.
       reply_.reset();
       request_ = Writer{}.put(epoch).put(samples).put(taken_starts_).take();
       poke_locked();
       const auto answered = [&] { return reply_ || stopped_ || failed() || !starts_.empty(); };
-      while (!answered()) {
-        if (options_.lease.count() > 0 && Clock::now() - heard_ > 2 * options_.lease)
-          throw ClusterError("remote edge '" + options_.name + "': the trainer (rank " +
-                             std::to_string(options_.trainer) + ") has sent nothing for " +
-                             seconds_text(2 * options_.lease) +
-                             " s (twice the lease) while this worker waited for a "
-                             "shard: it is stuck or stopped");
-        changed_.wait_for(lock, stop, std::chrono::milliseconds(100), answered);
-        if (stop.stop_requested()) throw PipelineStopped();
-      }
+      if (!wait_for_trainer(lock, answered, stop)) throw PipelineStopped();
       rethrow_locked();
       if (!reply_) continue;  // stopped, or a restart: the next round says so
       const UnitRanges shard = std::move(*std::exchange(reply_, std::nullopt));
@@ -285,15 +275,7 @@ class MpiLink final : public Link {
 
   bool send(std::uint32_t epoch, std::uint64_t fanout, std::vector<std::uint64_t> units, Bytes&& item) override {
     std::unique_lock lock(mutex_);
-    const auto ready = [&] { return stopped_ || failed() || outstanding_ < share_; };
-    if (options_.lease.count() > 0) {
-      if (!changed_.wait_for(lock, options_.lease, ready))
-        throw ClusterError("remote edge '" + options_.name + "': the trainer (rank " +
-                           std::to_string(options_.trainer) + ") took none of this worker's items for " +
-                           seconds_text(options_.lease) + " s (the lease): it is stuck or stopped");
-    } else {
-      changed_.wait(lock, ready);
-    }
+    wait_for_trainer(lock, [&] { return stopped_ || failed() || outstanding_ < share_; });
     rethrow_locked();
     if (stopped_) return false;
     ++outstanding_;
@@ -325,8 +307,13 @@ class MpiLink final : public Link {
       outbox_.push_back({kError, std::move(b)});
       poke_locked();
       // The trainer stops the edge once its pipeline has the error; if it never does (it
-      // caught the error and went on, or it is stuck), the worker goes on to fail on its own.
-      changed_.wait_for(lock, std::chrono::seconds(30), [&] { return stopped_ || failed(); });
+      // caught the error and went on, or it is stuck), the worker goes on to fail on its own:
+      // at the trainer's deadline, or after 30 s without a lease.
+      const auto stopped = [&] { return stopped_ || failed(); };
+      if (options_.lease.count() > 0)
+        wait_for_trainer(lock, stopped);
+      else
+        changed_.wait_for(lock, std::chrono::seconds(30), stopped);
     } catch (...) {
     }
   }
@@ -406,16 +393,9 @@ class MpiLink final : public Link {
           done_queued_ = true;
           poke_locked();
         }
-        const auto stopped = [&] { return stopped_ || failed(); };
-        if (options_.lease.count() > 0) {
-          if (!changed_.wait_for(lock, 2 * options_.lease, stopped)) {
-            // The trainer never stopped the edge: MPI_Finalize would wait for it too.
-            abandoned_ = true;
-            note_unresponsive(options_.trainer);
-          }
-        } else {
-          changed_.wait(lock, stopped);
-        }
+        // A trainer that never stops the edge is lost at its deadline: MPI_Finalize would
+        // wait for it too.
+        wait_for_trainer(lock, [&] { return stopped_ || failed(); });
         // Bye says more than that the edge is stopped: that this process goes on to finalize
         // (a worker whose pipeline is stuck has a pump that would say it all the same).
         closed_ = true;
@@ -672,8 +652,9 @@ class MpiLink final : public Link {
           poke_ = false;
         }
       }
-      // Sends to a rank that does not answer may never complete: they are left to MPI.
-      const auto deadline = Clock::now() + std::chrono::seconds(2);
+      // Sends to a rank that does not answer may never complete: they are left to MPI (at once
+      // when the trainer is lost: its deadline has passed).
+      const auto deadline = Clock::now() + std::chrono::seconds(abandoned() ? 0 : 2);
       while (!complete_sends() && !sending_.empty() && Clock::now() < deadline) std::this_thread::yield();
       for (auto& s : sending_) MPI_Request_free(&s.request);
       sending_.clear();
@@ -910,6 +891,7 @@ class MpiLink final : public Link {
       Reader in(b);
       std::lock_guard lock(mutex_);
       heard_ = Clock::now();
+      waiting_since_.reset();
       if (status.MPI_TAG == kCredit) {  // (0: the trainer holds a request and says it is there)
         outstanding_ -= std::min<std::size_t>(outstanding_, in.get<std::uint32_t>());
       } else if (status.MPI_TAG == kShard) {
@@ -986,6 +968,38 @@ class MpiLink final : public Link {
     changed_.notify_all();
   }
   bool failed() const { return failure_ != nullptr; }
+  bool abandoned() {
+    std::lock_guard lock(mutex_);
+    return abandoned_;
+  }
+
+  // A worker waits for the trainer (a start, a shard, a credit, the stop) until `ready()`, or
+  // `stop` is requested (then false), or the trainer's deadline: twice the lease after the
+  // later of its last message and the first of the waits since (none without a lease). There,
+  // the trainer is lost: the edge fails with a ClusterError saying so, every wait ends (each
+  // `ready` holds on a failure), and run_world ends the job rather than finalize. So one
+  // deadline bounds a trainer gone silent, whatever waits it takes: a credit, then the stop
+  // after the worker's failure, then the stop at its close.
+  template <class Ready>
+  bool wait_for_trainer(std::unique_lock<std::mutex>& lock, Ready ready, std::stop_token stop = {}) {
+    if (ready()) return true;  // no wait: the deadline runs only while the worker waits
+    if (options_.lease.count() == 0) return changed_.wait(lock, stop, ready);
+    if (!waiting_since_) waiting_since_ = Clock::now();
+    for (;;) {
+      const auto deadline = std::max(heard_, waiting_since_.value_or(heard_)) + 2 * options_.lease;
+      if (changed_.wait_until(lock, stop, deadline, ready)) return true;
+      if (stop.stop_requested()) return false;
+      if (Clock::now() < std::max(heard_, waiting_since_.value_or(heard_)) + 2 * options_.lease) continue;
+      abandoned_ = true;
+      note_unresponsive(options_.trainer);
+      set_failure_locked(ClusterError("remote edge '" + options_.name + "': the trainer (rank " +
+                                      std::to_string(options_.trainer) + ") has sent nothing for " +
+                                      seconds_text(2 * options_.lease) +
+                                      " s (twice the lease) while this worker waited for it: it is stuck or stopped"));
+      poke_locked();
+      return ready();
+    }
+  }
   void rethrow_locked() const {
     if (failure_) std::rethrow_exception(failure_);
   }
@@ -1031,7 +1045,8 @@ class MpiLink final : public Link {
   std::deque<Work> starts_;
   std::uint64_t taken_starts_ = 0;
   std::map<std::uint32_t, Mine> mine_;
-  Clock::time_point heard_ = Clock::now();  // the trainer's last message
+  Clock::time_point heard_ = Clock::now();          // the trainer's last message
+  std::optional<Clock::time_point> waiting_since_;  // the first wait for the trainer since it spoke
   bool stopped_ = false, bye_sent_ = false, done_queued_ = false, abandoned_ = false, closed_ = false;
 };
 

@@ -284,17 +284,17 @@ class Mpi final : public Communicator {
     double seconds = 0;
   };
 
-  // Asks every other rank what it is doing; waits for the answers 2 s at most.
-  std::vector<Answer> ask_the_others() {
-    std::vector<Answer> answers(static_cast<std::size_t>(size_));
-    std::vector<MPI_Request> queries;
+  // Asks `ranks` what they are doing, filling in their answers; waits for them 2 s at most. A
+  // late reply to an earlier question (from a rank not asked now) is let go.
+  void ask(const std::vector<int>& ranks, std::vector<Answer>& answers) {
+    std::vector<char> asked(static_cast<std::size_t>(size_), 0);
+    std::vector<MPI_Request> queries(ranks.size(), MPI_REQUEST_NULL);
     char nothing = 0;
-    for (int r = 0; r < size_; ++r) {
-      if (r == rank_) continue;
-      queries.push_back(MPI_REQUEST_NULL);
-      MPI_Isend(&nothing, 0, MPI_CHAR, r, kQuery, control_, &queries.back());
+    for (std::size_t i = 0; i < ranks.size(); ++i) {
+      asked[static_cast<std::size_t>(ranks[i])] = 1;
+      MPI_Isend(&nothing, 0, MPI_CHAR, ranks[i], kQuery, control_, &queries[i]);
     }
-    int pending = size_ - 1;
+    auto pending = ranks.size();
     const auto deadline = Clock::now() + std::chrono::seconds(2);
     while (pending > 0 && Clock::now() < deadline) {
       int found = 0;
@@ -309,8 +309,9 @@ class Mpi final : public Communicator {
       MPI_Get_count(&status, MPI_CHAR, &length);
       std::string text(static_cast<std::size_t>(length), '\0');
       MPI_Mrecv(text.data(), length, MPI_CHAR, &message, MPI_STATUS_IGNORE);
-      Answer& a = answers[static_cast<std::size_t>(status.MPI_SOURCE)];
-      if (a.answered) continue;
+      const auto from = static_cast<std::size_t>(status.MPI_SOURCE);
+      Answer& a = answers[from];
+      if (!asked[from] || a.answered) continue;
       a.answered = true;
       --pending;
       if (const auto f = split(text); f.size() == 6) {
@@ -323,9 +324,14 @@ class Mpi final : public Communicator {
       }
     }
     for (auto& q : queries) MPI_Request_free(&q);
-    return answers;
   }
 
+  // One rank reports a timeout, with O(N) questions in all: the lowest rank that waits in the
+  // collective too. Each rank that gives up asks the ranks below it, in windows of 1, 2, 4...,
+  // for the lowest one that waits in it too; finding one, it says so in a line and leaves the
+  // report, and the end of the job, to that rank (6 s at most: then it ends the job itself).
+  // Finding none, it is the reporter: it asks the ranks it has not asked yet. Where rank 0
+  // waits too, as it does unless it is the one at fault, each rank asks one question.
   [[noreturn]] void timed_out(Clock::duration waited) {
     std::uint64_t mine = 0;
     std::string call, detail, status;
@@ -336,11 +342,35 @@ class Mpi final : public Communicator {
       detail = call_detail_;
       status = status_;
     }
-    const auto answers = ask_the_others();
+    std::string why = call + " #" + std::to_string(mine) + (detail.empty() ? "" : " (" + detail + ")") +
+                      " gave up after " + one_decimal(seconds(waited)) + " s (the rank timeout)";
+    if (!status.empty()) why += " while this rank was: " + status;
+    const auto waits_too = [&](const Answer& a) {
+      return a.answered && a.collectives == mine && a.in_call && a.call == call;
+    };
+    std::vector<Answer> answers(static_cast<std::size_t>(size_));
+    int asked = 0;  // ranks 0 to asked - 1
+    for (int n = 1; asked < rank_; n *= 2) {
+      std::vector<int> window;
+      for (int r = asked; r < std::min(asked + n, rank_); ++r) window.push_back(r);
+      ask(window, answers);
+      asked += static_cast<int>(window.size());
+      for (const int r : window) {
+        if (!waits_too(answers[static_cast<std::size_t>(r)])) continue;
+        std::fprintf(stderr, "rank %d of %d: %s; rank %d, which waits in it too, reports why\n", rank_, size_,
+                     why.c_str(), r);
+        std::fflush(stderr);
+        std::this_thread::sleep_for(std::chrono::seconds(6));  // its MPI_Abort ends this process
+        abort(why + "; rank " + std::to_string(r) + ", which waits in it too, did not end the job within 6 s");
+      }
+    }
+    std::vector<int> rest;
+    for (int r = rank_ + 1; r < size_; ++r) rest.push_back(r);
+    ask(rest, answers);
     // The summary names the ranks that hold this collective up, by what their answers show:
     // those that did not answer, those that have not reached it, those in another collective
     // of the same number. A rank that has passed it (its part is done) holds nothing up.
-    std::vector<int> silent, behind, different;
+    std::vector<int> silent, behind, different, waiting;
     std::string about;
     const auto where = [](const Answer& a) {
       return a.call + " #" + std::to_string(a.collectives) + " (" + a.detail + ") for " + one_decimal(a.seconds) + " s";
@@ -357,7 +387,8 @@ class Mpi final : public Communicator {
         silent.push_back(r);
       } else if (a.collectives == mine && a.in_call) {
         if (a.call == call) {
-          what = "waits in it too";
+          waiting.push_back(r);  // one line for all of them, after the loop
+          continue;
         } else {
           what = "is in " + a.call + " #" + std::to_string(a.collectives) + " (" + a.detail +
                  "): the ranks called different collectives";
@@ -372,9 +403,8 @@ class Mpi final : public Communicator {
       if (a.answered && !a.status.empty()) what += "; it was: " + a.status;
       about += "\n  rank " + std::to_string(r) + " " + what;
     }
-    std::string why = call + " #" + std::to_string(mine) + (detail.empty() ? "" : " (" + detail + ")") +
-                      " gave up after " + one_decimal(seconds(waited)) + " s (the rank timeout)";
-    if (!status.empty()) why += " while this rank was: " + status;
+    if (!waiting.empty())
+      about += "\n  " + rank_list(waiting) + (waiting.size() == 1 ? " waits" : " wait") + " in it too";
     if (silent.empty() && behind.empty() && different.empty()) why += "; no other rank holds it up";
     if (!silent.empty()) why += "; " + rank_list(silent) + " stopped answering";
     if (!behind.empty()) why += "; " + rank_list(behind) + (behind.size() == 1 ? " has" : " have") + " not reached it";

@@ -9,6 +9,7 @@
 //   idle_wait     rank 1 comes to an allreduce 2 s late: the others wait asleep (CPU time)
 //   stopped       rank 1 stops itself (SIGSTOP) before a collective; the others give up after
 //                 the 2 s timeout, naming it as not answering (mpi_test.sh checks the message)
+//   stopped_first the same with rank 0 stopped: the lowest rank that waits, rank 1, reports
 //   stuck         rank 1 never comes to a collective, its main thread asleep; the others give
 //                 up after 2 s, naming it and what it said it was doing
 //   setup_stopped rank 1 stops itself (SIGSTOP) before MPI starts; the others wait in
@@ -27,6 +28,8 @@
 //                 ask for: every id once per epoch, the capacity held, the slow worker helped
 //   remote_throw  the last worker's stage throws: the trainer's pipeline names its rank and stage
 //   remote_stop   the trainer stops mid-epoch; the workers, set to run forever, stop with it
+//   remote_trainer_stopped  the trainer stops (SIGSTOP) mid-epoch: its workers end the job
+//                 at twice the lease after its last message, naming it
 //   remote_epochs the workers run 1 epoch, the trainer wants 2: it fails, naming a worker
 //   remote_sizes  the last worker reads a data set of another size: refused, naming both ranks
 //   remote_stuck, remote_stopped, remote_killed
@@ -248,12 +251,12 @@ void idle_wait(Communicator& comm) {
   if (comm.rank() != 1) require(wall > 1.5 && used < 0.1 * wall, "a waiting rank sleeps rather than spins");
 }
 
-// Rank 1 stops (SIGSTOP) or sleeps, saying where, before the collective its peers give up on.
-void stopped_or_stuck(Communicator& comm, bool stop) {
+// Rank `who` stops (SIGSTOP) or sleeps, saying where, before the collective its peers give up on.
+void stopped_or_stuck(Communicator& comm, bool stop, int who) {
   if (comm.size() < 2) throw Failed("modes stopped and stuck need at least 2 ranks");
   comm.set_timeout(std::chrono::seconds(2));
   comm.barrier();
-  if (comm.rank() == 1) {
+  if (comm.rank() == who) {
     comm.set_status("epoch 1, step 34: waiting for its pipeline's next batch");
     if (stop) std::raise(SIGSTOP);
     std::this_thread::sleep_for(std::chrono::seconds(60));
@@ -261,7 +264,7 @@ void stopped_or_stuck(Communicator& comm, bool stop) {
   std::vector<float> gradients(1000, 1.0f);
   comm.set_status("epoch 1, step 35: in the gradient allreduce");
   comm.allreduce_sum(gradients);
-  throw Failed("an allreduce returned without rank 1");
+  throw Failed("an allreduce returned without rank " + std::to_string(who));
 }
 
 // Elastic resume over MPI: the pipeline of tests/cluster/elastic_pipeline.h, 3 units a sample.
@@ -586,6 +589,23 @@ void remote_stop(Communicator& comm) {
               static_cast<unsigned long long>(edge.stats().items));
 }
 
+// The trainer stops itself (SIGSTOP) after 10 batches, its workers running for ever: each
+// worker's waits for it (a credit, then the stop after its failure, then the stop at its close)
+// end at one deadline, twice the lease of 1 s after the trainer's last message, and the job
+// ends (mpi_test.sh checks the message and the time).
+void remote_trainer_stopped(Communicator& comm) {
+  if (comm.size() < 3) throw Failed("mode remote_trainer_stopped needs at least 3 ranks");
+  RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 6, .shard = 16, .lease = std::chrono::seconds(1)});
+  if (edge.role() == RemoteRole::worker) {
+    edge.serve(remote_reader(), worker_pipeline(0, std::chrono::microseconds(50), [](std::uint64_t) {}));
+    throw Failed("a worker's serve() returned though its trainer stopped");
+  }
+  auto pipe = stoker::PipelineBuilder{}.epochs(1).source("batches", edge.receiver()).build();
+  for (int taken = 0; taken < 10; ++taken) require(pipe.next().has_value(), "batches before the stop");
+  std::raise(SIGSTOP);
+  throw Failed("the trainer went on");
+}
+
 void remote_epochs(Communicator& comm) {
   if (comm.size() < 3) throw Failed("mode remote_epochs needs at least 3 ranks");
   RemoteEdge<Ids> edge(comm, {.name = "batches", .capacity = 4, .shard = 64});
@@ -718,14 +738,16 @@ int main(int argc, char** argv) {
       agreement(comm);
     } else if (mode == "idle_wait") {
       idle_wait(comm);
-    } else if (mode == "stopped" || mode == "stuck") {
-      stopped_or_stuck(comm, mode == "stopped");
+    } else if (mode == "stopped" || mode == "stuck" || mode == "stopped_first") {
+      stopped_or_stuck(comm, mode != "stuck", mode == "stopped_first" ? 0 : 1);
     } else if (mode == "remote") {
       remote(comm);
     } else if (mode == "remote_throw") {
       remote_throw(comm);
     } else if (mode == "remote_stop") {
       remote_stop(comm);
+    } else if (mode == "remote_trainer_stopped") {
+      remote_trainer_stopped(comm);
     } else if (mode == "remote_epochs") {
       remote_epochs(comm);
     } else if (mode == "remote_sizes") {
@@ -746,9 +768,9 @@ int main(int argc, char** argv) {
       elastic_resume(comm, argv[2]);
     } else {
       throw Failed("unknown mode '" + mode +
-                   "' (collectives, setup_stopped, shards, throw, agree, idle_wait, stopped, stuck, elastic_save DIR, "
-                   "elastic_resume DIR, straggler DIR, remote, "
-                   "remote_throw, remote_stop, remote_epochs, "
+                   "' (collectives, setup_stopped, shards, throw, agree, idle_wait, stopped, stopped_first, stuck, "
+                   "elastic_save DIR, elastic_resume DIR, straggler DIR, remote, "
+                   "remote_throw, remote_stop, remote_trainer_stopped, remote_epochs, "
                    "remote_sizes, remote_stuck, remote_stopped, remote_killed, remote_save DIR, remote_resume DIR)");
     }
     if (comm.rank() == 0)

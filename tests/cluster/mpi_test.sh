@@ -54,7 +54,7 @@ if [[ "$mode" == straggler* ]]; then
 fi
 # A job that must fail, within a bounded time, with a message matching $1 (grep -E).
 expect_failure() {
-  local start=$SECONDS status=0 output
+  local start=$SECONDS status=0
   output=$(timeout 60 "${run[@]}" 2>&1) || status=$?
   echo "$output"
   if ((status == 0)); then
@@ -72,22 +72,46 @@ expect_failure() {
       exit 1
     fi
   done
+  if ((SECONDS - start > ${within:-60})); then
+    echo "FAIL: the job ended $((SECONDS - start)) s after the start, not within $within s" >&2
+    exit 1
+  fi
   echo "every rank ended $((SECONDS - start)) s after the start (exit status $status), as expected"
+}
+# After a timeout, one report (its summary line ends with a colon, its lines about the ranks
+# follow), however many ranks gave up.
+one_report() {
+  local reports
+  reports=$(grep -cE "\(the rank timeout\).*:$" <<<"$output" || true)
+  if ((reports != 1)); then
+    echo "FAIL: $reports reports of the timeout, not one" >&2
+    exit 1
+  fi
 }
 case "$mode" in
   throw)  # a rank that throws ends every rank, naming itself
     expect_failure "rank 1 of $ranks: error: stage 'read' failed: a deliberate failure of rank 1" ;;
   stopped)  # a stopped rank: the others give up after the timeout, naming it
     expect_failure "gave up after 2\.[0-9] s \(the rank timeout\) while this rank was: epoch 1, step 35" \
-      "rank 1 stopped answering" "rank 1 did not answer within 2 s" ;;
+      "rank 1 stopped answering" "rank 1 did not answer within 2 s"
+    one_report ;;
+  stopped_first)  # rank 0 stopped: rank 1 reports, the others say so
+    expect_failure "rank 1 of $ranks: MPI_Allreduce #2 .* gave up after 2\.[0-9] s .*; rank 0 stopped answering:$" \
+      "rank 0 did not answer within 2 s" "ranks 2, 3 wait in it too" \
+      "rank 3 of $ranks: MPI_Allreduce #2 .*; rank 1, which waits in it too, reports why"
+    one_report ;;
   setup_stopped)  # a rank stopped before MPI starts: the others end after the setup timeout
     bad=$(STOKER_SETUP_TIMEOUT=soon "$mpiexec" -np 1 "$program" collectives 2>&1) &&
       { echo "FAIL: STOKER_SETUP_TIMEOUT=soon was taken" >&2; exit 1; }
     grep -q "STOKER_SETUP_TIMEOUT: 'soon' is not a number of seconds" <<<"$bad" ||
       { echo "FAIL: STOKER_SETUP_TIMEOUT=soon: $bad" >&2; exit 1; }
     expect_failure "rank 0 of $ranks: MPI_Init_thread has not returned after 3\.[0-9] s \(the setup timeout, STOKER_SETUP_TIMEOUT\)" ;;
+  remote_trainer_stopped)  # the workers' waits for a stopped trainer end at one deadline
+    within=10 expect_failure \
+      "rank [12] of $ranks: .*the trainer \(rank 0\) has sent nothing for 2\.000 s \(twice the lease\) while this worker waited for it: it is stuck or stopped" ;;
   stuck)  # a rank that never comes: named as such (it answers), with what it said it was doing
     expect_failure "\(the rank timeout\) while this rank was: .*; rank 1 has not reached it:$" \
-      "rank 1 has not reached it: 1 collectives done, the last [0-9.]+ s ago; it was: epoch 1, step 34: waiting for its pipeline's next batch" ;;
+      "rank 1 has not reached it: 1 collectives done, the last [0-9.]+ s ago; it was: epoch 1, step 34: waiting for its pipeline's next batch"
+    one_report ;;
   *) exec "${run[@]}" ;;
 esac

@@ -46,9 +46,10 @@ struct RemoteOptions {
   std::size_t capacity = 8;
   std::uint64_t shard = 256;  ///< samples per shard handed to a worker that asks for work
   /// How long a worker may hold work and a credit to send it with, and send nothing, before
-  /// the trainer gives its work to another worker and drops whatever it sends later; and how
-  /// long a worker waits for the trainer to take any of its items before it ends the job,
-  /// naming the trainer. Zero: as long as it takes.
+  /// the trainer gives its work to another worker and drops whatever it sends later; and half
+  /// the time a worker that waits for the trainer (a start, a shard, a credit, the stop) hears
+  /// nothing from it before it gives the trainer up and the job ends, naming the trainer: one
+  /// deadline, however many waits it spans. Zero: as long as it takes.
   std::chrono::milliseconds lease{std::chrono::minutes(5)};
   /// Trainer: go on from a checkpoint's progress (RemoteEdge::progress()) rather than from the
   /// first epoch's start: the workers make exactly its units left, then the epochs after it.
@@ -232,8 +233,8 @@ class Link {
   /// Worker: the position of a call position() has answered.
   virtual std::uint64_t position_of(std::uint32_t epoch, std::uint64_t call) const = 0;
   /// Worker: sends an item of `epoch` made of `units` once a credit allows it. False when the
-  /// trainer stopped the edge. Throws ClusterError when the trainer took none of its items for
-  /// the lease.
+  /// trainer stopped the edge. Throws ClusterError when the trainer has sent nothing for twice
+  /// the lease while this worker waited for it (here or in an earlier wait since).
   virtual bool send(std::uint32_t epoch, std::uint64_t fanout, std::vector<std::uint64_t> units, Bytes&& item) = 0;
   /// Worker: its pipelines ran their `epochs`; it sends no more.
   virtual void done(std::uint32_t epochs) = 0;
