@@ -72,6 +72,19 @@ expect_failure() {
       exit 1
     fi
   done
+  # No rank outlives mpirun (a stopped one included): 2 s for the last ones to go.
+  local left=
+  for _ in $(seq 20); do
+    left=$(pgrep -f -x "$program $mode" || true)
+    [[ -z $left ]] && break
+    sleep 0.1
+  done
+  if [[ -n $left ]]; then
+    ps -o pid,stat,etime,args -p "${left//$'\n'/,}" >&2 || true
+    kill -KILL $left 2>/dev/null || true  # this job's ranks, by their ids
+    echo "FAIL: ranks of the job outlived mpirun (pids $left)" >&2
+    exit 1
+  fi
   if ((SECONDS - start > ${within:-60})); then
     echo "FAIL: the job ended $((SECONDS - start)) s after the start, not within $within s" >&2
     exit 1
