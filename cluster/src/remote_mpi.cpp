@@ -985,11 +985,12 @@ class MpiLink final : public Link {
     if (ready()) return true;  // no wait: the deadline runs only while the worker waits
     if (options_.lease.count() == 0) return changed_.wait(lock, stop, ready);
     if (!waiting_since_) waiting_since_ = Clock::now();
+    // A message received meanwhile moves it (and clears waiting_since_).
+    const auto deadline = [&] { return std::max(heard_, waiting_since_.value_or(heard_)) + 2 * options_.lease; };
     for (;;) {
-      const auto deadline = std::max(heard_, waiting_since_.value_or(heard_)) + 2 * options_.lease;
-      if (changed_.wait_until(lock, stop, deadline, ready)) return true;
+      if (changed_.wait_until(lock, stop, deadline(), ready)) return true;
       if (stop.stop_requested()) return false;
-      if (Clock::now() < std::max(heard_, waiting_since_.value_or(heard_)) + 2 * options_.lease) continue;
+      if (Clock::now() < deadline()) continue;
       abandoned_ = true;
       note_unresponsive(options_.trainer);
       set_failure_locked(ClusterError("remote edge '" + options_.name + "': the trainer (rank " +

@@ -381,19 +381,18 @@ class Mpi final : public Communicator {
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       const Answer& a = answers[static_cast<std::size_t>(r)];
+      if (waits_too(a)) {
+        waiting.push_back(r);  // one line for all of them, after the loop
+        continue;
+      }
       std::string what;
       if (!a.answered) {
         what = "did not answer within 2 s (stopped, or stuck where nothing of it runs)";
         silent.push_back(r);
       } else if (a.collectives == mine && a.in_call) {
-        if (a.call == call) {
-          waiting.push_back(r);  // one line for all of them, after the loop
-          continue;
-        } else {
-          what = "is in " + a.call + " #" + std::to_string(a.collectives) + " (" + a.detail +
-                 "): the ranks called different collectives";
-          different.push_back(r);
-        }
+        what = "is in " + a.call + " #" + std::to_string(a.collectives) + " (" + a.detail +
+               "): the ranks called different collectives";
+        different.push_back(r);
       } else if (a.collectives >= mine) {
         what = "is past it: " + (a.in_call ? "waits in " + where(a) : done(a));
       } else {
