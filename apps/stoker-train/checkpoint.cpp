@@ -13,7 +13,7 @@ namespace stoker::train {
 
 namespace {
 constexpr std::string_view kFormat = "stoker-train-checkpoint";
-constexpr int kVersion = 2;  // reads 1 too
+constexpr int kVersion = 3;  // reads 1 and 2 too
 
 template <class T>
 std::string text(const T& v) {
@@ -56,15 +56,19 @@ nlohmann::json Checkpoint::pipeline_list() const {
 
 void Checkpoint::save(const std::filesystem::path& dir) const {
   std::filesystem::create_directories(dir);
-  const nlohmann::json header = {{"format", kFormat},
-                                 {"version", kVersion},
-                                 {"step", step},
-                                 {"samples", samples},
-                                 {"batches", batches},
-                                 {"options", options},
-                                 {"pipelines", pipeline_list()},
-                                 {"plan", plan ? nlohmann::json::parse(plan->to_json()) : nlohmann::json()},
-                                 {"model_bytes", model.size()}};
+  nlohmann::json header = {{"format", kFormat},
+                           {"version", kVersion},
+                           {"step", step},
+                           {"samples", samples},
+                           {"batches", batches},
+                           {"options", options},
+                           {"pipelines", pipeline_list()},
+                           {"plan", plan ? nlohmann::json::parse(plan->to_json()) : nlohmann::json()},
+                           {"model_bytes", model.size()}};
+  if (digests) {
+    header["digest"] = digests->run;
+    header["epoch_digest"] = digests->epoch;
+  }
   std::string bytes = header.dump() + "\n";
   bytes.append(reinterpret_cast<const char*>(model.data()), model.size());
   write_file_atomically(file(dir), bytes);
@@ -81,9 +85,10 @@ Checkpoint Checkpoint::load(const std::filesystem::path& dir) {
   try {
     const auto h = nlohmann::json::parse(line);
     if (!h.is_object() || h.value("format", "") != kFormat) throw StateError(name + ": not a stoker-train checkpoint");
-    if (h.at("version") != kVersion && h.at("version") != 1)
-      throw StateError(name + ": version " + h.at("version").dump() +
-                       " of the checkpoint, but this stoker-train reads 1 to " + std::to_string(kVersion));
+    const auto version = h.at("version");
+    if (!version.is_number_integer() || version < 1 || version > kVersion)
+      throw StateError(name + ": version " + version.dump() + " of the checkpoint, but this stoker-train reads 1 to " +
+                       std::to_string(kVersion));
     c.step = h.at("step").get<std::uint64_t>();
     c.samples = h.at("samples").get<std::uint64_t>();
     c.batches = h.at("batches").get<std::uint64_t>();
@@ -94,6 +99,8 @@ Checkpoint Checkpoint::load(const std::filesystem::path& dir) {
     if (h.contains("plan") && !h.at("plan").is_null())
       c.plan = cluster::EpochPlan::from_json(h.at("plan").dump(), name);
     model_bytes = h.at("model_bytes").get<std::uint64_t>();
+    if (version >= 3)
+      c.digests = Digests{h.at("digest").get<std::uint64_t>(), h.at("epoch_digest").get<std::uint64_t>()};
   } catch (const nlohmann::json::exception& e) {
     throw StateError(name + ": not a stoker-train checkpoint (" + e.what() + ")");
   }

@@ -35,6 +35,13 @@ struct Checkpoint {
   /// How the epoch of `pipelines` was shared among the ranks; a version 1 checkpoint (none):
   /// as ShuffledShard shares it.
   std::optional<cluster::EpochPlan> plan;
+  /// Which samples the run had trained on (TrainReport::digest: every epoch's, that of
+  /// `pipelines`' epoch so far included) and, of that, the epoch's. None in checkpoints before
+  /// version 3.
+  struct Digests {
+    std::uint64_t run = 0, epoch = 0;
+  };
+  std::optional<Digests> digests;
 
   /// The options of `o` that a checkpoint records.
   static std::map<std::string, std::string> options_of(const TrainOptions& o);

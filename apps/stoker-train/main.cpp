@@ -309,10 +309,20 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
   app.add_flag("--json", json, "Also print the result as one JSON object on the last line of stdout")->group("Output");
 }
 
+// A digest as 16 hex digits: JSON readers that hold numbers in doubles would round it.
+Json digest_json(std::uint64_t digest, bool known = true) {
+  if (!known) return nullptr;
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(digest));
+  return text;
+}
+
 Json to_json(const TrainOptions& o, const TrainReport& r) {
   Json epochs = Json::array();
   for (const EpochReport& e : r.epochs)
     epochs.push_back({{"epoch", e.epoch},
+                      // The resumed epoch lacks what a checkpoint without digests trained of it.
+                      {"digest", digest_json(e.digest, r.digest_known || e.resumed_samples == 0)},
                       {"loss", e.loss},
                       {"train_accuracy", e.train_accuracy},
                       {"test_accuracy", e.test_accuracy},
@@ -347,6 +357,7 @@ Json to_json(const TrainOptions& o, const TrainReport& r) {
   }
   out["samples"] = all_samples;
   out["trained_samples"] = all_trained;
+  out["digest"] = digest_json(r.digest, r.digest_known);
   if (r.nothing_to_train) out["nothing_to_train"] = true;
   out["train_seconds"] = r.train_seconds();
   out["h2d_bytes"] = r.transfers.h2d_bytes;
@@ -376,6 +387,7 @@ Json to_json(const TrainOptions& o, const TrainReport& r) {
       ranks.push_back(
           {{"rank", i},
            {"samples", r.ranks[i].samples},
+           {"digest", digest_json(r.ranks[i].digest)},
            {"samples_per_s", r.ranks[i].samples_per_s()},
            {"starvation_pct", 100 * r.ranks[i].starvation()},
            {"exchange_wait_pct",

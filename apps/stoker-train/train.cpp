@@ -114,12 +114,25 @@ class Trainer {
   /// writes it: the ranks' models are the same) and the plan of their epoch. Every rank calls it
   /// at the same step.
   void checkpoint(const PipelineState& pipeline) {
-    std::vector<std::string> states{pipeline.to_json()};
-    if (ranks_) states = ranks_->gather(states.front());
+    // Each rank's digests, then its state.
+    std::vector<std::string> records{std::to_string(run_digest()) + " " + std::to_string(current_.digest) + "\n" +
+                                     pipeline.to_json()};
+    if (ranks_) records = ranks_->gather(records.front());
     if (ranks_ && ranks_->rank() != 0) return;
     Checkpoint c{step_, current_.samples,       current_.batches,  Checkpoint::options_of(o_),
-                 {},    model_.save(*compute_), plan_for(pipeline)};
-    for (const auto& s : states) c.pipelines.push_back(PipelineState::from_json(s));
+                 {},    model_.save(*compute_), plan_for(pipeline), {}};
+    if (digest_known_) c.digests.emplace();
+    for (const auto& r : records) {
+      const auto end = r.find('\n');
+      std::istringstream digests(r.substr(0, end));
+      std::uint64_t run = 0, epoch = 0;
+      digests >> run >> epoch;
+      if (c.digests) {
+        c.digests->run += run;
+        c.digests->epoch += epoch;
+      }
+      c.pipelines.push_back(PipelineState::from_json(r.substr(end + 1)));
+    }
     c.save(o_.checkpoint);
   }
   /// Goes on from `c`, inside the epoch its pipeline states are in: on as many ranks, each from
@@ -137,6 +150,12 @@ class Trainer {
     current_.samples = current_.resumed_samples = c.samples * then / shard.world;
     current_.batches = current_.resumed_batches = c.batches;
     started_ = Clock::now();
+    // The checkpoint's digests go to rank 0 alone, so that the ranks' sum is the run's.
+    digest_known_ = c.digests.has_value();
+    if (c.digests && shard.rank == 0) {
+      resumed_digest_ = c.digests->run;
+      current_.digest = c.digests->epoch;  // taken back below if this run starts in a later epoch
+    }
     if (then == shard.world) {
       resume_ = c.pipelines[shard.rank];
       if (!plan_then.is_fresh()) plan_ = plan_then;
@@ -161,6 +180,7 @@ class Trainer {
       current_.epoch = *blank_epoch_ + 1;
       current_.samples = current_.resumed_samples = 0;
       current_.batches = current_.resumed_batches = 0;
+      current_.digest = 0;
       return;
     }
     plan_ = cluster::EpochPlan::of_rest(epoch, data_size_, units_per_sample(), plan_then.rest(states), shard.world,
@@ -201,6 +221,12 @@ class Trainer {
     return hash_name({reinterpret_cast<const char*>(bytes.data()), n});
   }
   std::uint64_t steps() const { return step_; }
+  /// This rank's share of TrainReport::digest so far: at rank 0 of a resumed run, with the
+  /// checkpoint's. trained_digest(): of what this process trained.
+  std::uint64_t run_digest() const { return resumed_digest_ + trained_digest_; }
+  std::uint64_t trained_digest() const { return trained_digest_; }
+  /// False after --resume of a checkpoint that has no digests (before version 3).
+  bool digest_known() const { return digest_known_; }
   /// Whether its gradients are averaged with other ranks' every step.
   bool data_parallel() const { return ranks_ != nullptr; }
   /// Time spent in the gradient exchange so far: waiting for the other ranks, and the transfer.
@@ -270,6 +296,13 @@ class Trainer {
         model_.train_step(*compute_, batch.data_as<float>(), batch.labels(), static_cast<int>(batch.count),
                           learning_rate(), ranks_ ? average_gradients_ : Mlp::Reduce{});
     });
+    if (batch.host_ids.size() != batch.count)
+      throw std::logic_error("stoker-train: a batch of " + std::to_string(batch.count) + " crops came with " +
+                             std::to_string(batch.host_ids.size()) + " ids");
+    std::uint64_t digest = 0;
+    for (std::uint64_t id : batch.host_ids) digest += sample_digest(current_.epoch, id);
+    current_.digest += digest;
+    trained_digest_ += digest;
     batch.release_after(*compute_);
     compute_->record(done);
     ++issued_;
@@ -387,13 +420,15 @@ class Trainer {
   gpu::Memory step_input_;                      // where the captured step reads its batch
   std::unique_ptr<gpu::Replay> captured_step_;  // made at the first full batch
   std::uint64_t samples_per_epoch_, total_steps_;
-  std::uint64_t step_ = 0;                    // of the run: the learning rate's schedule
-  std::uint64_t issued_ = 0;                  // by this process: which event a step records
+  std::uint64_t step_ = 0;    // of the run: the learning rate's schedule
+  std::uint64_t issued_ = 0;  // by this process: which event a step records
   std::uint64_t graph_steps_ = 0;
   std::optional<PipelineState> resume_;       // this rank's own, when resumed on as many ranks
   std::optional<std::uint32_t> blank_epoch_;  // resumed on another number: the epoch it starts in
   std::optional<cluster::EpochPlan> plan_;    // a resumed epoch's shares of its rest
   std::uint64_t data_size_ = 0;
+  std::uint64_t resumed_digest_ = 0, trained_digest_ = 0;  // run_digest()'s parts
+  bool digest_known_ = true;
   std::function<cluster::EpochPlan(const PipelineState&)> remote_plan_;
   EpochReport current_;
   Clock::time_point started_;
@@ -953,6 +988,8 @@ std::string device_for_rank(const std::string& device, std::optional<int> local_
   return "cuda:" + std::to_string(*local_rank % cuda_devices);
 }
 
+std::uint64_t sample_digest(std::uint32_t epoch, std::uint64_t id) noexcept { return derive_seed(epoch, id, 0x646967); }
+
 std::uint64_t TrainReport::samples() const {
   std::uint64_t n = 0;
   for (const EpochReport& e : epochs) n += e.samples;
@@ -1002,21 +1039,34 @@ void gather_ranks(cluster::Communicator& ranks, Trainer& trainer, TrainReport& r
     wait += static_cast<std::uint64_t>(e.input_wait_seconds * 1e9);
     exchange += static_cast<std::uint64_t>(e.exchange_wait_seconds * 1e9);
   }
-  const std::string mine = std::to_string(report.samples()) + " " + std::to_string(report.trained_samples()) + " " +
-                           std::to_string(static_cast<std::uint64_t>(report.train_seconds() * 1e9)) + " " +
-                           std::to_string(wait) + " " + std::to_string(trainer.weights_hash()) + " " +
-                           std::to_string(exchange);
+  // Then the digests: the run's, what this process trained, each epoch's and the interrupted one's.
+  std::string mine = std::to_string(report.samples()) + " " + std::to_string(report.trained_samples()) + " " +
+                     std::to_string(static_cast<std::uint64_t>(report.train_seconds() * 1e9)) + " " +
+                     std::to_string(wait) + " " + std::to_string(trainer.weights_hash()) + " " +
+                     std::to_string(exchange) + " " + std::to_string(trainer.run_digest()) + " " +
+                     std::to_string(trainer.trained_digest());
+  for (const EpochReport& e : report.epochs) mine += " " + std::to_string(e.digest);
+  if (report.interrupted) mine += " " + std::to_string(report.interrupted->digest);
   const auto records = ranks.gather(mine);
+  if (records.empty()) return;  // not rank 0
+  report.digest = 0;
+  for (EpochReport& e : report.epochs) e.digest = 0;
+  if (report.interrupted) report.interrupted->digest = 0;
   std::uint64_t first_hash = 0;
   for (std::size_t r = 0; r < records.size(); ++r) {
     std::istringstream in(records[r]);
-    std::uint64_t samples = 0, trained = 0, seconds = 0, waited = 0, hash = 0, exchange = 0;
-    in >> samples >> trained >> seconds >> waited >> hash >> exchange;
+    std::uint64_t samples = 0, trained = 0, seconds = 0, waited = 0, hash = 0, exchange = 0, run = 0, own = 0;
+    in >> samples >> trained >> seconds >> waited >> hash >> exchange >> run >> own;
     if (r == 0) first_hash = hash;
     if (hash != first_hash)
       throw std::logic_error("the weights of rank " + std::to_string(r) + " differ from rank 0's after training");
     report.ranks.push_back({samples, trained, static_cast<double>(seconds) * 1e-9, static_cast<double>(waited) * 1e-9,
-                            static_cast<double>(exchange) * 1e-9});
+                            static_cast<double>(exchange) * 1e-9, own});
+    report.digest += run;
+    std::uint64_t epoch_digest = 0;
+    for (EpochReport& e : report.epochs) e.digest += (in >> epoch_digest, epoch_digest);
+    if (report.interrupted) report.interrupted->digest += (in >> epoch_digest, epoch_digest);
+    if (!in) throw std::logic_error("rank " + std::to_string(r) + " reported other epochs than rank 0");
   }
 }
 
@@ -1277,6 +1327,8 @@ TrainReport run_training(const TrainOptions& options, const TrainCallbacks& call
   report.graph_steps = trainer.graph_steps();
   report.graph = report.graph_steps > 0;
   if (trainer.stopped()) report.interrupted = trainer.current();
+  report.digest = trainer.run_digest();
+  report.digest_known = trainer.digest_known();
   if (trainers > 1) gather_ranks(*ranks, trainer, report);
   return report;
 }

@@ -144,6 +144,11 @@ struct EpochReport {
   /// Data-parallel: in the gradient exchange, waiting for the other ranks (and the transfer).
   double exchange_wait_seconds = 0;
   double eval_seconds = 0;
+  /// Which samples the epoch trained on: the sum, modulo 2^64, of sample_digest(epoch, id) over
+  /// the crops trained (id: Sample::id), whatever their order or rank. From the epoch's start:
+  /// after --resume, with the checkpoint's digest of it. This process's share until
+  /// run_training returns, every rank's in TrainReport::epochs.
+  std::uint64_t digest = 0;
 
   /// The samples this process trained on.
   std::uint64_t trained_samples() const { return samples - resumed_samples; }
@@ -178,6 +183,7 @@ struct TrainReport {
     std::uint64_t trained_samples = 0;  ///< of `samples`, those this run trained (not before --resume)
     double train_seconds = 0, input_wait_seconds = 0;
     double exchange_wait_seconds = 0;  ///< in the gradient exchange: the slowest rank waits least
+    std::uint64_t digest = 0;          ///< of what this rank trained, as TrainReport::digest (--resume: not before it)
     double samples_per_s() const {
       return train_seconds > 0 ? static_cast<double>(trained_samples) / train_seconds : 0;
     }
@@ -208,6 +214,14 @@ struct TrainReport {
   /// test_accuracy() is that of the checkpoint's model, evaluated on the test set.
   bool nothing_to_train = false;
   double checkpoint_test_accuracy = 0;
+  /// Which samples the whole run trained on, every epoch's (EpochReport::digest) summed: after
+  /// --resume, those before the checkpoint too, and the interrupted epoch's part. Every rank's.
+  /// Equal for two runs that trained the same (epoch, sample) pairs once each, at any world size
+  /// and however often stopped and resumed; a sample trained twice or left out changes it.
+  std::uint64_t digest = 0;
+  /// False after --resume of a checkpoint without digests (before version 3): `digest` and the
+  /// resumed epoch's lack what was trained before it.
+  bool digest_known = true;
 
   std::uint64_t samples() const;  ///< every epoch's (EpochReport::samples)
   std::uint64_t batches() const;
@@ -230,6 +244,9 @@ struct TrainCallbacks {
   /// with --checkpoint the checkpoint is written where the run stood (TrainReport::interrupted).
   std::function<bool()> stop_requested;
 };
+
+/// A crop's part of EpochReport::digest: crop `id` (Sample::id) trained in epoch `epoch` (from 1).
+std::uint64_t sample_digest(std::uint32_t epoch, std::uint64_t id) noexcept;
 
 /// Loads the data, opens the device and trains. Throws std::invalid_argument for bad options
 /// (a device asked for that is not there included), DataError for missing or bad data files,

@@ -45,10 +45,18 @@ GpuAugmentOptions checked(GpuAugmentOptions o) {
   return o;
 }
 
+// A crop in the window: its job, and its id (Sample::id of the crop, as RandomCrops numbers
+// them), which stays on the host.
+struct Booked {
+  CropJob job;
+  std::uint64_t id;
+};
+
 // A minibatch taken out of the window: its crops are picked[first, first + count).
 struct Minibatch {
   std::size_t first = 0, count = 0;
   std::vector<std::int32_t> labels;
+  std::vector<std::uint64_t> ids;
 };
 
 }  // namespace
@@ -205,15 +213,17 @@ struct GpuAugment::State {
       const std::size_t n = std::min(full - window->size(), jobs.size() - j);
       if (!resident() && free_slots.size() < n)  // never: the window has a call's slots to spare
         throw std::logic_error("GpuAugment: the window has no free slot");
-      if (!resident())
-        for (std::size_t k = j; k < j + n; ++k) {
+      booking.clear();
+      for (std::size_t k = j; k < j + n; ++k) {
+        if (!resident()) {
           jobs[k].dst = free_slots.back();
           free_slots.pop_back();
         }
+        booking.push_back({jobs[k], job_ids[k]});
+      }
       // Never full: capacity >= min_after_dequeue + batch_size, and a minibatch leaves as
       // soon as min_after_dequeue + batch_size are held.
-      const auto first = jobs.begin() + static_cast<std::ptrdiff_t>(j);
-      if (window->try_push_many(first, first + static_cast<std::ptrdiff_t>(n)) != n)
+      if (window->try_push_many(booking.begin(), booking.end()) != n)
         throw std::logic_error("GpuAugment: the window is full");
       j += n;
       take_minibatch(false);
@@ -224,14 +234,17 @@ struct GpuAugment::State {
     const std::size_t first = picked.size();
     const std::size_t n = window->try_pop_many(picked, batch_size(), closing);
     if (n == 0) return false;
-    Minibatch m{first, n, {}};
+    Minibatch m{first, n, {}, {}};
     m.labels.reserve(n);
+    m.ids.reserve(n);
     for (std::size_t k = first; k < first + n; ++k) {
-      m.labels.push_back(picked[k].label);
+      CropJob& job = picked[k].job;
+      m.labels.push_back(job.label);
+      m.ids.push_back(picked[k].id);
       if (resident())
-        picked[k].dst = static_cast<std::uint32_t>(k - first);  // cropped straight into the minibatch
+        job.dst = static_cast<std::uint32_t>(k - first);  // cropped straight into the minibatch
       else
-        emptied_slots.push_back(picked[k].dst);  // booked again from the next call on
+        emptied_slots.push_back(job.dst);  // booked again from the next call on
     }
     minibatches.push_back(std::move(m));
     return true;
@@ -258,7 +271,7 @@ struct GpuAugment::State {
   }
   void emit_minibatch(Minibatch& m, Buffer buffer, Emitter<DeviceBatch>& emit) {
     emit(DeviceBatch(std::move(buffer), kernels->crop(), DType::f32, m.count, labels_offset(kernels->crop(), m.count),
-                     std::move(m.labels)));
+                     std::move(m.labels), std::move(m.ids)));
   }
   float* crops_of(Buffer& b) const { return reinterpret_cast<float*>(b.data()); }
   std::int32_t* labels_of(Buffer& b, const Minibatch& m) const {
@@ -281,7 +294,7 @@ struct GpuAugment::State {
     std::byte* host = images.data();
     std::memcpy(host + jobs_at, jobs.data(), jobs.size() * sizeof(CropJob));
     auto* picks = reinterpret_cast<std::uint32_t*>(host + picks_at);
-    for (std::size_t k = 0; k < picked.size(); ++k) picks[k] = picked[k].dst;
+    for (std::size_t k = 0; k < picked.size(); ++k) picks[k] = picked[k].job.dst;
     if (with_table) kernels->write_table(host + table_at);
 
     Buffer dev = device_staging->acquire(bytes, ctx);
@@ -323,10 +336,11 @@ struct GpuAugment::State {
     const std::size_t bytes = picked.size() * (resident() ? sizeof(CropJob) : sizeof(std::uint32_t));
     Buffer host = lists->acquire(bytes, ctx);
     if (resident()) {
-      std::memcpy(host.data(), picked.data(), bytes);
+      auto* picked_jobs = reinterpret_cast<CropJob*>(host.data());
+      for (std::size_t k = 0; k < picked.size(); ++k) picked_jobs[k] = picked[k].job;
     } else {
       auto* picks = reinterpret_cast<std::uint32_t*>(host.data());
-      for (std::size_t k = 0; k < picked.size(); ++k) picks[k] = picked[k].dst;
+      for (std::size_t k = 0; k < picked.size(); ++k) picks[k] = picked[k].job.dst;
     }
     Buffer dev = device_lists->acquire(bytes, ctx);
     compute->copy_to_device(dev.data(), host.data(), bytes);
@@ -363,7 +377,12 @@ struct GpuAugment::State {
   bool drawn_on_device() const noexcept { return !options.crops.count_of; }
   void add_drawn_jobs(std::uint32_t image, std::uint64_t id, std::int32_t label) {
     for (int k = 0; k < options.crops.count; ++k)
-      jobs.push_back(detail::CropKernels::drawn_job(image, id, static_cast<std::uint32_t>(k), label));
+      add_job(detail::CropKernels::drawn_job(image, id, static_cast<std::uint32_t>(k), label),
+              id * static_cast<std::uint64_t>(options.crops.count) + static_cast<std::uint64_t>(k));
+  }
+  void add_job(const CropJob& job, std::uint64_t crop_id) {
+    jobs.push_back(job);
+    job_ids.push_back(crop_id);
   }
 
   void streaming_call(Batch& images, Emitter<DeviceBatch>& emit, const StageContext& ctx) {
@@ -382,6 +401,7 @@ struct GpuAugment::State {
     if (images.count == 0) return;
     begin_epoch(ctx);
     jobs.clear();
+    job_ids.clear();
     const auto labels = images.label_values();
     const auto ids = images.id_values();
     draws = kernels->draws_for(options.crops, ctx.seed, ctx.epoch);
@@ -394,7 +414,7 @@ struct GpuAugment::State {
                                                    kernels->dtype(), labels[i], ids[i]);
       plans.clear();
       crops.plan(image, ctx, plans);
-      for (const auto& p : plans) jobs.push_back(detail::make_job(static_cast<std::uint32_t>(i), p, labels[i]));
+      for (const auto& p : plans) add_job(detail::make_job(static_cast<std::uint32_t>(i), p, labels[i]), p.id);
     }
     book_jobs();
     if (!jobs.empty()) crop_images(images, emit, ctx);
@@ -409,6 +429,7 @@ struct GpuAugment::State {
     if (indices.empty()) return;
     begin_epoch(ctx);
     jobs.clear();
+    job_ids.clear();
     draws = kernels->draws_for(options.crops, ctx.seed, ctx.epoch);
     const std::size_t image_bytes = kernels->image_bytes();
     for (std::uint64_t i : indices) {
@@ -426,7 +447,7 @@ struct GpuAugment::State {
                                   kernels->image(), DType::u8, label, i);
       plans.clear();
       crops.plan(view, ctx, plans);
-      for (const auto& p : plans) jobs.push_back(detail::make_job(static_cast<std::uint32_t>(i), p, label));
+      for (const auto& p : plans) add_job(detail::make_job(static_cast<std::uint32_t>(i), p, label), p.id);
     }
     book_jobs();
     crop_picked(emit, ctx);
@@ -465,7 +486,7 @@ struct GpuAugment::State {
   Memory resident_images;  // resident: the data set, then the normalization table
   const std::byte* table_data = nullptr;
 
-  std::optional<RandomShuffleQueue<CropJob>> window;  // the books: which slot holds what
+  std::optional<RandomShuffleQueue<Booked>> window;  // the books: which slot holds what
   std::uint32_t window_epoch = 0;
   std::vector<std::uint32_t> free_slots;
   std::vector<std::uint32_t> emptied_slots;  // by this call's gathers: free from the next call on
@@ -474,7 +495,9 @@ struct GpuAugment::State {
 
   // Reused from call to call.
   std::vector<PlannedCrop> plans;
-  std::vector<CropJob> jobs, picked;
+  std::vector<CropJob> jobs;           // this call's, in order
+  std::vector<std::uint64_t> job_ids;  // their crops' ids
+  std::vector<Booked> booking, picked;
   std::vector<Minibatch> minibatches;
 
   std::atomic<bool> busy{false};

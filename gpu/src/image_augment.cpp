@@ -160,6 +160,7 @@ PackedImages GpuResizedCrop::State::pack(std::vector<Sample> images, const Stage
   out.bytes = at;
   out.count = n;
   out.labels.reserve(n);
+  out.ids.reserve(n);
   std::byte* base = out.storage.data();
   std::memcpy(base, jobs.data(), n * sizeof(ResizeJob));
   for (std::size_t i = 0; i < n; ++i) {
@@ -167,6 +168,7 @@ PackedImages GpuResizedCrop::State::pack(std::vector<Sample> images, const Stage
     taps[2 * i + 1].write(base + jobs[i].cols);
     std::memcpy(base + jobs[i].pixels, images[i].data.data(), images[i].data.size());
     out.labels.push_back(images[i].label);
+    out.ids.push_back(images[i].id);
   }
   return out;
 }
@@ -179,7 +181,7 @@ DeviceBatch GpuResizedCrop::State::cut(PackedImages images, const StageContext& 
   if (images.storage.pool() != host_staging.get())
     throw std::invalid_argument("GpuResizedCrop: the images were not packed by its pack() (or packer())");
   if (images.count == 0 || images.count > options.max_images || images.bytes > images.storage.size() ||
-      images.labels.size() != images.count)
+      images.labels.size() != images.count || images.ids.size() != images.count)
     throw std::invalid_argument("GpuResizedCrop: packed images of " + std::to_string(images.count) + " images in " +
                                 std::to_string(images.bytes) + " bytes do not add up");
   const std::size_t n = images.count, bytes = images.bytes;
@@ -252,7 +254,8 @@ DeviceBatch GpuResizedCrop::State::cut(PackedImages images, const StageContext& 
   // Before anything that may throw: the slot comes back only after the launch that reads it.
   device_staging->release_after(std::move(dev), *compute);
   compute->record(outputs->event(out));
-  return DeviceBatch(std::move(out), shape, DType::f32, n, layout.labels_offset(), std::move(images.labels));
+  return DeviceBatch(std::move(out), shape, DType::f32, n, layout.labels_offset(), std::move(images.labels),
+                     std::move(images.ids));
 }
 
 GpuResizedCrop::GpuResizedCrop(std::shared_ptr<Device> device, GpuResizedCropOptions options)

@@ -335,11 +335,12 @@ std::size_t SlotPool::in_use() const {
 // DeviceBatch
 
 DeviceBatch::DeviceBatch(Buffer storage, Shape shape_, DType dtype_, std::size_t count_, std::size_t labels_offset,
-                         std::vector<std::int32_t> labels)
+                         std::vector<std::int32_t> labels, std::vector<std::uint64_t> ids)
     : shape(shape_),
       dtype(dtype_),
       count(count_),
       host_labels(std::move(labels)),
+      host_ids(std::move(ids)),
       storage_(std::move(storage)),
       labels_offset_(labels_offset) {}
 
@@ -348,6 +349,7 @@ DeviceBatch::DeviceBatch(DeviceBatch&& o) noexcept
       dtype(o.dtype),
       count(o.count),
       host_labels(std::move(o.host_labels)),
+      host_ids(std::move(o.host_ids)),
       storage_(std::move(o.storage_)),
       labels_offset_(o.labels_offset_),
       used_on_(std::move(o.used_on_)) {
@@ -361,6 +363,7 @@ DeviceBatch& DeviceBatch::operator=(DeviceBatch&& o) noexcept {
   dtype = o.dtype;
   count = o.count;
   host_labels = std::move(o.host_labels);
+  host_ids = std::move(o.host_ids);
   storage_ = std::move(o.storage_);
   labels_offset_ = o.labels_offset_;
   used_on_ = std::move(o.used_on_);
@@ -454,11 +457,13 @@ DeviceBatch ToDevice::operator()(Batch batch, const StageContext& ctx) const {
   // Whatever may throw comes before the copy: once it is queued, each buffer goes back only
   // after the copy stream (the target through its event, the staging through release_after).
   std::vector<std::int32_t> labels(batch.label_values().begin(), batch.label_values().end());
+  std::vector<std::uint64_t> ids(batch.id_values().begin(), batch.id_values().end());
   const detail::TraceRange range("h2d copy");
   const std::size_t bytes = batch.payload_bytes();
   s.copy_stream->copy_to_device(target.data(), batch.data(), bytes);
   s.copy_stream->record(s.device_pool->event(target));
-  DeviceBatch out(std::move(target), batch.shape, batch.dtype, batch.count, batch.labels_offset(), std::move(labels));
+  DeviceBatch out(std::move(target), batch.shape, batch.dtype, batch.count, batch.labels_offset(), std::move(labels),
+                  std::move(ids));
   s.staging->release_after(std::move(batch.storage), *s.copy_stream);
   return out;
 }

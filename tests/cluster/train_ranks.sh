@@ -20,6 +20,9 @@ fi
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 common=(--limit 2000 --device cpu --json)
 field() { sed -E "s/.*\"$1\":([0-9.]+).*/\\1/" <<<"$2"; }
+# The run's digest of the (epoch, crop) pairs it trained: the first "digest", before the ranks'
+# and the epochs'.
+digest() { grep -o '"digest":"[0-9a-f]*"' <<<"$1" | head -n 1 | cut -d'"' -f4; }
 
 for ranks in 2 3; do
   # The default batch, 255, divides among 3 ranks, and is rounded to 256 for 2.
@@ -41,7 +44,10 @@ for ranks in 2 3; do
   samples=$(field samples "$(sed -E 's/"per_epoch".*//; s/"ranks".*//' <<<"$json")")
   want=$((2 * (2000 / ranks) * ranks * 5))
   [[ $samples == "$want" ]] || { echo "FAIL: $samples samples in all, $want expected" >&2; exit 1; }
+  # On 2 ranks every crop of the 2,000 images: what every run below that trains them all matches.
+  ((ranks == 2)) && all=$(digest "$json")
 done
+[[ $all =~ ^[0-9a-f]{16}$ ]] || { echo "FAIL: no digest in the report" >&2; exit 1; }
 
 # Remote workers: 2 ranks make the batches, rank 0 trains on them; every sample exactly once.
 json=$("$mpiexec" --oversubscribe -np 3 "$train" "${common[@]}" --epochs 2 --remote-workers | tail -n 1)
@@ -52,6 +58,8 @@ $samples samples, test accuracy $accuracy, peak in flight $(field remote_peak_in
 [[ $(field world_size "$json") == 3 && $(field remote_workers "$json") == 2 ]] ||
   { echo "FAIL: not 2 workers in a world of 3" >&2; exit 1; }
 [[ $samples == $((2 * 2000 * 5)) ]] || { echo "FAIL: $samples samples, 20000 expected" >&2; exit 1; }
+[[ $(digest "$json") == "$all" ]] ||
+  { echo "FAIL: digest $(digest "$json"), not the data-parallel job's $all: other crops trained" >&2; exit 1; }
 awk -v a="$accuracy" 'BEGIN { exit !(a > 0.6) }' || { echo "FAIL: accuracy $accuracy, chance is 0.1" >&2; exit 1; }
 # A worker that cannot read its data: every rank refuses before the first step, naming it.
 status=0
@@ -125,11 +133,18 @@ for ranks in 2 4; do
   first=$((2000 / 3 * 3 * 5 - before))  # what the cut epoch had left at 3 ranks
   second=$(((1 - epoch) * 2000 / ranks * ranks * 5))
   echo "3 ranks cut after $before samples of epoch $((epoch + 1)), resumed on $ranks: $trained samples trained," \
-    "test accuracy $accuracy"
+    "test accuracy $accuracy, digest $(digest "$json")"
   ((trained <= first + second && trained > first + second - ranks)) ||
     { echo "FAIL: $trained samples trained, $((first + second)) expected (less fewer than $ranks)" >&2; exit 1; }
   awk -v a="$accuracy" 'BEGIN { exit !(a > 0.6) }' || { echo "FAIL: accuracy $accuracy, chance is 0.1" >&2; exit 1; }
+  elastic[$ranks]="$trained $(digest "$json")"
 done
+# As many crops trained at 2 and at 4 ranks (none of the rest left out at either): the same
+# crops, each once.
+if [[ ${elastic[2]% *} == "${elastic[4]% *}" && ${elastic[2]} != "${elastic[4]}" ]]; then
+  echo "FAIL: as many crops trained at 2 and 4 ranks, but digests ${elastic[2]#* } and ${elastic[4]#* }" >&2
+  exit 1
+fi
 
 # Remote workers: 2 workers cut mid-epoch (SIGKILL, every rank) go on with 1 and with 3; the
 # samples trained are those the cut epoch had left, and every one of the next.
@@ -145,6 +160,8 @@ for ranks in 2 4; do
   trained=$(field trained_samples "$json")
   want=$((2000 * 5 - before + (1 - epoch) * 2000 * 5))
   echo "2 workers cut after $before samples of epoch $((epoch + 1)), resumed with $((ranks - 1)): $trained samples" \
-    "trained, test accuracy $(field test_accuracy "$json")"
+    "trained, test accuracy $(field test_accuracy "$json"), digest $(digest "$json")"
   [[ $trained == "$want" ]] || { echo "FAIL: $trained samples trained, $want expected" >&2; exit 1; }
+  # Every crop of both epochs once, those before the cut included.
+  [[ $(digest "$json") == "$all" ]] || { echo "FAIL: digest $(digest "$json"), $all expected" >&2; exit 1; }
 done

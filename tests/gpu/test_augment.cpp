@@ -86,11 +86,13 @@ struct Images {
   }
 };
 
-// A crop, as bytes that compare bit for bit: its label, then its values.
-std::string key(std::int32_t label, std::span<const float> values) {
-  std::string k(sizeof label + values.size_bytes(), '\0');
+// A crop, as bytes that compare bit for bit: its label, its values, then its id (Sample::id,
+// DeviceBatch::host_ids).
+std::string key(std::int32_t label, std::span<const float> values, std::uint64_t id = 0) {
+  std::string k(sizeof label + values.size_bytes() + sizeof id, '\0');
   std::memcpy(k.data(), &label, sizeof label);
   if (!values.empty()) std::memcpy(k.data() + sizeof label, values.data(), values.size_bytes());
+  std::memcpy(k.data() + sizeof label + values.size_bytes(), &id, sizeof id);
   return k;
 }
 std::int32_t label_of(const std::string& k) {
@@ -127,7 +129,7 @@ class ReadBack {
     std::vector<std::string> crops;
     for (std::size_t i = 0; i < b.count; ++i) {
       CHECK(labels[i] == b.host_labels.at(i));
-      crops.push_back(key(labels[i], {values + i * n, n}));
+      crops.push_back(key(labels[i], {values + i * n, n}, b.host_ids.at(i)));
     }
     return crops;
   }
@@ -151,7 +153,7 @@ Minibatches expected(const Images& data, const GpuAugmentOptions& o, StageContex
   for (std::size_t k = 0; k < data.batches(); ++k)
     for (const Sample& image : data.batch(k))
       for (const Sample& c : crops.apply(image, ctx)) {
-        REQUIRE(window.try_push(key(c.label, c.as<float>())));
+        REQUIRE(window.try_push(key(c.label, c.as<float>(), c.id)));
         std::vector<std::string> m;
         if (window.try_pop_many(m, o.batch_size, false) != 0) out.push_back(std::move(m));
       }

@@ -477,6 +477,7 @@ TEST_CASE("ToDevice delivers every batch with one copy each and its buffers recy
           CHECK(x.samples[i * kShape.elements() + kShape.elements() - 1] == static_cast<float>(id));
           CHECK(x.labels[i] == static_cast<std::int32_t>(id % 10));
           CHECK(b.host_labels[i] == x.labels[i]);
+          CHECK(b.host_ids.at(i) == id);  // Sample::id, on the host
         }
         samples += b.count;
         ++batches;

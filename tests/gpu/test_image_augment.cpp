@@ -148,6 +148,7 @@ TEST_SUITE("gpu image augment") {
             const HostBatch got = read_back(*device, *stream, b);
             for (std::size_t i = 0; i < images.size(); ++i) {
               CHECK(b.host_labels[i] == images[i].label);
+              CHECK(b.host_ids.at(i) == images[i].id);
               worst = std::max(worst, check_crop(crop, device->backend(), got, i, images[i], ctx));
             }
             b.release_after(*stream);

@@ -50,6 +50,12 @@ fi
 want=$(accuracy "$work/whole.out")
 got=$(accuracy "$work/resumed.out")
 echo "test accuracy: uninterrupted $want, killed and resumed $got"
+# The digest of the (epoch, crop) pairs trained: the same pairs, each once, the part before the
+# checkpoint included.
+digest() { tail -n 1 "$1" | grep -o '"digest":"[0-9a-f]*"' | head -n 1 | cut -d'"' -f4; }
+echo "digest: uninterrupted $(digest "$work/whole.out"), killed and resumed $(digest "$work/resumed.out")"
+[[ "$(digest "$work/whole.out")" =~ ^[0-9a-f]{16}$ && "$(digest "$work/whole.out")" == "$(digest "$work/resumed.out")" ]] ||
+  { echo "FAIL: the digests of the samples trained differ" >&2; exit 1; }
 if [[ $mode == free ]]; then
   # Every epoch the resumed run reports, the one it resumed in included, trained on all 10,000
   # crops (2,000 images x 5): none lost, none twice (the pipeline's tests check which).

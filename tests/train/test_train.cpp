@@ -542,6 +542,59 @@ TEST_CASE(
   CHECK(again.test_accuracy() == r.test_accuracy());  // the same model on the same test set
 }
 
+// The digest says which (epoch, crop) pairs a run trained, each once: it is the sum of
+// sample_digest over every crop of every epoch, whatever the mode, the augment and the order, and
+// for a run stopped mid-epoch twice and resumed (free order), which ends with the same digest.
+TEST_CASE("the digest of the samples trained: every crop of every epoch once, in every mode, and stopped twice "
+          "and resumed" *
+          doctest::timeout(180)) {
+  if (!have_fashion_mnist()) {
+    MESSAGE("Fashion-MNIST is not installed (Debian package dataset-fashion-mnist): skipped");
+    return;
+  }
+  auto o = small_run("pipelined", 300);  // 1500 crops an epoch: 5 full batches and a short one
+  std::uint64_t want = 0;
+  for (std::uint32_t epoch = 1; epoch <= o.epochs; ++epoch)
+    for (std::uint64_t crop = 0; crop < 300 * static_cast<std::uint64_t>(o.crops); ++crop)
+      want += stoker::train::sample_digest(epoch, crop);
+  const auto whole = stoker::train::run_training(o);
+  REQUIRE(whole.epochs.size() == 2);
+  CHECK(whole.digest == want);
+  CHECK(whole.digest == whole.epochs[0].digest + whole.epochs[1].digest);
+  CHECK(whole.epochs[0].digest != whole.epochs[1].digest);  // the epoch is part of each pair
+  for (const std::string mode : {"sync", "pipelined"})
+    for (const std::string augment : {"cpu", "gpu"}) {
+      CAPTURE(mode);
+      CAPTURE(augment);
+      auto other = small_run(mode.c_str(), 300);
+      other.augment = augment;
+      CHECK(stoker::train::run_training(other).digest == want);
+    }
+
+  const stoker::test::TempDir dir("digest-resume");
+  o.checkpoint = dir.path().string();
+  std::uint64_t steps = 0;
+  stoker::train::TrainCallbacks stop;
+  stop.on_batch = [&](std::uint32_t, std::uint64_t, std::uint64_t) { ++steps; };
+  stop.stop_requested = [&] { return steps == 3; };
+  const auto first = stoker::train::run_training(o, stop);  // in epoch 1
+  REQUIRE(first.interrupted.has_value());
+  CHECK(first.digest == first.interrupted->digest);
+  auto resumed = o;
+  resumed.resume = o.checkpoint;
+  steps = 0;
+  stop.stop_requested = [&] { return steps == 5; };  // in epoch 2
+  const auto second = stoker::train::run_training(resumed, stop);
+  REQUIRE(second.epochs.size() == 1);
+  CHECK(second.epochs[0].digest == whole.epochs[0].digest);  // with the part before the checkpoint
+  REQUIRE(second.interrupted.has_value());
+  const auto last = stoker::train::run_training(resumed);
+  REQUIRE(last.epochs.size() == 1);
+  CHECK(last.epochs[0].digest == whole.epochs[1].digest);
+  CHECK(last.digest == want);
+  CHECK(stoker::train::run_training(resumed).digest == want);  // a finished run, resumed: nothing more
+}
+
 // The loss and accuracy counters are part of the checkpoint, so a deterministic run repeats only
 // if every sum in the step has a fixed order (on CUDA: no float atomicAdd). A resumed run's first
 // step runs kernel by kernel where the uninterrupted one replayed its CUDA graph: the same bytes.

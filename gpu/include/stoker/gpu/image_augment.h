@@ -73,6 +73,7 @@ struct PackedImages {
   std::size_t bytes = 0;             ///< the part of it that crosses to the device, in one copy
   std::size_t count = 0;             ///< images, and crops
   std::vector<std::int32_t> labels;  ///< the images' labels, kept on the host as well
+  std::vector<std::uint64_t> ids;    ///< the images' ids (Sample::id), on the host: DeviceBatch::host_ids
 };
 
 /// The stage function that crops, resizes, mirrors and normalizes a batch of decoded images on

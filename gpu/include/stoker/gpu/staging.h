@@ -217,10 +217,14 @@ class DeviceBatch {
   DType dtype = DType::f32;
   std::size_t count = 0;
   std::vector<std::int32_t> host_labels;  ///< the labels, also on the host: no copy back needed
+  /// The samples' ids (Sample::id), in batch order, on the host only: which samples a step
+  /// trained on (stoker-train's digest of an epoch). Empty where whoever made the batch did not
+  /// give them.
+  std::vector<std::uint64_t> host_ids;
 
   DeviceBatch() = default;
   DeviceBatch(Buffer storage, Shape shape, DType dtype, std::size_t count, std::size_t labels_offset,
-              std::vector<std::int32_t> host_labels);
+              std::vector<std::int32_t> host_labels, std::vector<std::uint64_t> host_ids = {});
   DeviceBatch(DeviceBatch&& other) noexcept;
   /// Gives back the batch held before, as the destructor does.
   DeviceBatch& operator=(DeviceBatch&& other) noexcept;
