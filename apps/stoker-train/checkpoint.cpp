@@ -1,19 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "checkpoint.h"
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "stoker/core/random.h"
 #include "train.h"
 
 namespace stoker::train {
 
 namespace {
 constexpr std::string_view kFormat = "stoker-train-checkpoint";
-constexpr int kVersion = 3;  // reads 1 and 2 too
+constexpr int kVersion = Checkpoint::kLatest;
 
 template <class T>
 std::string text(const T& v) {
@@ -23,7 +26,10 @@ std::string text(const T& v) {
 }
 }  // namespace
 
-std::map<std::string, std::string> Checkpoint::options_of(const TrainOptions& o) {
+// Recorded from version 3 on: a checkpoint of an earlier version is not checked against them.
+constexpr std::array kSinceVersion3 = {"--seed", "--crops", "training data"};
+
+std::map<std::string, std::string> Checkpoint::options_of(const TrainOptions& o, const std::string& data) {
   std::string hidden;
   for (const int w : o.hidden) {
     if (!hidden.empty()) hidden += ',';
@@ -36,12 +42,17 @@ std::map<std::string, std::string> Checkpoint::options_of(const TrainOptions& o)
           {"--hidden", hidden},
           {"--crop-size", text(o.crop_size)},
           {"--mirror-p", text(o.mirror_p)},
-          {"--remote-workers", o.remote_workers ? "on" : "off"}};
+          {"--remote-workers", o.remote_workers ? "on" : "off"},
+          {"--seed", text(o.seed)},
+          {"--crops", text(o.crops)},
+          {"training data", data}};
 }
 
-void Checkpoint::check_options(const TrainOptions& o, const std::filesystem::path& from) const {
-  for (const auto& [name, value] : options_of(o)) {
+void Checkpoint::check_options(const TrainOptions& o, const std::string& data,
+                               const std::filesystem::path& from) const {
+  for (const auto& [name, value] : options_of(o, data)) {
     const auto it = options.find(name);
+    if (it == options.end() && version < 3 && std::ranges::find(kSinceVersion3, name) != kSinceVersion3.end()) continue;
     if (it == options.end() || it->second != value)
       throw std::invalid_argument("--resume " + from.string() + ": the checkpoint was made with " + name + " " +
                                   (it == options.end() ? "unset" : it->second) + ", this run has " + value);
@@ -89,6 +100,7 @@ Checkpoint Checkpoint::load(const std::filesystem::path& dir) {
     if (!version.is_number_integer() || version < 1 || version > kVersion)
       throw StateError(name + ": version " + version.dump() + " of the checkpoint, but this stoker-train reads 1 to " +
                        std::to_string(kVersion));
+    c.version = version.get<int>();
     c.step = h.at("step").get<std::uint64_t>();
     c.samples = h.at("samples").get<std::uint64_t>();
     c.batches = h.at("batches").get<std::uint64_t>();
@@ -105,6 +117,7 @@ Checkpoint Checkpoint::load(const std::filesystem::path& dir) {
     throw StateError(name + ": not a stoker-train checkpoint (" + e.what() + ")");
   }
   std::string rest((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  c.file_hash = derive_seed(hash_name(line), hash_name(rest));
   if (rest.size() != model_bytes)
     throw StateError(name + ": " + std::to_string(rest.size()) + " bytes of model after the header, " +
                      std::to_string(model_bytes) + " expected: the file is " +

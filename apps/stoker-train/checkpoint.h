@@ -43,11 +43,20 @@ struct Checkpoint {
   };
   std::optional<Digests> digests;
 
-  /// The options of `o` that a checkpoint records.
-  static std::map<std::string, std::string> options_of(const TrainOptions& o);
-  /// Throws std::invalid_argument naming the first option of `o` that differs from the
-  /// checkpoint's.
-  void check_options(const TrainOptions& o, const std::filesystem::path& from) const;
+  /// What a checkpoint records of the run, which a run that resumes it must share at any world
+  /// size: the options of `o` that decide it, by their command-line names, and "training data",
+  /// `data` (what the training set is: a hash of every byte of the IDX files, or of every image
+  /// file's name and label).
+  static std::map<std::string, std::string> options_of(const TrainOptions& o, const std::string& data);
+  /// Throws std::invalid_argument naming the first of them that differs from the checkpoint's
+  /// (of those a checkpoint before version 3 did not record: none).
+  void check_options(const TrainOptions& o, const std::string& data, const std::filesystem::path& from) const;
+  /// A hash of the whole file as read: two ranks that resume other checkpoints differ in it.
+  std::uint64_t file_hash = 0;
+  /// The format's version this stoker-train writes (it reads 1 to this).
+  static constexpr int kLatest = 3;
+  /// The file's, once load() has read it.
+  int version = kLatest;
 
   /// Writes DIR/checkpoint (creating DIR) through a file beside it, renamed over it at the end:
   /// a crash while writing leaves the previous checkpoint whole.

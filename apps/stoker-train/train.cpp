@@ -119,7 +119,7 @@ class Trainer {
                                      pipeline.to_json()};
     if (ranks_) records = ranks_->gather(records.front());
     if (ranks_ && ranks_->rank() != 0) return;
-    Checkpoint c{step_, current_.samples,       current_.batches,  Checkpoint::options_of(o_),
+    Checkpoint c{step_, current_.samples,       current_.batches,  Checkpoint::options_of(o_, data_),
                  {},    model_.save(*compute_), plan_for(pipeline), {}};
     if (digest_known_) c.digests.emplace();
     for (const auto& r : records) {
@@ -204,8 +204,12 @@ class Trainer {
     if (!plan_) return std::nullopt;
     return std::pair{plan_->epoch(), plan_->share(shard().rank)};
   }
-  /// The size of the training set, which the plans of its epochs share out.
-  void set_data_size(std::uint64_t samples) { data_size_ = samples; }
+  /// The size of the training set, which the plans of its epochs share out, and what it is
+  /// (Checkpoint::options_of).
+  void set_data(std::uint64_t samples, std::string what) {
+    data_size_ = samples;
+    data_ = std::move(what);
+  }
   /// With remote workers: the plan a checkpoint keeps, given the trainer's pipeline state (what
   /// the edge says is left of its epoch); none: the ranks' plans.
   void set_remote_plan(std::function<cluster::EpochPlan(const PipelineState&)> plan) { remote_plan_ = std::move(plan); }
@@ -427,6 +431,7 @@ class Trainer {
   std::optional<std::uint32_t> blank_epoch_;  // resumed on another number: the epoch it starts in
   std::optional<cluster::EpochPlan> plan_;    // a resumed epoch's shares of its rest
   std::uint64_t data_size_ = 0;
+  std::string data_;
   std::uint64_t resumed_digest_ = 0, trained_digest_ = 0;  // run_digest()'s parts
   bool digest_known_ = true;
   std::function<cluster::EpochPlan(const PipelineState&)> remote_plan_;
@@ -1102,6 +1107,10 @@ struct Setup {
   TestCrops test_crops;                           // --images, trainers only
   std::shared_ptr<gpu::Device> device;            // trainers only
   std::optional<Checkpoint> checkpoint;           // --resume
+  // What the training set is, for the ranks to agree on and checkpoints to record: a hash of
+  // every byte of the IDX files, or of every image file's name and label (--images: the files'
+  // bytes would cost an epoch's reading).
+  std::string data;
 };
 
 Setup set_up(const TrainOptions& options, int world, int trainers, bool trainer) {
@@ -1128,9 +1137,10 @@ Setup set_up(const TrainOptions& options, int world, int trainers, bool trainer)
       if (s.test->size() == 0) throw DataError(options.data, "the test set is empty");
     }
   }
+  s.data = s.train ? content_hash(*s.train) : s.images.train->fingerprint();
   if (!options.resume.empty()) {
     s.checkpoint = Checkpoint::load(options.resume);
-    s.checkpoint->check_options(options, options.resume);
+    s.checkpoint->check_options(options, s.data, options.resume);
   }
   return s;
 }
@@ -1144,10 +1154,9 @@ cluster::Facts job_facts(const TrainOptions& o, const Setup& s, int trainers, co
     out << value;
     facts.emplace_back(name, out.str());
   };
-  for (const auto& [name, value] : Checkpoint::options_of(o)) facts.emplace_back(name, value);
+  // The options that decide the run, and the training data.
+  for (const auto& [name, value] : Checkpoint::options_of(o, s.data)) facts.emplace_back(name, value);
   option("--batch-size", o.batch_size);
-  option("--crops", o.crops);
-  option("--seed", o.seed);
   option("--shuffle-capacity", o.shuffle_capacity);
   option("--min-after-dequeue", o.min_after_dequeue);
   option("--mode", o.mode);
@@ -1156,9 +1165,6 @@ cluster::Facts job_facts(const TrainOptions& o, const Setup& s, int trainers, co
   option("--deterministic", o.deterministic ? "on" : "off");
   option("--checkpoint", o.checkpoint.empty() ? "none" : "given");  // rank 0 writes it
   option("--checkpoint-every", o.checkpoint_every);
-  if (s.images.train)
-    facts.emplace_back("training images", std::to_string(s.images.train->size()) + " files of " + o.images);
-  if (s.train) facts.emplace_back("training data", content_hash(*s.train));
   if (s.train || s.images.train) {
     const std::uint64_t size = s.train ? s.train->size() : s.images.train->size();
     const std::uint64_t samples = size / static_cast<std::uint64_t>(trainers) * static_cast<std::uint64_t>(o.crops);
@@ -1167,7 +1173,8 @@ cluster::Facts job_facts(const TrainOptions& o, const Setup& s, int trainers, co
   }
   if (s.checkpoint)
     facts.emplace_back("the checkpoint resumed", "step " + std::to_string(s.checkpoint->step) + " of a job of " +
-                                                     std::to_string(s.checkpoint->pipelines.size()) + " ranks");
+                                                     std::to_string(s.checkpoint->pipelines.size()) + " ranks, hash " +
+                                                     std::to_string(s.checkpoint->file_hash));
   return facts;
 }
 
@@ -1304,7 +1311,7 @@ TrainReport run_training(const TrainOptions& options, const TrainCallbacks& call
   const std::uint64_t samples_per_epoch =
       report.train_images / static_cast<std::uint64_t>(trainers) * static_cast<std::uint64_t>(o.crops);
   Trainer trainer(o, callbacks, std::move(setup.device), samples_per_epoch, edge ? nullptr : ranks, ranks);
-  trainer.set_data_size(report.train_images);
+  trainer.set_data(report.train_images, setup.data);
   if (setup.checkpoint) trainer.resume(*setup.checkpoint, o.resume);
   const TestSet test = test_data ? upload_test_set(test_data, o, trainer.device(), trainer.compute())
                                  : upload_test_set(std::move(setup.test_crops.crops), trainer.device(), trainer.compute());

@@ -115,6 +115,20 @@ errors=$("$mpiexec" --oversubscribe -np 3 "$train" "${common[@]}" --epochs 6 --b
 echo "resumed on 3 ranks: exit status $status: $errors"
 grep -q "the checkpoint is of a deterministic job of 2 ranks, taken mid-epoch, and this job has 3" <<<"$errors" ||
   { echo "FAIL: a deterministic checkpoint of 2 ranks taken mid-epoch was not refused on 3" >&2; exit 1; }
+# Each rank resuming another checkpoint of the same step (one weight changed in the other's copy):
+# refused before the first step, the checkpoint named.
+cp -r "$work/mid" "$work/other"
+last=$(($(stat -c %s "$work/other/checkpoint") - 1))
+byte=$(tail -c 1 "$work/other/checkpoint" | od -An -tu1)
+printf "\\x$(printf %02x $(((byte + 1) % 256)))" | dd of="$work/other/checkpoint" bs=1 seek="$last" conv=notrunc status=none
+cmp -s "$work/mid/checkpoint" "$work/other/checkpoint" && { echo "FAIL: the copy was not changed" >&2; exit 1; }
+status=0
+errors=$("$mpiexec" --oversubscribe -np 1 "$train" "${common[@]}" --epochs 6 --batch-size 256 --deterministic \
+  --resume "$work/mid" : -np 1 "$train" "${common[@]}" --epochs 6 --batch-size 256 --deterministic \
+  --resume "$work/other" 2>&1 >/dev/null) || status=$?
+echo "2 ranks resuming two checkpoints: exit status $status: $(head -n 1 <<<"$errors")"
+grep -q "^stoker-train: the ranks differ: the checkpoint resumed: rank 0 has 'step .*', rank 1 has" <<<"$errors" ||
+  { echo "FAIL: ranks resuming different checkpoints were not refused before training" >&2; exit 1; }
 
 # Elastic: 3 ranks killed mid-epoch (free order) go on at 2 and at 4. Every sample of the cut
 # epoch not trained before is trained now, once (fewer than a sample per rank may be left out

@@ -494,8 +494,26 @@ TEST_CASE("a checkpoint is refused by a run with other options, and when truncat
   resumed = o;
   resumed.resume = dir.string();
   resumed.seed = 2;
-  CHECK_THROWS_WITH_AS(stoker::train::run_training(resumed), doctest::Contains("its seed is 1, this pipeline's 2"),
-                       stoker::StateError);
+  CHECK_THROWS_WITH_AS(stoker::train::run_training(resumed),
+                       doctest::Contains("the checkpoint was made with --seed 1, this run has 2"),
+                       std::invalid_argument);
+  // Other training data: the same files unpacked, but for one pixel of image 250 (of the 500 the
+  // run reads: neither the first nor the last, which a pipeline state's fingerprint hashes).
+  const stoker::test::TempDir changed("checkpoint-other-data");
+  for (const char* name :
+       {"train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"}) {
+    std::ifstream in(std::filesystem::path(o.data) / (std::string(name) + ".gz"), std::ios::binary);
+    std::vector<char> gz((std::istreambuf_iterator<char>(in)), {});
+    auto bytes = stoker::gunzip(std::as_bytes(std::span(gz)), name);
+    if (std::string_view(name) == "train-images-idx3-ubyte") bytes.at(16 + 250 * 784 + 100) ^= std::byte{1};
+    std::ofstream(changed.path() / name, std::ios::binary)
+        .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  }
+  resumed = o;
+  resumed.resume = dir.string();
+  resumed.data = changed.path().string();
+  CHECK_THROWS_WITH_AS(stoker::train::run_training(resumed),
+                       doctest::Contains("the checkpoint was made with training data"), std::invalid_argument);
   const auto file = dir / "checkpoint";
   std::filesystem::resize_file(file, std::filesystem::file_size(file) - 1);
   CHECK_THROWS_WITH_AS(stoker::train::run_training(resumed), doctest::Contains("the file is truncated"),
@@ -811,7 +829,7 @@ TEST_CASE("--images: a PNG list trains, a tenth held out for testing, and bad fi
   std::filesystem::copy_file(list, resumed.images);
   std::ofstream(resumed.images, std::ios::app) << "0/0.png 0\n";  // one more image
   CHECK_THROWS_WITH_AS(stoker::train::run_training(resumed),
-                       doctest::Contains("cannot resume from a state of another pipeline"), stoker::StateError);
+                       doctest::Contains("the checkpoint was made with training data list "), std::invalid_argument);
 
   // A test list of its own; a truncated PNG among the training images and one among the test's.
   const auto test_list = write_pattern_classes(dir.path() / "test", 30);
