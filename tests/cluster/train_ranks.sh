@@ -21,8 +21,8 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 common=(--limit 2000 --device cpu --json)
 field() { sed -E "s/.*\"$1\":([0-9.]+).*/\\1/" <<<"$2"; }
 # The run's digest of the (epoch, crop) pairs it trained: the first "digest", before the ranks'
-# and the epochs'.
-digest() { grep -o '"digest":"[0-9a-f]*"' <<<"$1" | head -n 1 | cut -d'"' -f4; }
+# and the epochs' (sed, unlike head, reads all of grep's output: no SIGPIPE under pipefail).
+digest() { grep -o '"digest":"[0-9a-f]*"' <<<"$1" | sed -n 1p | cut -d'"' -f4; }
 
 for ranks in 2 3; do
   # The default batch, 255, divides among 3 ranks, and is rounded to 256 for 2.

@@ -52,7 +52,7 @@ got=$(accuracy "$work/resumed.out")
 echo "test accuracy: uninterrupted $want, killed and resumed $got"
 # The digest of the (epoch, crop) pairs trained: the same pairs, each once, the part before the
 # checkpoint included.
-digest() { tail -n 1 "$1" | grep -o '"digest":"[0-9a-f]*"' | head -n 1 | cut -d'"' -f4; }
+digest() { tail -n 1 "$1" | grep -o '"digest":"[0-9a-f]*"' | sed -n 1p | cut -d'"' -f4; }
 echo "digest: uninterrupted $(digest "$work/whole.out"), killed and resumed $(digest "$work/resumed.out")"
 [[ "$(digest "$work/whole.out")" =~ ^[0-9a-f]{16}$ && "$(digest "$work/whole.out")" == "$(digest "$work/resumed.out")" ]] ||
   { echo "FAIL: the digests of the samples trained differ" >&2; exit 1; }
