@@ -85,6 +85,7 @@ TestCrops decode_test_crops(std::shared_ptr<const ImageDataset> test, const Trai
   auto pipe =
       PipelineBuilder{}
           .threads(o.threads)
+          .budget(o.budget)
           .seed(o.seed)
           .epochs(1)
           .source("read_test", ImageSource(std::move(test), {.order = ImageOrder::fixed}), {.on_error = on_bad})

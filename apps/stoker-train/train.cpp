@@ -497,7 +497,7 @@ PipelineBuilder pipeline_builder(const TrainOptions& o, Trainer& trainer, const 
       all.push_back({"exchange_wait_ns", trainer.exchange_wait_ns()});
       return all;
     };
-  builder.threads(o.threads).seed(o.seed).epochs(o.epochs).counters(std::move(counters));
+  builder.threads(o.threads).budget(o.budget).seed(o.seed).epochs(o.epochs).counters(std::move(counters));
   if (trainer.data_parallel()) {
     const auto shard = trainer.shard();
     place = {static_cast<int>(shard.rank), static_cast<int>(shard.world), ""};
@@ -664,7 +664,7 @@ void make_remote_batches(const TrainOptions& o, std::shared_ptr<const IdxDataset
              [&](cluster::RemoteShards shards, std::optional<PipelineState> resume) {
                PipelineBuilder builder;
                log_place(builder, o, place);
-               builder.threads(o.threads).seed(o.seed).epochs(o.epochs);
+               builder.threads(o.threads).budget(o.budget).seed(o.seed).epochs(o.epochs);
                if (resume) builder.resume_from(std::move(*resume));
                return std::move(builder)
                    .source("read", std::move(shards), {.queue = o.read_queue})
@@ -1243,7 +1243,10 @@ std::string gather_binding_advice(cluster::Communicator& world, int threads) {
 
 }  // namespace
 
-TrainReport run_training(const TrainOptions& options, const TrainCallbacks& callbacks, cluster::Communicator* ranks) {
+TrainReport run_training(const TrainOptions& given, const TrainCallbacks& callbacks, cluster::Communicator* ranks) {
+  TrainOptions options = given;
+  if (!options.budget && options.threads >= 0)
+    options.budget = std::make_shared<ThreadBudget>(options.threads);  // else: validate() says why
   const int world = ranks ? ranks->size() : 1;
   const int trainers = options.remote_workers ? 1 : world;
   const bool trains = !options.remote_workers || !ranks || ranks->rank() == 0;

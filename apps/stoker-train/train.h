@@ -7,11 +7,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "stoker/core/stage_stats.h"
+#include "stoker/core/thread_budget.h"
 #include "stoker/gpu/device.h"
 #include "stoker/gpu/staging.h"
 #include "stoker/stages/idx.h"
@@ -35,6 +37,9 @@ struct TrainOptions {
 
   // The pipeline (pipelined mode).
   int threads = 0;                  ///< oneTBB threads for all stages; 0 = one per core
+  /// What the run's pipelines (the test set's, training's) share: `threads` stage bodies at
+  /// once, whichever runs. Made by run_training() when none is given.
+  std::shared_ptr<ThreadBudget> budget;
   int crop_threads = 2;             ///< bodies of the crop stage
   int collate_threads = 1;          ///< bodies of the collate stage
   bool autotune = false;            ///< move threads between crops and collate as it runs, within `threads`

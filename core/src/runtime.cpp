@@ -31,6 +31,7 @@
 #include "stoker_log.h"
 #include "taken.h"
 #include "trace.h"
+#include "turns.h"
 
 namespace stoker {
 
@@ -50,6 +51,7 @@ namespace {
 // (help_downstream()).
 struct RunningCall {
   const detail::StageBase* stage = nullptr;
+  const detail::PipelineCore* core = nullptr;  // the stage's
   const StageContext* ctx = nullptr;
   std::chrono::nanoseconds* blocked = nullptr;
 };
@@ -62,6 +64,10 @@ bool StageContext::help_downstream() const { return in_pipeline() && running_cal
 namespace detail {
 std::chrono::nanoseconds* blocked_time_of(const StageContext& ctx) noexcept {
   return ctx.in_pipeline() ? running_call.blocked : nullptr;
+}
+bool give_turn() noexcept { return running_call.core != nullptr && running_call.core->give_turn(); }
+void take_turn() noexcept {
+  if (running_call.core != nullptr) running_call.core->take_turn();
 }
 }  // namespace detail
 
@@ -82,6 +88,31 @@ namespace {
 thread_local const PipelineCore* in_arena_of = nullptr;
 thread_local const PipelineCore* task_of = nullptr;
 }  // namespace
+
+// Whether this thread holds a turn of its pipeline's ThreadBudget. A thread runs the bodies of
+// one pipeline (its own), so one flag serves.
+thread_local bool holds_turn = false;
+
+bool PipelineCore::take_turn(std::chrono::nanoseconds* waited) const noexcept {
+  if (!options_.budget || holds_turn) return true;
+  const auto begin = waited ? Clock::now() : Clock::time_point{};
+  holds_turn = options_.budget->turns_->take(this, stopping_);
+  if (waited) *waited += Clock::now() - begin;
+  return holds_turn;
+}
+
+bool PipelineCore::pass_turn(std::chrono::nanoseconds* waited) const noexcept {
+  if (!holds_turn || !options_.budget->turns_->wanted()) return true;
+  give_turn();
+  return take_turn(waited);
+}
+
+bool PipelineCore::give_turn() const noexcept {
+  if (!holds_turn) return false;
+  options_.budget->turns_->give();
+  holds_turn = false;
+  return true;
+}
 
 bool PipelineCore::may_be_waited_for() const noexcept {
   return in_arena_of == this || task_of == this || tbb::task::current_context() != nullptr;
@@ -311,8 +342,11 @@ void StageBase::run_body(int slot) noexcept {
     blocked_mark = body.blocked;
   };
   Step last = Step::done;
-  const RunningCall outer = std::exchange(running_call, RunningCall{this, &body.ctx, &body.blocked});
+  const RunningCall outer = std::exchange(running_call, RunningCall{this, core_, &body.ctx, &body.blocked});
   core_->engine_->body_on_this_thread(+1);
+  // Under a ThreadBudget: a turn for the body (unless the body it runs inside holds one), passed
+  // on after a chunk while others wait, and given back at the end. The waits count as blocked.
+  const bool own_turn = !holds_turn;
   try {
     body_started();
     struct Trace {
@@ -329,14 +363,15 @@ void StageBase::run_body(int slot) noexcept {
     } trace(name_.c_str());
     // Isolated: a stage function that waits for oneTBB work of its own (parallel_for, a
     // task_group) runs only that work meanwhile, never another body on the same thread.
-    tbb::this_task_arena::isolate([&] {
-      do {
-        const auto begin = mark;
-        last = step(body);
-        count_busy();
-        if (body.track != nullptr && last == Step::progressed) body.track->span(begin, mark);  // a span per chunk
-      } while (last == Step::progressed && !core_->stopping());
-    });
+    if (core_->take_turn(&body.blocked))
+      tbb::this_task_arena::isolate([&] {
+        do {
+          const auto begin = mark;
+          last = step(body);
+          count_busy();
+          if (body.track != nullptr && last == Step::progressed) body.track->span(begin, mark);  // a span per chunk
+        } while (last == Step::progressed && core_->pass_turn(&body.blocked) && !core_->stopping());
+      });
   } catch (const RuntimeFailure& f) {
     last = Step::done;
     core_->fail(name_, f.cause);
@@ -345,6 +380,7 @@ void StageBase::run_body(int slot) noexcept {
     core_->fail(name_, std::current_exception());
   }
   count_busy();  // what a step that threw had done
+  if (own_turn) core_->give_turn();
   core_->engine_->body_on_this_thread(-1);
   body_left(last, body.blocked);
   running_call = outer;
@@ -807,6 +843,8 @@ void PipelineCore::start(CoreOptions options) {
   options_ = std::move(options);
   if (options_.threads < 0) throw std::invalid_argument("pipeline threads must be at least 1 (or 0 for one per core)");
   if (options_.sample_interval.count() <= 0) throw std::invalid_argument("occupancy sample interval must be positive");
+  // Threads of its own: one per turn of a shared budget, or one per core.
+  const int by_default = options_.budget ? options_.budget->threads() : tbb::info::default_concurrency();
   if (options_.autotune) {
     AutotuneOptions& tune = *options_.autotune;
     if (tune.threads < 0) throw std::invalid_argument("autotune: threads must be at least 1 (or 0 for the pipeline's)");
@@ -815,7 +853,7 @@ void PipelineCore::start(CoreOptions options) {
                                   " threads is the pipeline's threads, which are set to " +
                                   std::to_string(options_.threads) + "; set one of them");
     if (tune.interval.count() <= 0) throw std::invalid_argument("autotune: the interval must be positive");
-    if (tune.threads == 0) tune.threads = options_.threads > 0 ? options_.threads : tbb::info::default_concurrency();
+    if (tune.threads == 0) tune.threads = options_.threads > 0 ? options_.threads : by_default;
     fit_to_budget(tune.threads);
     options_.threads = tune.threads;
   }
@@ -824,7 +862,7 @@ void PipelineCore::start(CoreOptions options) {
   if (trace_) consumer_track_ = &trace_->add_track("consumer (waiting)", "wait");
   for (auto& e : edges_) e->start(options_.deterministic, options_.seed);
   describe_for_resume();
-  threads_ = options_.threads == 0 ? tbb::info::default_concurrency() : options_.threads;
+  threads_ = options_.threads != 0 ? options_.threads : by_default;
   engine_ = std::make_unique<Engine>(threads_, *this);  // before the monitor, which reads its threads' states
   if (!options_.occupancy_log.empty() || trace_)
     monitor_ = std::make_unique<Monitor>(*this, options_.occupancy_log, trace_.get(), options_.sample_interval);
@@ -1079,6 +1117,7 @@ void PipelineCore::fail(const std::string& stage, std::exception_ptr error) noex
 
 void PipelineCore::request_stop() noexcept {
   stopping_.store(true);
+  if (options_.budget) options_.budget->turns_->wake(this);  // its bodies waiting for a turn
   stop_.request_stop();
   for (auto& e : edges_) e->close();  // wakes the consumer
 }

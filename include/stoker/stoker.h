@@ -17,6 +17,7 @@
 #include "stoker/core/stage_error.h"
 #include "stoker/core/stage_stats.h"
 #include "stoker/core/state.h"
+#include "stoker/core/thread_budget.h"
 #include "stoker/core/timeline.h"
 #include "stoker/gpu/augment.h"
 #include "stoker/gpu/device.h"

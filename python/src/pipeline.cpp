@@ -648,6 +648,17 @@ stop(), to stop its threads.)");
   py::class_<EpochIterator> epoch(m, "Epoch", "The rest of an epoch: an iterator of its items.");
   py::class_<EpochsIterator> epochs(m, "Epochs", "The epochs until the run is over.");
 
+  py::class_<ThreadBudget, std::shared_ptr<ThreadBudget>>(m, "ThreadBudget", R"(One thread budget for several
+pipelines (PipelineBuilder.budget, ImageLoader's budget): together they run at most `threads`
+stage calls at once, e.g. a training and an evaluation loader on one machine's cores. A
+pipeline nobody iterates holds none of its turns. 0 = one per core.)")
+      .def(py::init<int>(), py::arg("threads") = 0)
+      .def_property_readonly("threads", &ThreadBudget::threads, "Stage calls that may run at once.")
+      .def_property_readonly("running", &ThreadBudget::running, "Those running now.")
+      .def_property_readonly("waiting", &ThreadBudget::waiting, "Stage bodies waiting for a turn now.")
+      .def("__repr__",
+           [](const ThreadBudget& b) { return "ThreadBudget(threads=" + std::to_string(b.threads()) + ")"; });
+
   py::class_<PythonBuilder>(m, "PipelineBuilder", R"(Builds a pipeline as the C++ builder does: options, then a
 source, then map / flat_map / shuffle / batch steps, then build(). Every call returns the
 builder. Stage functions are stoker's classes (run in C++, on the pipeline's threads) or
@@ -655,6 +666,9 @@ Python callables (which hold the GIL: one call at a time, whatever their threads
       .def(py::init<>())
       .def("threads", chained([](PythonBuilder& b, int n) { b.option([&](auto& x) { x.threads(n); }); }), py::arg("n"),
            "The pipeline's own threads; 0 = one per core.")
+      .def("budget",
+           chained([](PythonBuilder& b, std::shared_ptr<ThreadBudget> t) { b.option([&](auto& x) { x.budget(t); }); }),
+           py::arg("budget"), "A ThreadBudget shared with other pipelines; threads then default to its.")
       .def("seed", chained([](PythonBuilder& b, std::uint64_t s) { b.option([&](auto& x) { x.seed(s); }); }),
            py::arg("seed"))
       .def("deterministic", chained([](PythonBuilder& b, bool on) { b.option([&](auto& x) { x.deterministic(on); }); }),

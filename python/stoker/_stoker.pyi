@@ -342,6 +342,9 @@ class PipelineBuilder:
     def batch(self, name: str, size: int, drop_remainder: bool = ..., queue: int = ...) -> PipelineBuilder:
         """Groups `size` items into a list."""
         ...
+    def budget(self, budget: ThreadBudget) -> PipelineBuilder:
+        """A ThreadBudget shared with other pipelines; threads then default to its."""
+        ...
     def build(self, labels: Optional[str] = ...) -> Pipeline:
         """Starts the pipeline. labels: 'int64' (the default for host batches: what torch.nn.functional.cross_entropy takes) or 'int32' (the batches' own; device batches have only these)."""
         ...
@@ -541,6 +544,20 @@ class StateError(ValueError):
 
 class SyntheticSource(Reader):
     def __init__(self, shape: Shape = ..., dtype: str = ..., count: int = ..., seed: int = ..., num_classes: int = ..., shard_index: int = ..., num_shards: int = ..., pool: BufferPool = ...) -> None: ...
+
+
+class ThreadBudget:
+    """One thread budget for several
+    pipelines (PipelineBuilder.budget, ImageLoader's budget): together they run at most `threads`
+    stage calls at once, e.g. a training and an evaluation loader on one machine's cores. A
+    pipeline nobody iterates holds none of its turns. 0 = one per core."""
+    def __init__(self, threads: int = ...) -> None: ...
+    @property
+    def running(self) -> int: ...
+    @property
+    def threads(self) -> int: ...
+    @property
+    def waiting(self) -> int: ...
 
 
 class Timeline:

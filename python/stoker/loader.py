@@ -73,7 +73,9 @@ class ImageLoader:
     ``torch.Tensor.record_stream`` on a copy). ``pin_memory=True`` with ``device="cpu"`` gives
     pinned CPU tensors for the loop to copy itself, on the stream current when it gets them.
 
-    threads: the pipeline's threads (default: every core this process may run on). seed: the
+    threads: the pipeline's threads (default: every core this process may run on, or the
+    budget's). budget: a ``stoker.ThreadBudget`` shared with other loaders (training and
+    evaluation): together they run at most its threads' stage calls at once. seed: the
     crops, flips and orders of every epoch follow from it; two loaders with the same seed and
     data give the same batches whatever their threads. rank, world_size: this process's share
     of each epoch (by default from ``torch.distributed`` when it is initialised): the epoch's
@@ -111,6 +113,7 @@ class ImageLoader:
         channels_last: bool = False,
         labels: Any = None,
         threads: Optional[int] = None,
+        budget: Optional["_stoker.ThreadBudget"] = None,
         seed: int = 0,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
@@ -139,7 +142,8 @@ class ImageLoader:
                              f"images, not {len(mean)} and {len(std)}")
         self.normalizer = _stoker.Normalizer(mean=list(mean), std=list(std))
         self.channels_last = bool(channels_last)
-        self.threads = _cores() if threads is None else int(threads)
+        self.budget = budget
+        self.threads = int(threads) if threads is not None else budget.threads if budget is not None else _cores()
         if self.threads < 1:
             raise ValueError(f"ImageLoader: threads must be at least 1, not {threads!r}")
         self.seed = int(seed)
@@ -322,7 +326,10 @@ class ImageLoader:
                                  remainder="drop" if self.drop_last else "pad"),
             order="shuffle" if self.shuffle else "fixed",
             resume_at=s.EpochCut(epoch=epoch, taken=cut) if cut else None)
-        b = (s.PipelineBuilder().threads(n).seed(self.seed).deterministic().first_epoch(epoch)
+        b = s.PipelineBuilder()
+        if self.budget is not None:
+            b.budget(self.budget)
+        b = (b.threads(n).seed(self.seed).deterministic().first_epoch(epoch)
              .source("read", source, queue=max(8, 2 * n), max_chunk=1))
         # Resizing in the collate (DecodeCropWindow), a quarter of the threads keep up with the
         # decoders: the layout of the C++ image job (docs/benchmarks.md, "The image job").

@@ -128,6 +128,28 @@ def test_the_same_seed_gives_the_same_batches_whatever_the_threads(images):
     assert c != [y.tolist() for _, y in a]
 
 
+def test_loaders_that_share_a_budget_give_the_batches_they_give_alone(images):
+    budget = stoker.ThreadBudget(1)
+    assert budget.threads == 1 and repr(budget) == "ThreadBudget(threads=1)"
+    assert stoker.ImageLoader(images / "ids.txt", budget=stoker.ThreadBudget(3)).threads == 3
+    alone = [(x.clone(), y.clone()) for x, y in loader(images)]
+    evaluation_alone = [y.clone() for _, y in loader(images, train=False)]
+    train, evaluation = loader(images, budget=budget), loader(images, budget=budget, train=False)
+    # One batch of the evaluation, then the whole training epoch while the evaluation waits
+    # unconsumed (holding none of the one turn), then the rest of the evaluation.
+    ev = iter(evaluation)
+    evaluated = [next(ev)[1].clone()]
+    shared = [(x.clone(), y.clone()) for x, y in train]
+    evaluated += [y.clone() for _, y in ev]
+    assert len(shared) == len(alone)
+    for (xa, ya), (xs, ys) in zip(alone, shared):
+        assert torch.equal(ya, ys) and torch.equal(xa, xs)
+    assert [y.tolist() for y in evaluated] == [y.tolist() for y in evaluation_alone]
+    train.close()
+    evaluation.close()
+    assert budget.running == 0 and budget.waiting == 0
+
+
 def test_an_iteration_left_early_makes_the_next_one_the_next_epoch(images):
     train = loader(images)
     it = iter(train)

@@ -24,6 +24,7 @@
 #include "stoker/core/stage_error.h"
 #include "stoker/core/stage_stats.h"
 #include "stoker/core/state.h"
+#include "stoker/core/thread_budget.h"
 #include "stoker/core/timeline.h"
 
 namespace stoker {
@@ -110,6 +111,10 @@ struct PipelineOptions {
   /// that returns the end of the epoch before (Pipeline::next() says why then). An exception
   /// from it propagates from build(), and from next() as a StageError naming "on_epoch_start".
   std::function<void(std::uint32_t epoch)> on_epoch_start;
+  /// A thread budget shared with other pipelines (ThreadBudget): together they run at most its
+  /// threads' stage bodies at once. `threads` then defaults to the budget's. None = this
+  /// pipeline's threads are its own budget.
+  std::shared_ptr<ThreadBudget> budget;
 };
 
 template <class T>
@@ -172,6 +177,8 @@ class BuilderOptions {
   Self&& first_epoch(std::uint32_t n) && { return std::move(first_epoch(n)); }
   Self& on_epoch_start(std::function<void(std::uint32_t)> f) & { return set([&](auto& o) { o.on_epoch_start = std::move(f); }); }
   Self&& on_epoch_start(std::function<void(std::uint32_t)> f) && { return std::move(on_epoch_start(std::move(f))); }
+  Self& budget(std::shared_ptr<ThreadBudget> b) & { return set([&](auto& o) { o.budget = std::move(b); }); }
+  Self&& budget(std::shared_ptr<ThreadBudget> b) && { return std::move(budget(std::move(b))); }
   Self& options(PipelineOptions o) & { return replace(std::move(o)); }
   Self&& options(PipelineOptions o) && { return std::move(options(std::move(o))); }
   // clang-format on
@@ -319,7 +326,7 @@ class Builder : public detail::BuilderOptions<Builder<T>> {
     auto& final_edge = make_edge(*a, "consumer");
     static_cast<detail::Producer<T>*>(a->last)->connect_output(&final_edge, nullptr);
     a->core->start({o.threads, o.seed, o.deterministic, o.occupancy_log, o.log_labels, o.trace, o.timelines,
-                    o.sample_interval, o.autotune, o.counters, o.on_epoch_start});
+                    o.sample_interval, o.autotune, o.counters, o.on_epoch_start, o.budget});
     return Pipeline<T>(std::move(a->core), final_edge, *a->last, o.epochs, o.resume, o.first_epoch);
   }
 

@@ -68,6 +68,10 @@ namespace detail {
 /// Where BlockedTime adds up: the counter of the body whose call on this thread has `ctx` as its
 /// context; null for any other context.
 std::chrono::nanoseconds* blocked_time_of(const StageContext& ctx) noexcept;
+/// The running call's body gives back its turn of the pipeline's ThreadBudget (true if it held
+/// one), and takes one again (which may wait).
+bool give_turn() noexcept;
+void take_turn() noexcept;
 }  // namespace detail
 
 /// Thrown by a stage function that gave up waiting because its pipeline is stopping; the
@@ -78,12 +82,15 @@ struct PipelineStopped : std::runtime_error {
 
 /// Counts the time from its construction to its destruction as the calling stage's blocked
 /// time rather than busy time: for a function that waits for something given back downstream,
-/// such as a free buffer of a pool. Does nothing for a context that is not a pipeline's call on
-/// this thread.
+/// such as a free buffer of a pool. Under a ThreadBudget the call gives back its turn while it
+/// waits, and takes one again at the end (counted as blocked too). Does nothing for a context
+/// that is not a pipeline's call on this thread.
 class BlockedTime {
  public:
-  explicit BlockedTime(const StageContext& ctx) noexcept : into_(detail::blocked_time_of(ctx)), since_(Clock::now()) {}
+  explicit BlockedTime(const StageContext& ctx) noexcept
+      : into_(detail::blocked_time_of(ctx)), gave_(into_ != nullptr && detail::give_turn()), since_(Clock::now()) {}
   ~BlockedTime() {
+    if (gave_) detail::take_turn();
     if (into_) *into_ += Clock::now() - since_;
   }
   BlockedTime(const BlockedTime&) = delete;
@@ -92,6 +99,7 @@ class BlockedTime {
  private:
   using Clock = std::chrono::steady_clock;
   std::chrono::nanoseconds* into_;
+  bool gave_;
   Clock::time_point since_;
 };
 

@@ -25,6 +25,7 @@
 #include "stoker/core/stage.h"
 #include "stoker/core/stage_stats.h"
 #include "stoker/core/state.h"
+#include "stoker/core/thread_budget.h"
 #include "stoker/core/timeline.h"
 
 namespace stoker::detail {
@@ -252,6 +253,7 @@ struct CoreOptions {
   std::optional<AutotuneOptions> autotune;
   CounterSource counters;
   std::function<void(std::uint32_t)> on_epoch_start;
+  std::shared_ptr<ThreadBudget> budget;
 };
 
 /// Owns the threads, the stages and queues, the monitor, the tuner and the first error.
@@ -327,6 +329,13 @@ class PipelineCore {
   /// The consumer's thread waited for the last queue from `begin` to `end`.
   void consumer_waited(std::chrono::steady_clock::time_point begin, std::chrono::steady_clock::time_point end);
   void count_consumed(std::uint64_t n = 1) { add(consumed_, n); }
+  /// The budget's turns (ThreadBudget), on a thread that runs a body. take_turn(): this thread
+  /// holds one (as it did, or after waiting for it, the wait added to `waited`), or there is no
+  /// budget; false when the pipeline stops first. give_turn(): true when it gave back one it held.
+  bool take_turn(std::chrono::nanoseconds* waited = nullptr) const noexcept;
+  bool give_turn() const noexcept;
+  /// Passes this thread's turn on to a body that waits for one, if any, and takes one again.
+  bool pass_turn(std::chrono::nanoseconds* waited) const noexcept;
   /// Without `counters`, leaves PipelineOptions::counters uncalled (and the field empty).
   PipelineSummary summary(bool counters = true) const;
 
