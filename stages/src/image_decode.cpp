@@ -7,6 +7,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <optional>
 #include <stdexcept>
 
 #include <spng.h>
@@ -158,6 +159,29 @@ class PngDecoder {
     check(spng_decode_image(ctx_, out, bytes, format, 0));
     // The image ends with the deflate stream, before the last IDAT's CRC: read on to IEND, so that
     // a damaged CRC or a file cut after its pixels is found, as libpng finds them.
+    check(spng_decode_chunks(ctx_));
+    check_last_chunk();
+  }
+
+  // Decodes row by row in `format`, the rows of all passes of an interlaced image in the order
+  // the file holds them: `row(y, pass)` gives where row y goes, at least `row_bytes` long (the
+  // same place for every pass of a row, which each pass fills in part). Checked as decode() is.
+  template <class RowOf>
+  void decode_rows(int format, std::size_t row_bytes, RowOf row) {
+    std::size_t expected = 0;
+    check(spng_decoded_image_size(ctx_, format, &expected));
+    if (expected != row_bytes * ihdr_.height)
+      throw DataError(name_, "PNG decodes to " + std::to_string(expected) + " bytes, " +
+                                 std::to_string(row_bytes * ihdr_.height) + " expected for its " +
+                                 std::to_string(ihdr_.width) + "x" + std::to_string(ihdr_.height) + " header");
+    check(spng_decode_image(ctx_, nullptr, 0, format, SPNG_DECODE_PROGRESSIVE));
+    for (;;) {
+      spng_row_info info{};
+      int r = spng_get_row_info(ctx_, &info);
+      if (r == 0) r = spng_decode_row(ctx_, row(info.row_num), row_bytes);
+      if (r == SPNG_EOI) break;
+      check(r);
+    }
     check(spng_decode_chunks(ctx_));
     check_last_chunk();
   }
@@ -326,20 +350,68 @@ DecodedWindow decode_window(std::span<const std::byte> bytes, const std::string&
   const WindowRequest request = choose(result.info);
   const PixelRect& w = request.window;
   detail::check_window(w, result.info, name);
-  Sample whole = decode_png(png, pool, options, ctx);
-  const Shape s = whole.shape;
   result.window = w;
-  result.scaled_width = s.width;
-  result.scaled_height = s.height;
-  if (w.width == s.width && w.height == s.height) {
-    result.image = std::move(whole);
+  result.scaled_width = result.info.width;
+  result.scaled_height = result.info.height;
+  const auto& h = png.ihdr();
+  if ((w.width == h.width && w.height == h.height) ||
+      (h.color_type == SPNG_COLOR_TYPE_INDEXED && png.palette().n_entries < (1u << h.bit_depth))) {
+    Sample whole = decode_png(png, pool, options, ctx);  // the window is the image, or indices are checked whole
+    if (w.width == h.width && w.height == h.height) {
+      result.image = std::move(whole);
+      return result;
+    }
+    result.image = detail::make_image(pool, detail::image_shape(w.height, w.width, whole.shape.channels), ctx);
+    const std::size_t row = std::size_t{w.width} * whole.shape.channels,
+                      stride = std::size_t{whole.shape.width} * whole.shape.channels;
+    const std::byte* in = whole.data.data() + std::size_t{w.y} * stride + std::size_t{w.x} * whole.shape.channels;
+    std::byte* out = result.image.data.data();
+    for (std::uint32_t r = 0; r < w.height; ++r, in += stride, out += row) std::memcpy(out, in, row);
     return result;
   }
-  result.image = detail::make_image(pool, detail::image_shape(w.height, w.width, s.channels), ctx);
-  const std::size_t row = std::size_t{w.width} * s.channels, stride = std::size_t{s.width} * s.channels;
-  const std::byte* in = whole.data.data() + std::size_t{w.y} * stride + std::size_t{w.x} * s.channels;
+  // Row by row: what is held is the window and one row (a row of each of the window's lines for
+  // an interlaced image, whose passes come back to each line), never the whole image.
+  const std::uint32_t channels = detail::channels_of(options.color);
+  // libspng makes gray only of gray files of up to 8 bits; of anything else, RGB and then luma.
+  const bool luma =
+      options.color == ImageColor::gray && !(h.color_type == SPNG_COLOR_TYPE_GRAYSCALE && h.bit_depth <= 8);
+  const int format = options.color == ImageColor::rgb || luma ? SPNG_FMT_RGB8 : SPNG_FMT_G8;
+  const std::size_t decoded = luma ? 3 : channels;  // bytes per pixel as libspng writes them
+  const std::size_t row_bytes = std::size_t{h.width} * decoded;
+  const bool interlaced = h.interlace_method != 0;
+  Buffer lines = pool.acquire(row_bytes * (interlaced ? w.height : 1), ctx);
+  result.image = detail::make_image(pool, detail::image_shape(w.height, w.width, channels), ctx);
   std::byte* out = result.image.data.data();
-  for (std::uint32_t r = 0; r < w.height; ++r, in += stride, out += row) std::memcpy(out, in, row);
+  const std::size_t out_row = std::size_t{w.width} * channels;
+  // A line of the window, as decoded, into its row of the result.
+  const auto cut = [&](const std::byte* line, std::uint32_t y) {
+    const std::byte* in = line + std::size_t{w.x} * decoded;
+    std::byte* to = out + std::size_t{y - w.y} * out_row;
+    if (!luma) {
+      std::memcpy(to, in, out_row);
+      return;
+    }
+    const auto* rgb = reinterpret_cast<const std::uint8_t*>(in);
+    auto* gray = reinterpret_cast<std::uint8_t*>(to);
+    for (std::uint32_t x = 0; x < w.width; ++x, rgb += 3) gray[x] = detail::luma(rgb[0], rgb[1], rgb[2]);
+  };
+  const auto inside = [&](std::uint32_t y) { return y >= w.y && y - w.y < w.height; };
+  if (interlaced) {
+    Buffer scratch = pool.acquire(row_bytes, ctx);  // the lines outside the window
+    png.decode_rows(format, row_bytes, [&](std::uint32_t y) {
+      return inside(y) ? lines.data() + std::size_t{y - w.y} * row_bytes : scratch.data();
+    });
+    for (std::uint32_t y = w.y; y < w.y + w.height; ++y) cut(lines.data() + std::size_t{y - w.y} * row_bytes, y);
+    return result;
+  }
+  // Each line is whole when decode_row returns: the one before is cut once the next is asked for.
+  std::optional<std::uint32_t> last;
+  png.decode_rows(format, row_bytes, [&](std::uint32_t y) {
+    if (last && inside(*last)) cut(lines.data(), *last);
+    last = y;
+    return lines.data();
+  });
+  if (last && inside(*last)) cut(lines.data(), *last);
   return result;
 }
 

@@ -146,6 +146,30 @@ class CountingPool final : public BufferPool {
   CountingPool() : BufferPool(std::size_t{1} << 24) {}
 };
 
+// A pool that counts the bytes it has handed out and not had back, and the most at once (one
+// thread at a time).
+class PeakPool final : public BufferPool {
+ public:
+  static std::shared_ptr<PeakPool> create() { return std::shared_ptr<PeakPool>(new PeakPool()); }
+  Buffer acquire(std::size_t bytes, const StageContext& ctx) override {
+    Buffer b = BufferPool::acquire(bytes, ctx);
+    held += b.size();
+    peak = std::max(peak, held);
+    return b;
+  }
+  using BufferPool::acquire;
+  std::size_t held = 0, peak = 0;
+
+ protected:
+  void release(std::byte* data, std::size_t size) noexcept override {
+    held -= size;
+    BufferPool::release(data, size);
+  }
+
+ private:
+  PeakPool() : BufferPool(std::size_t{1} << 24) {}
+};
+
 // TurboJPEG's own decode of a whole JPEG at scale n/8: the reference a DCT-scaled window is cut from.
 std::vector<std::uint8_t> turbojpeg_scaled(std::span<const std::byte> jpeg, int eighths, int channels,
                                            std::uint32_t& width, std::uint32_t& height) {
@@ -358,6 +382,28 @@ TEST_CASE("every kind of PNG decodes exactly: RGB, RGBA, gray, gray + alpha, pal
   }
 }
 
+TEST_CASE("a PNG window holds the window and a row of the image (a row per window line if interlaced), not the image") {
+  // A 1024x768 image is 2.25 MiB decoded; the window is 12 KiB.
+  const std::uint32_t W = 1024, H = 768;
+  auto pool = PeakPool::create();
+  const Sample pattern = noise_image(*pool, H, W, 3);
+  const auto plain = encode_png(pattern);
+  const auto interlaced =
+      raw_png(W, H, SPNG_COLOR_TYPE_TRUECOLOR, 8, std::span(pattern.data.data(), pattern.data.size()), nullptr, true);
+  const PixelRect w{300, 200, 64, 64};
+  const std::size_t window = std::size_t{w.width} * w.height * 3, row = std::size_t{W} * 3;
+  for (const bool adam7 : {false, true}) {
+    CAPTURE(adam7);
+    const std::size_t before = pool->held;
+    pool->peak = before;
+    const auto out = decode_window(adam7 ? interlaced : plain, "big.png", *pool, {.window = w});
+    CHECK(max_abs_diff(pixels(out.image), cut(pattern, w)) == 0);
+    // Each buffer at most 1/8 over what was asked (the pool's size classes).
+    const std::size_t most = (window + row * (adam7 ? w.height + 1 : 1)) * 9 / 8;
+    CHECK(pool->peak - before <= most);
+  }
+}
+
 TEST_CASE("bad files are a DataError naming the file and what is wrong, and nothing is allocated for them") {
   auto pool = CountingPool::create();
   const Sample pattern = noise_image(*pool, 64, 80, 3);
@@ -497,15 +543,35 @@ TEST_CASE("a window decodes exactly as the same window of the whole image, at an
       }
     }
   }
-  // PNG: decoded whole, then cut.
-  const auto png = encode_png(noise_image(*pool, H, W, 3));
-  const Sample whole = decode_image(png, "n.png", *pool);
-  for (const auto& w : windows) {
-    const auto out = decode_window(png, "n.png", *pool, {.window = w, .min_width = 1, .min_height = 1});
-    CHECK(out.scale_num == out.scale_denom);
-    CHECK(out.window == w);
-    CHECK(max_abs_diff(pixels(out.image), cut(whole, w)) == 0);
+  // PNG, decoded row by row: exactly the whole decode's pixels, cut; interlaced too, and gray
+  // of 8-bit gray, of RGB and of 16-bit gray (the last two through RGB and luma).
+  const Sample colour = noise_image(*pool, H, W, 3), gray8 = noise_image(*pool, H, W, 1);
+  std::vector<std::byte> gray16(std::size_t{W} * H * 2);
+  for (std::size_t i = 0; i < gray16.size(); ++i) gray16[i] = static_cast<std::byte>(i * 131 % 251);
+  const struct {
+    const char* name;
+    std::vector<std::byte> png;
+  } pngs[] = {{"RGB", encode_png(colour)},
+              {"gray", encode_png(gray8)},
+              {"RGB interlaced", raw_png(W, H, SPNG_COLOR_TYPE_TRUECOLOR, 8,
+                                         std::span(colour.data.data(), colour.data.size()), nullptr, true)},
+              {"16-bit gray interlaced", raw_png(W, H, SPNG_COLOR_TYPE_GRAYSCALE, 16, gray16, nullptr, true)}};
+  for (const auto& kind : pngs) {
+    const std::string kind_name = kind.name;
+    for (const auto color : {ImageColor::rgb, ImageColor::gray}) {
+      CAPTURE(kind_name);
+      CAPTURE(color == ImageColor::rgb);
+      const Sample whole = decode_image(kind.png, "n.png", *pool, {.color = color});
+      for (const auto& w : windows) {
+        const auto out =
+            decode_window(kind.png, "n.png", *pool, {.window = w, .min_width = 1, .min_height = 1}, {.color = color});
+        CHECK(out.scale_num == out.scale_denom);
+        CHECK(out.window == w);
+        CHECK(max_abs_diff(pixels(out.image), cut(whole, w)) == 0);
+      }
+    }
   }
+  const auto png = pngs[0].png;
   CHECK_THROWS_WITH_AS(decode_window(png, "n.png", *pool, {.window = {200, 0, 4, 1}}),
                        "n.png: window 4x1 at (200, 0) does not lie inside the 203x157 image", std::invalid_argument);
   CHECK_THROWS_AS(decode_window(encode_jpeg(noise_image(*pool, 8, 8, 3)), "n.jpg", *pool, {.window = {0, 0, 0, 1}}),
