@@ -92,7 +92,9 @@ Json to_json(const Report& r) {
                       {"empty_pct", rounded(q.empty_pct, 2)},
                       {"full_pct", rounded(q.full_pct, 2)},
                       {"waiting_pct", rounded(q.waiting_pct, 2)},
-                      {"swings", q.swings}});
+                      {"swings", q.swings},
+                      {"refill_s", rounded(q.refill_s, 4)},
+                      {"refills", q.refills}});
   Json counters = Json::object();
   for (const auto& [name, value] : r.counters) counters[name] = value;
   Json stages = Json::array();

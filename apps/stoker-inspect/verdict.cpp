@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 
 #include "text.h"
 #include "vocabulary.h"
@@ -20,6 +21,8 @@ const char* name(Bottleneck kind) {
       return "source";
     case Bottleneck::threads:
       return "threads";
+    case Bottleneck::shuffle:
+      return "shuffle";
     case Bottleneck::balanced:
       return "balanced";
   }
@@ -28,9 +31,26 @@ const char* name(Bottleneck kind) {
 
 namespace {
 
-QueueSummary summarize(const QueueSeries& q) {
+// How long a shuffle had nothing to give after each epoch's start: the samples from the mark on
+// that read empty, the refill taken to end halfway to the first that does not.
+void refills(QueueSummary& s, const QueueSeries& q, const std::vector<EpochMark>& epochs) {
+  if (q.floor == 0) return;
+  for (const EpochMark& e : epochs) {
+    auto it = std::lower_bound(q.samples.begin(), q.samples.end(), e.t,
+                               [](const FillSample& x, double t) { return x.t < t; });
+    std::optional<double> last_empty;
+    for (; it != q.samples.end() && it->size == 0; ++it) last_empty = it->t;
+    if (!last_empty) continue;  // it had items at the first sample after the mark
+    const double end = it != q.samples.end() ? (*last_empty + it->t) / 2 : *last_empty;
+    s.refill_s += std::max(0.0, end - e.t);
+    ++s.refills;
+  }
+}
+
+QueueSummary summarize(const QueueSeries& q, const std::vector<EpochMark>& epochs) {
   QueueSummary s{q.name, q.producer, q.consumer, q.capacity, q.floor, q.samples.size()};
   if (q.samples.empty()) return s;
+  refills(s, q, epochs);
   std::vector<double> fills;
   double empty = 0, full = 0, waiting = 0;
   enum class Extreme { none, empty, full } last = Extreme::none;
@@ -173,6 +193,13 @@ class Model {
   std::optional<double> threads_busy() const { return of_threads(held_s_); }
   // The share of the stages' thread time the busiest stage held: 1 when one stage holds it all.
   double top_share() const { return held_s_ > 0 ? top_held_s_ / held_s_ : 1.0; }
+  // The busiest part of the input's work, its sleep inside stage functions left out when the
+  // log shows the stages wait rather than compute: a stage asleep on a lock the training loop
+  // holds is busy by its counters, and has time to spare.
+  double input_working() const {
+    const double s = input_saturation();
+    return stages_wait() ? s * *computes() : s;
+  }
   // The share of the pipeline's threads' busy time they were runnable (or, without their states
   // in the log, on a CPU): low when its stages wait.
   std::optional<double> computes() const {
@@ -198,8 +225,16 @@ class Model {
   double fit_training() const {
     std::vector<double> terms{1 - wait_};
     if (!r_.queues.empty()) terms.push_back(1 - r_.queues.back().empty_pct / 100);
-    if (counted_) terms.push_back(1 - input_saturation());
+    if (counted_) terms.push_back(1 - input_working());
     return mean(terms);
+  }
+
+  // The training loop waits, and what it waits for is shuffle `i` refilling to its floor after
+  // each epoch's start: the share of its wait those refills explain.
+  std::optional<double> fit_shuffle(std::size_t i) const {
+    const QueueSummary& q = r_.queues[i];
+    if (q.floor == 0 || q.refills == 0 || wait_ <= 0 || r_.consumer.run_s <= 0) return std::nullopt;
+    return std::min(1.0, q.refill_s / r_.consumer.run_s / wait_);
   }
 
   double fit_stage(std::size_t k) const {
@@ -243,9 +278,11 @@ class Model {
     return mean({wait_, *waited, r_.pipeline.machine_busy_pct.value_or(0) / 100, spread()});
   }
 
+  // Neither waits for the other much: the loop for its input, the input for room before the loop.
   std::optional<double> fit_balanced() const {
     if (!counted_) return std::nullopt;
-    return std::min(1 - wait_, input_saturation());
+    const double held_back = r_.queues.empty() ? 0 : r_.queues.back().waiting_pct / 100;
+    return std::min({1 - wait_, input_saturation(), 1 - held_back});
   }
 
  private:
@@ -412,6 +449,22 @@ std::string suggest_stage(const Report& r, const Model& m, const Vocabulary& wor
   return out;
 }
 
+// A stage busy by its counters but asleep in its function, while the training loop worked: it
+// waits for something the loop holds (a lock, a device, a file) rather than for work of its own.
+std::string asleep_while_training(const Report& r, const Model& m) {
+  if (!m.stages_wait() || m.input_saturation() < kBusy) return {};
+  std::size_t top = 0;
+  for (std::size_t j = 1; j < m.stages(); ++j)
+    if (m.saturation(j) > m.saturation(top)) top = j;
+  const StageSummary* s = m.counters(top);
+  if (!s || s->busy_pct < 100 * kBusy) return {};
+  return "yet '" + s->counters.name + "' was busy " + percent(s->busy_pct) + " of the time of its " +
+         threads_of(s->counters.threads) + " while the pipeline's threads were " +
+         (r.pipeline.runnable_s ? "runnable " : "on a CPU ") + share(*m.computes()) +
+         " of the time they were busy: it sleeps in its function, waiting for something while the training loop "
+         "works (a lock or a resource they share, I/O), not for work of its own";
+}
+
 std::string suggest_source(const Model& m, std::size_t k) {
   std::string out =
       "the source '" + m.stage_name(k) + "' is called by one thread at a time, so more threads cannot help it: ";
@@ -436,10 +489,12 @@ std::string suggest_threads(const Report& r, const Model& m, const Vocabulary& w
          more_pipeline_threads(r, m, words, want);
 }
 
+// Queues that swing; a shuffle the verdict names swings with its refills, which room would not change.
 std::string suggest_swings(const Report& r, const Vocabulary& words) {
   std::string out;
   for (const QueueSummary& q : r.queues)
-    if (q.empty_pct >= kSwingPct && q.full_pct >= kSwingPct && q.swings >= kSwings) {
+    if (q.empty_pct >= kSwingPct && q.full_pct >= kSwingPct && q.swings >= kSwings &&
+        !(r.verdict.kind == Bottleneck::shuffle && r.verdict.part == q.name)) {
       const std::string how = words.queue_capacity(q.name, q.producer, q.floor > 0, q.capacity * 2);
       out += "; queue '" + q.name + "' swings between empty (" + percent(q.empty_pct) + " of samples) and full (" +
              percent(q.full_pct) + "): a larger capacity (" + std::to_string(q.capacity) + " now" +
@@ -481,12 +536,15 @@ void judge(Report& r) {
         tried.push_back({k == 0 ? Bottleneck::source : Bottleneck::stage, k, m.fit_stage(k)});
     if (const auto f = m.fit_threads()) tried.push_back({Bottleneck::threads, 0, *f});
     if (const auto f = m.fit_cores()) tried.push_back({Bottleneck::threads, 1, *f});
+    for (std::size_t i = 0; i < r.queues.size(); ++i)
+      if (const auto f = m.fit_shuffle(i)) tried.push_back({Bottleneck::shuffle, i, *f});
   }
   if (const auto f = m.fit_balanced()) tried.push_back({Bottleneck::balanced, 0, *f});
   for (const Candidate& c : tried)
     v.fits.emplace_back(c.kind == Bottleneck::training   ? "consumer"
                         : c.kind == Bottleneck::threads  ? (c.stage == 0 ? "threads" : "cores")
                         : c.kind == Bottleneck::balanced ? "balanced"
+                        : c.kind == Bottleneck::shuffle  ? r.queues[c.stage].name
                                                          : m.stage_name(c.stage),
                         c.fit);
 
@@ -527,6 +585,33 @@ void judge(Report& r) {
       add_stages([](std::size_t) { return true; },
                  "the stages were blocked on full outputs: ", &StageSummary::blocked_pct);
       v.suggestion = suggest_training(r, m);
+      if (const std::string asleep = asleep_while_training(r, m); !asleep.empty()) {
+        v.evidence.push_back(asleep);
+        v.suggestion +=
+            "; and the busy stage sleeps in its function while the training step runs: if they share a lock or "
+            "another resource, the step holds it for the stage's every call, so hold it for less of the step, or give "
+            "the stage its own";
+      }
+      break;
+    }
+    case Bottleneck::shuffle: {
+      const QueueSummary& q = r.queues[k];
+      v.part = q.name;
+      v.headline = "the shuffle '" + q.name + "': the training loop waits at every epoch's start until it holds the " +
+                   std::to_string(q.floor) + " items it keeps back";
+      const double refill_pct = pct_of(q.refill_s, r.consumer.run_s);
+      v.evidence.push_back(
+          "after " + std::to_string(q.refills) + (q.refills == 1 ? " epoch start" : " epoch starts") + ", '" + q.name +
+          "' had nothing to give for " + fixed(q.refill_s * 1e3 / static_cast<double>(q.refills), 1) +
+          " ms each, refilling to its floor of " + std::to_string(q.floor) + " (min_after_dequeue, of a " +
+          "capacity of " + std::to_string(q.capacity) + "): " + percent(refill_pct) + " of the run, " +
+          share(std::min(1.0, refill_pct / r.consumer.waited_pct)) + " of the training loop's wait");
+      const std::size_t fewer = std::max<std::size_t>(1, q.floor / 10);
+      const std::string how = words.min_after_dequeue(q.name, q.capacity, fewer);
+      v.suggestion = "keep fewer items back in '" + q.name + "' (" + std::to_string(q.floor) + " now" +
+                     (how.empty() ? "" : "; try " + how) +
+                     "): each epoch's start waits for them to be made, and a tenth of them takes about a tenth of "
+                     "the wait; a larger capacity would not help, as the wait is for the floor, not for room";
       break;
     }
     case Bottleneck::stage:
@@ -608,7 +693,7 @@ Report analyze(const OccupancyLog& log) {
   r.data = log.data;
   double first = INFINITY, last = -INFINITY;
   for (const QueueSeries& q : log.queues) {
-    r.queues.push_back(summarize(q));
+    r.queues.push_back(summarize(q, log.epochs));
     for (const FillSample& x : q.samples) {
       first = std::min(first, x.t);
       last = std::max(last, x.t);

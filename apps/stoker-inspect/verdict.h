@@ -28,6 +28,11 @@ struct QueueSummary {
   double full_pct = 0;     ///< share of samples with the queue full, %
   double waiting_pct = 0;  ///< share of samples with its producer holding items it had no room for, %
   std::size_t swings = 0;  ///< times it went from empty to full or back
+  /// A shuffle's (floor > 0): the seconds it had nothing to give after the epochs' starts, until
+  /// it held its floor again, summed over the epochs the log marks (sampled: each refill ends
+  /// halfway between its last empty sample and the next one).
+  double refill_s = 0;
+  std::size_t refills = 0;  ///< the epoch starts that refill counts
 };
 
 /// A stage's counters as shares of the run.
@@ -57,16 +62,17 @@ enum class Bottleneck {
   stage,     ///< one stage of the pipeline (not the source)
   source,    ///< the source: a stage one thread at a time calls, which waits for its data or computes
   threads,   ///< the pipeline as a whole: its stages share too few threads, or the machine too few cores
+  shuffle,   ///< a shuffle whose floor (min_after_dequeue) makes the loop wait at every epoch's start
   balanced,  ///< no clear bottleneck: the training loop and the input are about as fast, or no picture fits
 };
 
-/// "training", "stage", "source", "threads", "balanced": the name in the JSON.
+/// "training", "stage", "source", "threads", "shuffle", "balanced": the name in the JSON.
 const char* name(Bottleneck kind);
 
 struct Verdict {
   Bottleneck kind = Bottleneck::balanced;
-  /// The part: "consumer" (the training loop), a stage's name, "pipeline" (threads or cores),
-  /// "none" (balanced).
+  /// The part: "consumer" (the training loop), a stage's name, "pipeline" (threads or cores), a
+  /// shuffle's queue name, "none" (balanced).
   std::string part;
   std::string headline;               ///< what it is, for people: "stage 'decode'", "the pipeline's threads"
   double fit = 0;                     ///< 0..1: how well the run fits the picture of that bottleneck

@@ -42,6 +42,12 @@ std::string Vocabulary::queue_capacity(const std::string& queue, const std::stri
   return "--batch-queue " + count;  // every queue of batches
 }
 
+std::string Vocabulary::min_after_dequeue(const std::string& queue, std::size_t capacity, std::size_t n) const {
+  if (train_) return "--min-after-dequeue " + std::to_string(n);
+  return ".shuffle(\"" + queue + "\", {.capacity = " + std::to_string(capacity) +
+         ", .min_after_dequeue = " + std::to_string(n) + "})";
+}
+
 std::string Vocabulary::device_work() const {
   if (!train_) return "stoker::gpu::GpuAugment";
   return images_ ? "" : "--augment gpu";

@@ -23,6 +23,8 @@ class Vocabulary {
   /// How to make the queue `queue` (produced by `producer`) hold `n` items; empty when the
   /// program has no way to.
   std::string queue_capacity(const std::string& queue, const std::string& producer, bool shuffle, std::size_t n) const;
+  /// How to make shuffle `queue` (of `capacity`) keep `n` items back (min_after_dequeue).
+  std::string min_after_dequeue(const std::string& queue, std::size_t capacity, std::size_t n) const;
   /// The program's way to move the crops to the device, for a pipeline short of cores: "--augment gpu",
   /// or the library's GpuAugment; empty when the program has none (stoker-train --images, which
   /// refuses --augment gpu).

@@ -14,10 +14,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -72,7 +75,8 @@ Report run_case(const std::string& name, Build build, Step step) {
   const auto log = (dir / "run.jsonl").string();
   {
     auto pipe = build(PipelineBuilder{}.epochs(1).occupancy_log(log, 10ms));
-    while (auto item = pipe.next()) step(*item);
+    for (auto epoch : pipe.epochs())
+      for (auto& item : epoch) step(item);
   }
   return analyze(read_log(log));
 }
@@ -94,6 +98,7 @@ void check_case(const std::string& name, const Expect& want, const std::function
     print_report(text, r);
     std::printf("matrix: %-26s run %d: %s: bottleneck: %s (fit %.2f)%s\n", name.c_str(), i + 1, ok ? "right" : "WRONG",
                 v.headline.c_str(), v.fit, i == 0 ? ("\n    suggestion: " + v.suggestion).c_str() : "");
+    if (std::getenv("STOKER_MATRIX_VERBOSE")) std::printf("%s\n", text.str().c_str());  // every run's report
     CHECK_MESSAGE(ok, name << " run " << i + 1 << ":\n" << text.str());
   }
   std::printf("matrix: %-26s %d of %d right\n", name.c_str(), right, kRepeats);
@@ -269,6 +274,58 @@ TEST_SUITE("the verdict on real runs") {
       const Report r = four_equal(
           "cores", 4 * bodies, [] { spin(200us); }, bodies);
       CHECK(r.verdict.headline.find("the machine's cores") != std::string::npos);
+      return r;
+    });
+  }
+
+  TEST_CASE("a stage that waits for a lock the training loop holds" * doctest::timeout(60)) {
+    // 'decode' takes a lock that the training loop holds through each of its steps: the stage
+    // is busy, asleep in its function, and the loop works; their work is one after the other.
+    check_case("lock shared with the loop", {Bottleneck::training, "consumer"}, [] {
+      std::mutex shared;
+      const Report r = chain(
+          "lock", {}, [&] { const std::lock_guard lock(shared); }, {},
+          [&] {
+            const std::lock_guard lock(shared);
+            std::this_thread::sleep_for(2ms);
+          });
+      const auto& e = r.verdict.evidence;
+      CHECK(std::any_of(e.begin(), e.end(), [](const std::string& line) {
+        return line.find("'decode' was busy") != std::string::npos &&
+               line.find("sleeps in its function") != std::string::npos;
+      }));
+      return r;
+    });
+  }
+
+  TEST_CASE("a shuffle that keeps back nearly an epoch makes the loop wait at every epoch's start" *
+            doctest::timeout(60)) {
+    // 500 items an epoch, 475 kept back: each epoch starts with the loop waiting until 475 are
+    // in, and the source then idles while the loop drains the epoch. The source makes an item
+    // every 100 us or so, the loop takes one as often (both sleep): with no floor, neither would
+    // wait much.
+    check_case("shuffle keeps back an epoch", {Bottleneck::shuffle, "shuffle"}, [] {
+      const auto deadline = Clock::now() + kRun;
+      const Report r = run_case(
+          "shuffle",
+          [&](PipelineBuilder b) {
+            return std::move(b.threads(4).epochs(0))
+                .source("read",
+                        [deadline, n = 0]() mutable -> std::optional<int> {
+                          if (n == 500 || Clock::now() >= deadline) {
+                            n = 0;
+                            return std::nullopt;
+                          }
+                          std::this_thread::sleep_for(100us);
+                          return n++;
+                        },
+                        {.queue = 64})
+                .shuffle("shuffle", {.capacity = 500, .min_after_dequeue = 475})
+                .map("use", [](int x) { return x; }, {.queue = 16})
+                .build();
+          },
+          [](int) { std::this_thread::sleep_for(100us); });
+      CHECK(r.verdict.suggestion.find(".min_after_dequeue = 47}") != std::string::npos);
       return r;
     });
   }
