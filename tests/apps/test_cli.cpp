@@ -463,10 +463,13 @@ TEST_CASE("stoker-bench augment --threads: each N's stage summary in the JSON, a
       {"augment", "--images", "510", "--threads", "1,3", "--repeats", "1", "--trace-dir", traces.string(), "--json"},
       dir);
   REQUIRE(j["scaling"].size() == 2);
+  CHECK(j["vs_hand_loop"].get<double>() > 0);
   for (const auto& s : j["scaling"]) {
     const int n = s["threads"].get<int>();
     CAPTURE(n);
     CHECK(s["read_queue"] == 64 * n);
+    CHECK(s["hand_loop_crops_per_s"].get<double>() > 0);  // the hand-written loop ran on N threads too
+    CHECK(s["ratio_to_hand_loop"].get<double>() > 0);
     const auto& last = s["stoker_last_run"];
     CHECK(last["wall_s"].get<double>() > 0);
     std::vector<std::string> stages;
