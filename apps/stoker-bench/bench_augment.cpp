@@ -328,18 +328,48 @@ RunResult run_plain(Job& job, tbb::task_arena& arena, bool deep) {
   return r;
 }
 
-// (c) The practical limit: a tight loop doing exactly the job, windowed shuffle included, on
-// `threads` threads with no pipeline: the reference job run on each thread's contiguous share
-// of the images, with the job's own shuffle (capacity and min_after_dequeue). As a shuffle
-// buffer in a loop is used (tf.data's shuffle, a RandomShuffleQueue whose consumer is the
-// slower side, which is the pipeline's case here), the window is filled to its capacity and a
-// batch is taken whenever it is full, so every batch is drawn uniformly from `capacity`
-// crops, as the pipeline's shuffle draws it. For each image it draws the crops with
-// RandomCrops::plan (windows and mirrors, exactly as the pipeline's crop stage draws them) and
-// pushes DeferredCrops into its window (a stoker::ShuffleBuffer: an array with swap-remove,
-// each take uniform over all held, as the pipeline's shuffle); it cuts, mirrors and normalizes
-// each crop of a batch straight into it with make_batch, exactly what the pipeline's collate
-// does, and touches the batch. At the end it drains its window batch by batch.
+// Runs `work(t, tally)` on threads 0..n-1 (0 on this thread), timed; the first exception of
+// any thread is rethrown once all have ended.
+RunResult on_threads(std::size_t n, const std::function<void(std::size_t, Tally&)>& work) {
+  RunResult r;
+  std::vector<Tally> tallies(n);
+  std::vector<std::exception_ptr> errors(n);
+  const double cpu0 = cpu_seconds();
+  const auto t0 = Clock::now();
+  auto run = [&](std::size_t t) {
+    try {
+      work(t, tallies[t]);
+    } catch (...) {
+      errors[t] = std::current_exception();
+    }
+  };
+  {
+    std::vector<std::jthread> others;
+    others.reserve(n - 1);
+    for (std::size_t t = 1; t < n; ++t) others.emplace_back(run, t);
+    run(0);
+  }
+  r.seconds = seconds_since(t0);
+  r.cpu_seconds = cpu_seconds() - cpu0;
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  for (const Tally& t : tallies) r.tally.merge(t);
+  return r;
+}
+
+// (c) stoker's pieces without a pipeline (the practical limit until (d) came): a tight loop
+// doing exactly the job, windowed shuffle included, on `threads` threads with no pipeline: the
+// reference job run on each thread's contiguous share of the images, with the job's own
+// shuffle (capacity and min_after_dequeue). As a shuffle buffer in a loop is used (tf.data's
+// shuffle, a RandomShuffleQueue whose consumer is the slower side, which is the pipeline's case
+// here), the window is filled to its capacity and a batch is taken whenever it is full, so
+// every batch is drawn uniformly from `capacity` crops, as the pipeline's shuffle draws it. For
+// each image it draws the crops with RandomCrops::plan (windows and mirrors, exactly as the
+// pipeline's crop stage draws them) and pushes DeferredCrops into its window (a
+// stoker::ShuffleBuffer: an array with swap-remove, each take uniform over all held, as the
+// pipeline's shuffle); it cuts, mirrors and normalizes each crop of a batch straight into it
+// with make_batch, exactly what the pipeline's collate does, and touches the batch. At the end
+// it drains its window batch by batch.
 //
 // Every share but the last is a whole number of batches (51 images = 255 crops), so the loop
 // delivers the pipeline's batches: all full but the very last one. The DeferredCrops point at
@@ -360,54 +390,31 @@ RunResult run_windowed(Job& job, int threads, bool deep) {
                                            .count = kCropsPerImage,
                                            .mirror = MirrorOptions{.axis = Axis::width, .p = kMirrorP},
                                            .pool = job.crop_pool});
-  RunResult r;
-  std::vector<Tally> tallies(n_threads);
-  std::vector<std::exception_ptr> errors(n_threads);
-  const double cpu0 = cpu_seconds();
-  const auto t0 = Clock::now();
-
-  auto work = [&](std::size_t t) {
-    try {
-      const std::size_t first = whole_batches * t / n_threads * kImagesPerBatch;
-      const std::size_t last = t + 1 == n_threads ? n_images : whole_batches * (t + 1) / n_threads * kImagesPerBatch;
-      ShuffleBuffer<DeferredCrop> window(full, derive_seed(o.seed, t, 0x77696e646f77));  // "window"
-      std::vector<PlannedCrop> planned;
-      planned.reserve(kCropsPerImage);
-      Tally& tally = tallies[t];
-      auto take_batch = [&](std::size_t count) {
-        std::vector<DeferredCrop> crops;
-        crops.reserve(count);
-        for (std::size_t k = 0; k < count; ++k) crops.push_back(window.take());
-        const Batch batch = make_batch(std::move(crops), job.normalizer, *job.batch_pool, ctx);
-        tally.add(batch, deep);
-      };
-      for (std::size_t i = first; i < last; ++i) {
-        const Sample& image = job.images[i];
-        const std::shared_ptr<const Sample> source(std::shared_ptr<const Sample>{}, &image);  // owns nothing
-        planned.clear();
-        draw.plan(image, ctx, planned);
-        for (const PlannedCrop& c : planned) {
-          window.push(DeferredCrop{source, c});
-          if (window.size() == full) take_batch(kBatch);
-        }
+  return on_threads(n_threads, [&](std::size_t t, Tally& tally) {
+    const std::size_t first = whole_batches * t / n_threads * kImagesPerBatch;
+    const std::size_t last = t + 1 == n_threads ? n_images : whole_batches * (t + 1) / n_threads * kImagesPerBatch;
+    ShuffleBuffer<DeferredCrop> window(full, derive_seed(o.seed, t, 0x77696e646f77));  // "window"
+    std::vector<PlannedCrop> planned;
+    planned.reserve(kCropsPerImage);
+    auto take_batch = [&](std::size_t count) {
+      std::vector<DeferredCrop> crops;
+      crops.reserve(count);
+      for (std::size_t k = 0; k < count; ++k) crops.push_back(window.take());
+      const Batch batch = make_batch(std::move(crops), job.normalizer, *job.batch_pool, ctx);
+      tally.add(batch, deep);
+    };
+    for (std::size_t i = first; i < last; ++i) {
+      const Sample& image = job.images[i];
+      const std::shared_ptr<const Sample> source(std::shared_ptr<const Sample>{}, &image);  // owns nothing
+      planned.clear();
+      draw.plan(image, ctx, planned);
+      for (const PlannedCrop& c : planned) {
+        window.push(DeferredCrop{source, c});
+        if (window.size() == full) take_batch(kBatch);
       }
-      while (window.size() != 0) take_batch(std::min(kBatch, window.size()));
-    } catch (...) {
-      errors[t] = std::current_exception();
     }
-  };
-  {
-    std::vector<std::jthread> others;
-    others.reserve(n_threads - 1);
-    for (std::size_t t = 1; t < n_threads; ++t) others.emplace_back(work, t);
-    work(0);
-  }
-  r.seconds = seconds_since(t0);
-  r.cpu_seconds = cpu_seconds() - cpu0;
-  for (const std::exception_ptr& e : errors)
-    if (e) std::rethrow_exception(e);
-  for (const Tally& t : tallies) r.tally.merge(t);
-  return r;
+    while (window.size() != 0) take_batch(std::min(kBatch, window.size()));
+  });
 }
 
 // (d) The job's real limit: a plain hand-written loop, no piece of stoker in it. Each of N
@@ -436,11 +443,7 @@ RunResult run_hand_loop(Job& job, int threads, bool deep) {
     std::uint32_t x, y;
     bool mirror;
   };
-  RunResult r;
-  std::vector<Tally> tallies(n_threads);
-  const double cpu0 = cpu_seconds();
-  const auto t0 = Clock::now();
-  auto work = [&](std::size_t t) {
+  return on_threads(n_threads, [&](std::size_t t, Tally& tally) {
     const std::size_t first = whole_batches * t / n_threads * kImagesPerBatch;
     const std::size_t last = t + 1 == n_threads ? n_images : whole_batches * (t + 1) / n_threads * kImagesPerBatch;
     std::mt19937_64 rng(o.seed * 1'000'003 + t);
@@ -449,7 +452,6 @@ RunResult run_hand_loop(Job& job, int threads, bool deep) {
     std::vector<float> batch(kBatch * per_crop);
     std::vector<std::int32_t> labels(kBatch);
     std::vector<std::uint64_t> ids(kBatch);
-    Tally& tally = tallies[t];
     auto take_batch = [&](std::size_t count) {
       for (std::size_t k = 0; k < count; ++k) {
         const std::size_t i = rng() % window.size();
@@ -481,17 +483,7 @@ RunResult run_hand_loop(Job& job, int threads, bool deep) {
       }
     }
     while (!window.empty()) take_batch(std::min(kBatch, window.size()));
-  };
-  {
-    std::vector<std::jthread> others;
-    others.reserve(n_threads - 1);
-    for (std::size_t t = 1; t < n_threads; ++t) others.emplace_back(work, t);
-    work(0);
-  }
-  r.seconds = seconds_since(t0);
-  r.cpu_seconds = cpu_seconds() - cpu0;
-  for (const Tally& t : tallies) r.tally.merge(t);
-  return r;
+  });
 }
 static_assert(kMirrorP == 0.5, "the hand-written loop draws a mirror as one bit");
 
