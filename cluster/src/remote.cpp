@@ -48,7 +48,11 @@ RemoteShards::RemoteShards(std::shared_ptr<detail::Link> link, std::shared_ptr<c
 
 std::optional<Sample> RemoteShards::operator()(const StageContext& ctx) {
   if (!link_) return std::nullopt;
-  const auto position = link_->position(ctx.epoch, ctx.index, order_.size(), ctx.stop);
+  std::optional<std::uint64_t> position;
+  {
+    const stoker::detail::TurnReleased waiting(ctx);  // the trainer's word: no turn of a ThreadBudget held meanwhile
+    position = link_->position(ctx.epoch, ctx.index, order_.size(), ctx.stop);
+  }
   if (!position) return std::nullopt;
   return reader_->read(order_.id_at(ctx.seed, ctx.epoch, *position));
 }

@@ -102,13 +102,13 @@ bool PipelineCore::take_turn(std::chrono::nanoseconds* waited) const noexcept {
 }
 
 bool PipelineCore::pass_turn(std::chrono::nanoseconds* waited) const noexcept {
-  if (!holds_turn || !options_.budget->turns_->wanted()) return true;
+  if (!holds_turn || !options_.budget || !options_.budget->turns_->wanted()) return true;
   give_turn();
   return take_turn(waited);
 }
 
 bool PipelineCore::give_turn() const noexcept {
-  if (!holds_turn) return false;
+  if (!holds_turn || !options_.budget) return false;
   options_.budget->turns_->give();
   holds_turn = false;
   return true;
@@ -333,13 +333,15 @@ void StageBase::run_body(int slot) noexcept {
   // Busy time is counted after every chunk, not when the body leaves (which may be seconds
   // later): the autotuner reads it as the stage runs.
   auto mark = Clock::now();
-  std::chrono::nanoseconds blocked_mark{0};
+  std::chrono::nanoseconds turn_wait{0};  // waits for a turn of the ThreadBudget, outside BlockedTime
+  std::chrono::nanoseconds waited_mark{0};
   auto count_busy = [&] {
     const auto now = Clock::now();
-    const auto busy = std::chrono::duration_cast<std::chrono::nanoseconds>(now - mark) - (body.blocked - blocked_mark);
+    const auto waited = body.blocked + turn_wait;
+    const auto busy = std::chrono::duration_cast<std::chrono::nanoseconds>(now - mark) - (waited - waited_mark);
     busy_ns_.fetch_add(busy.count(), std::memory_order_relaxed);
     mark = now;
-    blocked_mark = body.blocked;
+    waited_mark = waited;
   };
   Step last = Step::done;
   const RunningCall outer = std::exchange(running_call, RunningCall{this, core_, &body.ctx, &body.blocked});
@@ -363,14 +365,14 @@ void StageBase::run_body(int slot) noexcept {
     } trace(name_.c_str());
     // Isolated: a stage function that waits for oneTBB work of its own (parallel_for, a
     // task_group) runs only that work meanwhile, never another body on the same thread.
-    if (core_->take_turn(&body.blocked))
+    if (core_->take_turn(&turn_wait))
       tbb::this_task_arena::isolate([&] {
         do {
           const auto begin = mark;
           last = step(body);
           count_busy();
           if (body.track != nullptr && last == Step::progressed) body.track->span(begin, mark);  // a span per chunk
-        } while (last == Step::progressed && core_->pass_turn(&body.blocked) && !core_->stopping());
+        } while (last == Step::progressed && core_->pass_turn(&turn_wait) && !core_->stopping());
       });
   } catch (const RuntimeFailure& f) {
     last = Step::done;
@@ -382,7 +384,7 @@ void StageBase::run_body(int slot) noexcept {
   count_busy();  // what a step that threw had done
   if (own_turn) core_->give_turn();
   core_->engine_->body_on_this_thread(-1);
-  body_left(last, body.blocked);
+  body_left(last, body.blocked, turn_wait);
   running_call = outer;
 }
 
@@ -404,9 +406,9 @@ void StageBase::body_started() {
   }
 }
 
-void StageBase::body_left(Step why, std::chrono::nanoseconds blocked_inside) {
+void StageBase::body_left(Step why, std::chrono::nanoseconds blocked_inside, std::chrono::nanoseconds turn_wait) {
   std::lock_guard lock(idle_mutex_);
-  blocked_ += blocked_inside / threads();  // thread-averaged, as busy % is
+  blocked_ += (blocked_inside + turn_wait) / threads();  // thread-averaged, as busy % is
   pool_wait_ += blocked_inside / threads();
   if (--running_ == 0) {
     idle_since_ = Clock::now();

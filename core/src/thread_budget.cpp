@@ -39,7 +39,12 @@ bool ThreadBudget::Turns::take(const void* owner, const std::atomic<bool>& stopp
   queue.push_back(&me);
   waiting.store(static_cast<int>(queue.size()), std::memory_order_relaxed);
   me.cv.wait(lock, [&] { return me.granted || stopping.load(); });
-  if (me.granted) return true;
+  if (!stopping.load()) return true;  // granted
+  if (me.granted) {                   // and stopping: the turn goes on to the next waiter (or back)
+    lock.unlock();
+    give();
+    return false;
+  }
   queue.erase(std::find(queue.begin(), queue.end(), &me));
   waiting.store(static_cast<int>(queue.size()), std::memory_order_relaxed);
   return false;

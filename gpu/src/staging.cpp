@@ -141,10 +141,13 @@ Buffer SlotPool::acquire(std::size_t bytes, const StageContext& ctx) {
   using Clock = std::chrono::steady_clock;
   if (bytes > slot_bytes_) (void)try_acquire(bytes);  // throws the size error
   std::vector<std::shared_ptr<Stream>> retired;       // let go after the lock
+  // Ends after the lock: under a ThreadBudget its end takes a turn again, which may wait for a
+  // body that needs this lock to give a buffer back.
+  std::optional<BlockedTime> blocked;
   std::unique_lock lock(wake_->mutex);
   if (auto b = take_free(lock, bytes, retired)) return std::move(*b);
   // Exhausted: the stage calling waits for its consumer, as with a full output queue.
-  const BlockedTime blocked(ctx);
+  blocked.emplace(ctx);
   ++waiters_;
   struct Leave {  // the lock is held whenever this runs: on return, and on every throw below
     std::size_t& waiters;

@@ -12,6 +12,9 @@
 #include <vector>
 
 #include "pipeline/pipeline_support.h"
+#include "stoker/gpu/device.h"
+#include "stoker/gpu/staging.h"
+#include "stoker/stages/batch.h"
 
 using namespace stoker;
 using namespace stoker::test;
@@ -186,6 +189,37 @@ TEST_SUITE("Thread budget") {
     CHECK(budget->running() == 1);  // still the holder's
     release = true;
     CHECK(drain_epoch(holder) == std::vector<int>{0});
+  }
+
+  TEST_CASE("one turn for a collate that waits for staging buffers and the copies that give them back" *
+            doctest::timeout(120)) {
+    // The staging pool's wait (BlockedTime) gives the turn back; the collate must take it again
+    // only after it let go of the pool's lock, which the copy stage's release of a buffer needs.
+    auto device = gpu::Device::open("cpu");
+    const Shape shape{1, 1, 64, 64, false};
+    const std::size_t count = 4;
+    gpu::ToDevice to_device(device,
+                            {.bytes = Batch::storage_bytes(shape, DType::f32, count),
+                             .staging_buffers = 2,
+                             .device_buffers = gpu::OutputSizing{.per_call = 1, .queued = 4, .held = 1}.buffers()});
+    auto budget = std::make_shared<ThreadBudget>(1);
+    const Deadline deadline(60s, "a collate and a copy stage on one turn");
+    auto pipe = PipelineBuilder{}
+                    .budget(budget)
+                    .threads(3)
+                    .epochs(1)
+                    .source("read", CountUpTo{400}, {.queue = 8})
+                    .map("collate",
+                         [pool = to_device.staging(), shape, count](int, const StageContext& ctx) {
+                           return Batch::allocate(*pool, shape, DType::f32, count, ctx);
+                         },
+                         {.threads = 2, .queue = 2, .max_chunk = 1})
+                    .map("h2d", to_device, {.queue = 4})
+                    .build();
+    std::size_t batches = 0;
+    for (auto& b : pipe.epoch()) batches += b.count == count;
+    CHECK(batches == 400);
+    CHECK(budget->running() == 0);
   }
 
   TEST_CASE("a budget shared with a deterministic pipeline leaves its output as it is without one") {

@@ -294,7 +294,11 @@ class RemoteReceiver {
   /// One item per chunk: a call may wait for the network, and must not hold back those before.
   static constexpr std::size_t max_chunk() { return 1; }
   std::optional<T> operator()(const StageContext& ctx) {
-    auto bytes = link_->receive(ctx.epoch, ctx.index, ctx.stop);
+    std::optional<Bytes> bytes;
+    {
+      const stoker::detail::TurnReleased waiting(ctx);  // the network: no turn of a ThreadBudget held meanwhile
+      bytes = link_->receive(ctx.epoch, ctx.index, ctx.stop);
+    }
     if (!bytes) return std::nullopt;
     return Codec<T>::decode(std::move(*bytes));
   }

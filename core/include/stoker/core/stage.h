@@ -72,6 +72,23 @@ std::chrono::nanoseconds* blocked_time_of(const StageContext& ctx) noexcept;
 /// one), and takes one again (which may wait).
 bool give_turn() noexcept;
 void take_turn() noexcept;
+/// Gives the call's turn of its pipeline's ThreadBudget back for its scope, and takes one again
+/// at its end (which may wait), counting nothing: for a wait that is the call's own work, such as
+/// a network receive, which BlockedTime would count as blocked. Nothing for a context that is not
+/// a pipeline's call on this thread. As with BlockedTime, never let it end under a lock another
+/// body may need.
+class TurnReleased {
+ public:
+  explicit TurnReleased(const StageContext& ctx) noexcept : gave_(ctx.in_pipeline() && give_turn()) {}
+  ~TurnReleased() {
+    if (gave_) take_turn();
+  }
+  TurnReleased(const TurnReleased&) = delete;
+  TurnReleased& operator=(const TurnReleased&) = delete;
+
+ private:
+  bool gave_;
+};
 }  // namespace detail
 
 /// Thrown by a stage function that gave up waiting because its pipeline is stopping; the
@@ -83,8 +100,10 @@ struct PipelineStopped : std::runtime_error {
 /// Counts the time from its construction to its destruction as the calling stage's blocked
 /// time rather than busy time: for a function that waits for something given back downstream,
 /// such as a free buffer of a pool. Under a ThreadBudget the call gives back its turn while it
-/// waits, and takes one again at the end (counted as blocked too). Does nothing for a context
-/// that is not a pipeline's call on this thread.
+/// waits, and takes one again at the end (counted as blocked too): so its end may wait for
+/// another body, and must never come while the call holds a lock another body may need (declare
+/// the BlockedTime before the lock). If the pipeline stops meanwhile, the call goes on without a
+/// turn until it returns. Does nothing for a context that is not a pipeline's call on this thread.
 class BlockedTime {
  public:
   explicit BlockedTime(const StageContext& ctx) noexcept

@@ -214,7 +214,8 @@ class StageBase {
   void run_body(int slot) noexcept;
   void skipped(std::uint64_t index, const char* what);
   void body_started();
-  void body_left(Step why, std::chrono::nanoseconds blocked_inside);
+  // `blocked_inside`: through BlockedTime (a pool's wait); `turn_wait`: for a ThreadBudget's turn.
+  void body_left(Step why, std::chrono::nanoseconds blocked_inside, std::chrono::nanoseconds turn_wait);
 
   PipelineCore* core_ = nullptr;
   std::size_t position_ = 0;
