@@ -643,7 +643,7 @@ class MpiLink final : public Link {
         if (finished()) break;
         if (moved) {
           idle = 0;
-        } else if (++idle < kSpins || !sending_.empty()) {
+        } else if (++idle < kSpins || !sending_.empty() || receiving_live_) {
           std::this_thread::yield();  // a transfer under way needs this side's progress too
         } else {
           const auto pause = std::chrono::microseconds(std::min(500, 5 << std::min(7, (idle - kSpins) / 16)));
@@ -658,6 +658,7 @@ class MpiLink final : public Link {
       while (!complete_sends() && !sending_.empty() && Clock::now() < deadline) std::this_thread::yield();
       for (auto& s : sending_) MPI_Request_free(&s.request);
       sending_.clear();
+      abandon_receives();
     } catch (const std::exception& e) {
       std::lock_guard lock(mutex_);
       if (!failure_) failure_ = std::make_exception_ptr(ClusterError(e.what()));
@@ -738,12 +739,84 @@ class MpiLink final : public Link {
       if (!found) break;
       moved = true;
       const int from = status.MPI_SOURCE;
-      Bytes b = receive(message, status);
-      const int w = index_[static_cast<std::size_t>(from)];
-      if (w < 0) throw ClusterError("rank " + std::to_string(from) + " is not a worker of this edge, but sent to it");
-      on_trainer_message(static_cast<std::size_t>(w), from, status.MPI_TAG, std::move(b));
+      if (index_[static_cast<std::size_t>(from)] < 0)
+        throw ClusterError("rank " + std::to_string(from) + " is not a worker of this edge, but sent to it");
+      int count = 0;
+      check(MPI_Get_count(&status, MPI_BYTE, &count), "MPI_Get_count");
+      Receiving& r = receiving_.emplace_back(
+          Receiving{MPI_REQUEST_NULL, from, status.MPI_TAG, Bytes(static_cast<std::size_t>(count))});
+      check(MPI_Imrecv(r.bytes.data(), count, MPI_BYTE, &message, &r.request), "MPI_Imrecv");
     }
-    return moved;
+    return finish_receives() || moved;
+  }
+
+  // The trainer receives without waiting. A large message comes by rendezvous: matched here, its
+  // bytes pulled from the sender afterwards, and a worker killed in between never sends them, so
+  // a blocking receive would wait for ever (Open MPI 4.1's shared-memory copy reads the dead
+  // process and fails: "Read -1, expected N, errno = 3"). So the bytes of each matched message
+  // arrive while the pump goes on; a worker's messages are handed on in the order they were
+  // matched, and those of a worker whose receive fails are dropped, the worker lost (its work
+  // made again by others), as a lost worker's are. A receive from a dead worker never
+  // completes: it stays, read by MPI_Test now and then, and is left to MPI at the end.
+  struct Receiving {
+    MPI_Request request;
+    int from, tag;
+    Bytes bytes;  // written by MPI until the request completes
+  };
+
+  // Hands on what has arrived; true when something did.
+  bool finish_receives() {
+    bool delivered = false;
+    std::vector<int> behind;  // sources with an earlier receive not complete yet
+    for (auto it = receiving_.begin(); it != receiving_.end();) {
+      if (std::find(behind.begin(), behind.end(), it->from) != behind.end()) {
+        ++it;
+        continue;
+      }
+      int complete = 0;
+      const int code = MPI_Test(&it->request, &complete, MPI_STATUS_IGNORE);
+      const auto w = static_cast<std::size_t>(index_[static_cast<std::size_t>(it->from)]);
+      if (code != MPI_SUCCESS) {  // the worker died during the transfer
+        std::vector<std::pair<int, Outgoing>> out;
+        {
+          std::lock_guard lock(mutex_);
+          if (!peers_[w].lost) lose_locked(w, out);
+        }
+        for (auto& [i, o] : out) isend(options_.workers[static_cast<std::size_t>(i)], o.tag, std::move(o.bytes));
+        failed_receives_.push_back(std::move(*it));  // MPI may hold on to it
+        it = receiving_.erase(it);
+        delivered = true;
+        continue;
+      }
+      if (!complete) {
+        behind.push_back(it->from);
+        ++it;
+        continue;
+      }
+      Receiving r = std::move(*it);
+      it = receiving_.erase(it);
+      on_trainer_message(w, r.from, r.tag, std::move(r.bytes));
+      delivered = true;
+    }
+    // Whether the pump should keep MPI's progress going: a transfer from a worker not lost.
+    receiving_live_ = false;
+    if (!behind.empty()) {
+      std::lock_guard lock(mutex_);
+      for (const int from : behind)
+        if (!peers_[static_cast<std::size_t>(index_[static_cast<std::size_t>(from)])].lost) receiving_live_ = true;
+    }
+    return delivered;
+  }
+
+  // At the end: receives that never completed (a dead worker's) are freed to MPI, and their
+  // bytes, which MPI might still write, are kept for the life of the process.
+  void abandon_receives() noexcept {
+    for (auto& r : receiving_) MPI_Request_free(&r.request);
+    if (!receiving_.empty() || !failed_receives_.empty()) {
+      auto* kept = new std::list<Receiving>;  // NOLINT: left to the end of the process on purpose
+      kept->splice(kept->end(), receiving_);
+      kept->splice(kept->end(), failed_receives_);
+    }
   }
 
   // A shard of `epoch` for worker i; none when the epoch has none left (or is over).
@@ -1023,6 +1096,8 @@ class MpiLink final : public Link {
   bool pump_failed_ = false;    // the pump ended on an error of its own (MPI's)
   RemoteStats stats_;
   std::list<Sending> sending_;  // the pump's alone
+  std::list<Receiving> receiving_, failed_receives_;  // the trainer's pump's alone, in the order matched
+  bool receiving_live_ = false;                       // a receive from a worker not lost is under way
 
   // trainer (under mutex_)
   std::vector<int> index_;  // a worker's rank -> its index in options_.workers; -1 otherwise

@@ -372,8 +372,11 @@ std::shared_ptr<const stoker::Reader> remote_reader(std::uint64_t samples = kRem
 // `epochs` 0: until stopped. Short queues: a fast worker whose credits are out holds few
 // samples, and leaves shards of the epoch to the others.
 constexpr std::uint64_t kUnits = 3;
+// Padding a batch may carry after its units (`pad` of them), to make it large: MPI sends a large
+// message by rendezvous (the receiver pulls the bytes after matching it), a small one eagerly.
+constexpr std::uint64_t kPad = ~std::uint64_t{0};
 template <class Check>
-auto worker_pipeline(std::uint32_t epochs, std::chrono::microseconds work, Check check) {
+auto worker_pipeline(std::uint32_t epochs, std::chrono::microseconds work, Check check, std::size_t pad = 0) {
   return [=](stoker::cluster::RemoteShards shards, std::optional<stoker::PipelineState> resume) {
     stoker::PipelineBuilder b;
     b.seed(11).epochs(epochs).threads(2);
@@ -395,7 +398,12 @@ auto worker_pipeline(std::uint32_t epochs, std::chrono::microseconds work, Check
             {.fanout = kUnits})
         .shuffle("shuffle", {.capacity = 64, .min_after_dequeue = 40})
         .batch("batch", 7, {.queue = 2})
-        .map("ids", [](Ids ids) { return ids; }, {.queue = 2})
+        .map("ids",
+             [pad](Ids ids) {
+               ids.resize(ids.size() + pad, kPad);
+               return ids;
+             },
+             {.queue = 2})
         .build();
   };
 }
@@ -407,6 +415,7 @@ std::size_t take_every_id(stoker::Pipeline<Ids>& pipe) {
     std::vector<int> seen(kRemoteSamples * kUnits, 0);
     for (const auto& batch : epoch)
       for (const auto u : batch) {
+        if (u == kPad) continue;
         require(u < seen.size(), "units of the data set");
         ++seen[u];
       }
@@ -506,7 +515,8 @@ void straggler_remote(Communicator& comm, const std::string& dir) {
 // ever; `stopped`, it stops itself (SIGSTOP); `killed`, it kills itself (SIGKILL; run under
 // mpirun --enable-recovery, mpi_test.sh). The trainer's lease of 2 s runs out, the others make
 // its work, and every id of both epochs arrives once.
-void remote_lost(Communicator& comm, const std::string& how) {
+// `pad`: padding per batch (kPad), for batches MPI sends by rendezvous.
+void remote_lost(Communicator& comm, const std::string& how, std::size_t pad = 0) {
   if (comm.size() < 3) throw Failed("modes remote_stuck, _stopped and _killed need at least 3 ranks");
   const int lost = comm.size() - 1;
   RemoteEdge<Ids> edge(comm, {.name = "batches",
@@ -515,12 +525,15 @@ void remote_lost(Communicator& comm, const std::string& how) {
                               .lease = std::chrono::seconds(2)});
   if (edge.role() == RemoteRole::worker) {
     std::atomic<int> calls{0};
-    edge.serve(remote_reader(), worker_pipeline(2, std::chrono::microseconds(200), [&, r = comm.rank()](std::uint64_t) {
-                 if (r != lost || ++calls != 100) return;
-                 if (how == "stopped") std::raise(SIGSTOP);
-                 if (how == "killed") std::raise(SIGKILL);
-                 std::this_thread::sleep_for(std::chrono::hours(1));
-               }));
+    edge.serve(remote_reader(), worker_pipeline(
+                                    2, std::chrono::microseconds(200),
+                                    [&, r = comm.rank()](std::uint64_t) {
+                                      if (r != lost || ++calls != 100) return;
+                                      if (how == "stopped") std::raise(SIGSTOP);
+                                      if (how == "killed") std::raise(SIGKILL);
+                                      std::this_thread::sleep_for(std::chrono::hours(1));
+                                    },
+                                    pad));
     return;
   }
   auto pipe = stoker::PipelineBuilder{}.epochs(2).source("batches", edge.receiver()).build();
@@ -758,6 +771,8 @@ int main(int argc, char** argv) {
       straggler_remote(comm, argv[2]);
     } else if (mode == "remote_stuck" || mode == "remote_stopped" || mode == "remote_killed") {
       remote_lost(comm, mode.substr(7));
+    } else if (mode == "remote_killed_large") {  // batches of 700 KB: MPI's rendezvous protocol
+      remote_lost(comm, "killed", 90'000);
     } else if (mode == "remote_save" && argc > 2) {
       remote_save(comm, argv[2]);
     } else if (mode == "remote_resume" && argc > 2) {
