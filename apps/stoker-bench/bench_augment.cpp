@@ -377,12 +377,18 @@ RunResult on_threads(std::size_t n, const std::function<void(std::size_t, Tally&
 // copy of an image, no queue, no lock; the threads share nothing but the batch pool.
 static_assert(kBatch % kCropsPerImage == 0, "the windowed loop gives each thread whole batches of images");
 
+// Thread t's share of `n_images` among `n_threads`, [first, last): whole batches of images,
+// the rest to the last thread.
+std::pair<std::size_t, std::size_t> share_of(std::size_t t, std::size_t n_threads, std::size_t n_images) {
+  constexpr std::size_t kImagesPerBatch = kBatch / kCropsPerImage;
+  const std::size_t whole_batches = n_images / kImagesPerBatch;
+  return {whole_batches * t / n_threads * kImagesPerBatch,
+          t + 1 == n_threads ? n_images : whole_batches * (t + 1) / n_threads * kImagesPerBatch};
+}
+
 RunResult run_windowed(Job& job, int threads, bool deep) {
   const AugmentOptions& o = job.options;
   const std::size_t n_threads = static_cast<std::size_t>(std::max(1, threads));
-  const std::size_t n_images = job.images.size();
-  constexpr std::size_t kImagesPerBatch = kBatch / kCropsPerImage;
-  const std::size_t whole_batches = n_images / kImagesPerBatch;
   const std::size_t full = kShuffle.capacity;  // take a batch at this size
   StageContext ctx;                            // epoch 0, as the pipeline's one epoch
   ctx.seed = o.seed;
@@ -391,8 +397,7 @@ RunResult run_windowed(Job& job, int threads, bool deep) {
                                            .mirror = MirrorOptions{.axis = Axis::width, .p = kMirrorP},
                                            .pool = job.crop_pool});
   return on_threads(n_threads, [&](std::size_t t, Tally& tally) {
-    const std::size_t first = whole_batches * t / n_threads * kImagesPerBatch;
-    const std::size_t last = t + 1 == n_threads ? n_images : whole_batches * (t + 1) / n_threads * kImagesPerBatch;
+    const auto [first, last] = share_of(t, n_threads, job.images.size());
     ShuffleBuffer<DeferredCrop> window(full, derive_seed(o.seed, t, 0x77696e646f77));  // "window"
     std::vector<PlannedCrop> planned;
     planned.reserve(kCropsPerImage);
@@ -428,9 +433,6 @@ RunResult run_windowed(Job& job, int threads, bool deep) {
 RunResult run_hand_loop(Job& job, int threads, bool deep) {
   const AugmentOptions& o = job.options;
   const std::size_t n_threads = static_cast<std::size_t>(std::max(1, threads));
-  const std::size_t n_images = job.images.size();
-  constexpr std::size_t kImagesPerBatch = kBatch / kCropsPerImage;
-  const std::size_t whole_batches = n_images / kImagesPerBatch;
   const std::size_t capacity = std::max(kBatch, kShuffle.capacity / n_threads);
   const std::uint32_t height = job.images.front().shape.height, width = job.images.front().shape.width;
   const std::size_t per_crop = std::size_t{kCrop.height} * kCrop.width;
@@ -444,8 +446,7 @@ RunResult run_hand_loop(Job& job, int threads, bool deep) {
     bool mirror;
   };
   return on_threads(n_threads, [&](std::size_t t, Tally& tally) {
-    const std::size_t first = whole_batches * t / n_threads * kImagesPerBatch;
-    const std::size_t last = t + 1 == n_threads ? n_images : whole_batches * (t + 1) / n_threads * kImagesPerBatch;
+    const auto [first, last] = share_of(t, n_threads, job.images.size());
     std::mt19937_64 rng(o.seed * 1'000'003 + t);
     std::vector<Pick> window;
     window.reserve(capacity);

@@ -179,6 +179,13 @@ class Model {
     const StageSummary* s = stage_[k];
     return s ? std::min(1.0, (s->busy_pct + s->pool_wait_pct) / 100) : 0.0;
   }
+  // The chain stage with the highest saturation (the first of equals).
+  std::size_t busiest() const {
+    std::size_t top = 0;
+    for (std::size_t j = 1; j < chain_.size(); ++j)
+      if (saturation(j) > saturation(top)) top = j;
+    return top;
+  }
   // The share of the pipeline's threads x run its stages worked (busy, not waiting for a pool).
   std::optional<double> threads_working() const { return of_threads(busy_s_); }
   // How much of its time the busiest part of the input worked: a stage, or the pipeline's
@@ -453,10 +460,7 @@ std::string suggest_stage(const Report& r, const Model& m, const Vocabulary& wor
 // waits for something the loop holds (a lock, a device, a file) rather than for work of its own.
 std::string asleep_while_training(const Report& r, const Model& m) {
   if (!m.stages_wait() || m.input_saturation() < kBusy) return {};
-  std::size_t top = 0;
-  for (std::size_t j = 1; j < m.stages(); ++j)
-    if (m.saturation(j) > m.saturation(top)) top = j;
-  const StageSummary* s = m.counters(top);
+  const StageSummary* s = m.counters(m.busiest());
   if (!s || s->busy_pct < 100 * kBusy) return {};
   return "yet '" + s->counters.name + "' was busy " + percent(s->busy_pct) + " of the time of its " +
          threads_of(s->counters.threads) + " while the pipeline's threads were " +
@@ -655,10 +659,7 @@ void judge(Report& r) {
     }
     case Bottleneck::balanced: {
       v.part = "none";
-      std::size_t top = 0;
-      for (std::size_t j = 1; j < m.stages(); ++j)
-        if (m.saturation(j) > m.saturation(top)) top = j;
-      if (m.counters(top)) v.evidence.push_back("the busiest stage: " + stage_line(*m.counters(top)));
+      if (const StageSummary* s = m.counters(m.busiest())) v.evidence.push_back("the busiest stage: " + stage_line(*s));
       if (m.wait() > kTrainingMaxWait && m.counted() && m.input_saturation() < kBusy) {
         v.headline = "none clear: the training loop waits, but no part of the input is busy";
         v.suggestion =

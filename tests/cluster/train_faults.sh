@@ -73,48 +73,35 @@ rank_pid() {  # the pid of rank $1 among the processes matching $2
   done
   return 1
 }
-# Workers of one thread each, so that an epoch takes a while.
-timeout 120 "$mpiexec" --oversubscribe -np 3 "$train" --limit 6000 --device cpu --epochs 3 --remote-workers \
-  --threads 1 --crop-threads 1 --rank-timeout 3 --json >"$work/out" 2>&1 &
-job=$!
-victim=
-for _ in $(seq 300); do  # until the first epoch is over (30 s at most)
-  grep -q "epoch  1/3  loss" "$work/out" 2>/dev/null && victim=$(rank_pid 2 "^$train --limit 6000 .*--rank-timeout 3") &&
-    break
-  sleep 0.05
-done
-[[ -n $victim ]] || { cat "$work/out" >&2; echo "FAIL: no worker rank 2 to stop after epoch 1" >&2; exit 1; }
-kill -STOP "$victim"
-status=0
-wait "$job" || status=$?
-json=$(grep '^{' "$work/out" | tail -n 1)
-echo "worker rank 2 got SIGSTOP: exit status $status, $(grep -o '"remote_lost":\[[0-9,]*\]' <<<"$json")," \
-  "$(grep -o '"samples":[0-9]*' <<<"$json" | head -n 1)"
-[[ $status == 0 ]] || { cat "$work/out" >&2; echo "FAIL: the job did not end well ($status)" >&2; exit 1; }
-grep -q '"remote_lost":\[2\]' <<<"$json" || { echo "FAIL: worker rank 2 is not named lost" >&2; exit 1; }
-grep -q '"samples":90000,"trained_samples":90000' <<<"$json" ||
-  { echo "FAIL: not every sample of both epochs trained once" >&2; exit 1; }
-
-# The same with the worker killed (SIGKILL) under mpirun --enable-recovery, whose exit status
-# says nothing (docs/scale-out.md): the JSON is the verdict. A kill between the trainer's match of
-# a batch and its transfer stalled the trainer's blocking receive (1 run of 4, 2026-11-26).
-timeout 120 "$mpiexec" --oversubscribe --enable-recovery -np 3 "$train" --limit 6000 --device cpu --epochs 3 \
-  --remote-workers --threads 1 --crop-threads 1 --rank-timeout 3 --json >"$work/out" 2>&1 &
-job=$!
-victim=
-for _ in $(seq 300); do  # until the first epoch is over (30 s at most)
-  grep -q "epoch  1/3  loss" "$work/out" 2>/dev/null && victim=$(rank_pid 2 "^$train --limit 6000 .*--rank-timeout 3") &&
-    break
-  sleep 0.05
-done
-[[ -n $victim ]] || { cat "$work/out" >&2; echo "FAIL: no worker rank 2 to kill after epoch 1" >&2; exit 1; }
-kill -KILL "$victim"
-status=0
-wait "$job" || status=$?
-json=$(grep '^{' "$work/out" | tail -n 1)
-echo "worker rank 2 got SIGKILL: exit status $status, $(grep -o '"remote_lost":\[[0-9,]*\]' <<<"$json")," \
-  "$(grep -o '"samples":[0-9]*' <<<"$json" | head -n 1)"
-((status != 124)) || { cat "$work/out" >&2; echo "FAIL: the job still ran after 120 s" >&2; exit 1; }
-grep -q '"remote_lost":\[2\]' <<<"$json" || { cat "$work/out" >&2; echo "FAIL: worker rank 2 is not named lost" >&2; exit 1; }
-grep -q '"samples":90000,"trained_samples":90000' <<<"$json" ||
-  { echo "FAIL: not every sample of the 3 epochs trained once" >&2; exit 1; }
+# Worker rank 2 of a remote-workers job gets signal $1 after the first epoch; the rest of the
+# arguments are mpirun's. Workers of one thread each, so that an epoch takes a while. The job
+# must train every sample of its 3 epochs once and name the worker lost.
+lose_worker() {
+  local signal=$1
+  shift
+  timeout 120 "$mpiexec" --oversubscribe "$@" -np 3 "$train" --limit 6000 --device cpu --epochs 3 --remote-workers \
+    --threads 1 --crop-threads 1 --rank-timeout 3 --json >"$work/out" 2>&1 &
+  local job=$! victim= status=0 json
+  for _ in $(seq 300); do  # until the first epoch is over (30 s at most)
+    grep -q "epoch  1/3  loss" "$work/out" 2>/dev/null && victim=$(rank_pid 2 "^$train --limit 6000 .*--rank-timeout 3") &&
+      break
+    sleep 0.05
+  done
+  [[ -n $victim ]] || { cat "$work/out" >&2; echo "FAIL: no worker rank 2 to signal after epoch 1" >&2; exit 1; }
+  kill -"$signal" "$victim"
+  wait "$job" || status=$?
+  json=$(grep '^{' "$work/out" | tail -n 1)
+  echo "worker rank 2 got SIG$signal: exit status $status, $(grep -o '"remote_lost":\[[0-9,]*\]' <<<"$json")," \
+    "$(grep -o '"samples":[0-9]*' <<<"$json" | head -n 1)"
+  ((status != 124)) || { cat "$work/out" >&2; echo "FAIL: the job still ran after 120 s" >&2; exit 1; }
+  # Under --enable-recovery mpirun exits 0 whatever happens (docs/scale-out.md): the JSON is the
+  # verdict. Without it, the job ends by MPI_Abort with status 0.
+  [[ $status == 0 ]] || { cat "$work/out" >&2; echo "FAIL: the job did not end well ($status)" >&2; exit 1; }
+  grep -q '"remote_lost":\[2\]' <<<"$json" || { cat "$work/out" >&2; echo "FAIL: worker rank 2 is not named lost" >&2; exit 1; }
+  grep -q '"samples":90000,"trained_samples":90000' <<<"$json" ||
+    { echo "FAIL: not every sample of the 3 epochs trained once" >&2; exit 1; }
+}
+lose_worker STOP
+# Killed under --enable-recovery: a kill between the trainer's match of a batch and its transfer
+# stalled the trainer's blocking receive (1 run of 4, 2026-11-26).
+lose_worker KILL --enable-recovery
