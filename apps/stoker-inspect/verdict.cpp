@@ -231,7 +231,12 @@ class Model {
 
   double fit_training() const {
     std::vector<double> terms{1 - wait_};
-    if (!r_.queues.empty()) terms.push_back(1 - r_.queues.back().empty_pct / 100);
+    // The loop always had input, and the input was held back by it: its last queue's producer
+    // waited for room (which a pipeline only as fast as the loop never does).
+    if (!r_.queues.empty()) {
+      terms.push_back(1 - r_.queues.back().empty_pct / 100);
+      terms.push_back(r_.queues.back().waiting_pct / 100);
+    }
     if (counted_) terms.push_back(1 - input_working());
     return mean(terms);
   }

@@ -177,6 +177,37 @@ TEST_SUITE("the verdict") {
     CHECK(balanced.verdict.fit > 0.8);
   }
 
+  TEST_CASE(
+      "a stage asleep at the loop's own pace is balanced with it; asleep while the loop holds the input back, "
+      "it waits for the loop") {
+    // 'decode' sleeps through every call (its threads on a CPU 3% of their busy time) and the
+    // loop never waits. Its last queue never empty and its producer never waiting for room: the
+    // input goes exactly as fast as the loop, which a faster step would only make wait.
+    Made paced;
+    paced.stages = {{"read", 1, 0.0, 0.0, 0.95}, {"decode", 1, 0.95, 0.0, 0.0}};
+    paced.fills = {0.75, 0.09};
+    paced.empty = {0.02, 0.01};
+    paced.waiting = {0.94, 0.0};
+    paced.wait = 0.0;
+    paced.threads = 4;
+    paced.cores = 2;
+    paced.cpu_share = 0.03;
+    paced.machine_busy_pct = 40;
+    const Report balanced = analyze(make(paced));
+    CHECK(balanced.verdict.kind == Bottleneck::balanced);
+    CHECK(balanced.verdict.fit > 0.8);
+
+    // The same, but the last queue's producer waits for room nearly always: the input is held
+    // back by the loop, and its stage sleeps on something the loop holds.
+    Made held = paced;
+    held.fills = {0.75, 0.9};
+    held.waiting = {0.94, 0.85};
+    const Report training = analyze(make(held));
+    CHECK(training.verdict.kind == Bottleneck::training);
+    CHECK(training.verdict.fit > 0.8);
+    CHECK(has(text_of(training), "'decode' was busy 95% of the time of its 1 thread"));
+  }
+
   TEST_CASE("the verdict never contradicts the training loop's own wait") {
     // Whatever the stages and queues show, a loop that waited more than half the run is not the
     // bottleneck, and one that waited less than a fifth is not held back by any part of the input.
