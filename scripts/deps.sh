@@ -14,7 +14,9 @@ STOKER_PACKAGES=(
   zlib1g-dev libopenblas-dev libdlpack-dev libopenmpi-dev openmpi-bin
   libturbojpeg0-dev libjpeg62-turbo-dev libspng-dev
   python3-dev python3-pybind11
+  libcurl4-openssl-dev
   dataset-fashion-mnist
+  nginx-light openssl
 )
 
 stoker_package_installed() {

@@ -58,6 +58,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 
 struct ImagesOptions {
   std::string data;
+  std::string remote;        // the same shards at a URL; empty: not run
   std::vector<int> threads;  // empty: 1, 2, 4, ... up to the cores, and the cores
   std::uint64_t images = 0;  // 0: all
   std::uint32_t size = 224;
@@ -439,14 +440,20 @@ std::vector<int> default_threads() {
   return n;
 }
 
+std::vector<std::uint64_t> ids_below(std::uint64_t n) {
+  std::vector<std::uint64_t> ids(n);
+  for (std::uint64_t i = 0; i < n; ++i) ids[i] = i;
+  return ids;
+}
+
 std::string fixed(double v, int digits) {
   std::ostringstream s;
   s << std::fixed << std::setprecision(digits) << v;
   return s.str();
 }
 
-const std::string kContenders[] = {"stoker_pipeline", "stoker_pipeline_resize_in_map", "tight_loop",
-                                   "torchvision_dataloader", "stoker_python_loader"};
+const std::string kContenders[] = {"stoker_pipeline",        "stoker_pipeline_resize_in_map", "tight_loop",
+                                   "stoker_pipeline_remote", "torchvision_dataloader",        "stoker_python_loader"};
 
 Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
   const std::vector<int> thread_counts = opt.threads.empty() ? default_threads() : opt.threads;
@@ -466,11 +473,7 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
     throw std::invalid_argument("images: --python-loader needs --torchvision SCRIPT, which runs it");
 
   auto data = ImageDataset::open(opt.data);
-  if (opt.images != 0 && opt.images < data->size()) {
-    std::vector<std::uint64_t> first(opt.images);
-    for (std::uint64_t i = 0; i < opt.images; ++i) first[i] = i;
-    data = data->subset(first);
-  }
+  if (opt.images != 0 && opt.images < data->size()) data = data->subset(ids_below(opt.images));
   Job job{.options = opt, .data = data, .crop = {}, .crop_shape = {}, .order = {}, .expected = {}};
   job.crop.crop = {.size = {opt.size, opt.size},
                    .mirror = MirrorOptions{.axis = Axis::width, .p = kMirrorP},
@@ -518,6 +521,17 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
     std::vector<double> rates{}, cpu_ms{}, rss_growth_mib{};
     RunResult last{};
   };
+  // The same job on the same images, read from where --remote says: the warm-up round checks
+  // that its crops are the very same.
+  Job remote = job;
+  const bool remote_run = !opt.remote.empty() && wanted("stoker_pipeline_remote");
+  if (remote_run) {
+    remote.data = ImageDataset::open(opt.remote);
+    if (opt.images != 0 && opt.images < remote.data->size()) remote.data = remote.data->subset(ids_below(opt.images));
+    if (remote.data->size() != data->size())
+      throw std::invalid_argument("images: --remote " + opt.remote + " holds " + std::to_string(remote.data->size()) +
+                                  " images, --data " + std::to_string(data->size()) + ": not the same shards");
+  }
   std::vector<Contender> contenders;
   for (int n : thread_counts) {
     if (wanted("stoker_pipeline"))
@@ -531,6 +545,10 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
     if (wanted("tight_loop"))
       contenders.push_back({"tight_loop", n, [&job, n](bool deep, std::vector<Pools>& pools) {
                               return run_tight_loop(job, n, deep, pools);
+                            }});
+    if (remote_run)
+      contenders.push_back({"stoker_pipeline_remote", n, [&remote, n](bool deep, std::vector<Pools>& pools) {
+                              return run_pipeline(remote, n, ResizeAt::collate, deep, pools);
                             }});
     if (torchvision) contenders.push_back({"torchvision_dataloader", n, nullptr});
     if (python_loader) contenders.push_back({"stoker_python_loader", n, nullptr});
@@ -625,11 +643,12 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
     results.push_back(std::move(entry));
   }
   Json ratios = Json::array(), vs_tight = Json::object(), vs_torch = Json::object(), loader_vs_torch = Json::object(),
-       loader_vs_pipeline = Json::object();
+       loader_vs_pipeline = Json::object(), remote_vs_local = Json::object();
   std::cout << "\n";
   for (int n : thread_counts) {
     const Contender *p = find("stoker_pipeline", n), *t = find("tight_loop", n), *v = find("torchvision_dataloader", n),
-                    *m = find("stoker_pipeline_resize_in_map", n), *l = find("stoker_python_loader", n);
+                    *m = find("stoker_pipeline_resize_in_map", n), *l = find("stoker_python_loader", n),
+                    *u = find("stoker_pipeline_remote", n);
     if (!p) continue;
     Json r = {{"threads", n}};
     const double pm = spread(p->rates).median;
@@ -643,6 +662,11 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
         r["resize_in_map_over_tight_loop"] = spread(m->rates).median / spread(t->rates).median;
         std::cout << "  resizing in the map stage " << fixed(r["resize_in_map_over_tight_loop"].get<double>(), 3);
       }
+    }
+    if (u) {
+      const double q = spread(u->rates).median / pm;
+      r["remote_over_local"] = remote_vs_local[std::to_string(n)] = q;
+      std::cout << "  from --remote / from --data " << fixed(q, 3) << " (goal >= 0.9)";
     }
     if (v) {
       const double q = pm / spread(v->rates).median;
@@ -698,6 +722,9 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
        "N std::threads taking the epoch's images (ImageSource's order) by an atomic counter; each reads the file "
        "with ImageDataset::read into a pool of its own and writes the crop with DecodeResizedCrop::decode_into "
        "straight into its slot of a ring of 2 batches; the thread filling a batch's last slot delivers it"},
+      {"stoker_pipeline_remote",
+       "stoker_pipeline on the same shards read from --remote (one range request per image and per label; the "
+       "server's own page cache holds them)"},
       {"same_output", "the pipelines and the loop make the same crops, bit for bit (checked in an untimed round)"},
       {"page_cache", "every file read once before the runs; mincore() of each file says how much stayed cached"},
       {"pools", opt.cold ? "cold: every run starts with empty buffer pools"
@@ -713,6 +740,10 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
   if (python_loader) {
     out["ratio"]["python_loader_over_stoker_pipeline"] = loader_vs_pipeline;
     out["ratio"]["goal_python_loader_vs_stoker_pipeline"] = 0.9;
+    if (!remote_vs_local.empty()) {
+      out["ratio"]["remote_over_local"] = remote_vs_local;
+      out["ratio"]["goal_remote_over_local"] = 0.9;
+    }
     if (torchvision) out["ratio"]["python_loader_over_torchvision"] = loader_vs_torch;
   }
   out["config"]["pin_memory"] = opt.pin_memory;
@@ -734,6 +765,11 @@ SuiteRun setup_images(CLI::App& command) {
   auto o = std::make_shared<ImagesOptions>();
   command.add_option("--data", o->data, "A list file, class folder or .tar of JPEGs (stoker-make-data imagenet)")
       ->required();
+  command
+      .add_option("--remote", o->remote,
+                  "The same shards as --data at a URL (http://, https://, s3://; braces as WebDataset writes "
+                  "them): adds the contender stoker_pipeline_remote, the stoker pipeline reading them there")
+      ->type_name("URL");
   command
       .add_option("--threads", o->threads,
                   "Thread counts to run at, e.g. 1,2,4,8,16 (default: 1, 2, 4, ... up to the cores, and the cores)")

@@ -257,8 +257,9 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
       ->capture_default_str()
       ->group("Data");
   app.add_option("--images", o.images,
-                 "Train on image files instead of the IDX files: a list file of 'path label' lines or a folder per "
-                 "class (JPEG or PNG, decoded to gray; labels 0 to 9), cropped as --crop-size or --image-size says")
+                 "Train on image files instead of the IDX files: a list file of 'path label' lines, a folder per "
+                 "class, or tar shards, local or at a URL (http(s)://, s3://; braces as WebDataset writes them) "
+                 "(JPEG or PNG, decoded to gray; labels 0 to 9), cropped as --crop-size or --image-size says")
       ->type_name("PATH")
       ->group("Data");
   app.add_option("--test-images", o.test_images,

@@ -12,9 +12,20 @@
 
 namespace stoker::detail {
 
+/// A file read at given offsets, local or remote: what a tar archive's listing reads.
+class RandomAccessFile {
+ public:
+  virtual ~RandomAccessFile() = default;
+  virtual std::uint64_t size() const noexcept = 0;
+  /// Its path or URL, as errors name it.
+  virtual const std::string& name() const noexcept = 0;
+  /// Fills `out` from `offset`; throws DataError naming the file when it ends first or a read fails.
+  virtual void read_at(std::uint64_t offset, std::span<std::byte> out) const = 0;
+};
+
 /// A regular file open for reading at given offsets. Reads use pread, which does not move
 /// a shared file position, so one InputFile may be read from several threads at once.
-class InputFile {
+class InputFile final : public RandomAccessFile {
  public:
   /// Throws DataError when the file cannot be opened or is not a regular file.
   explicit InputFile(const std::filesystem::path& path);
@@ -22,11 +33,9 @@ class InputFile {
   InputFile(const InputFile&) = delete;
   InputFile& operator=(const InputFile&) = delete;
 
-  std::uint64_t size() const noexcept { return size_; }
-  const std::string& name() const noexcept { return name_; }
-
-  /// Fills `out` from `offset`; throws DataError when the file ends first or a read fails.
-  void read_at(std::uint64_t offset, std::span<std::byte> out) const;
+  std::uint64_t size() const noexcept override { return size_; }
+  const std::string& name() const noexcept override { return name_; }
+  void read_at(std::uint64_t offset, std::span<std::byte> out) const override;
 
  private:
   std::string name_;

@@ -13,10 +13,11 @@
 #include <stdexcept>
 #include <system_error>
 
-#include "file_io.h"
+#include "remote_io.h"
 #include "stoker/core/random.h"
 #include "stoker/stages/reader.h"
 #include "stoker/stages/tar.h"
+#include "tar_io.h"
 
 namespace stoker {
 
@@ -197,20 +198,51 @@ std::shared_ptr<const ImageDataset> ImageDataset::from_folder(const fs::path& ro
   return data;
 }
 
-std::shared_ptr<const ImageDataset> ImageDataset::from_tars(const std::vector<fs::path>& shards) {
+namespace {
+
+// A remote shard's members: from its index when the server has one, else from its headers.
+// Every member must lie inside the shard: an index of another version of it is refused here,
+// not met as a failed read later.
+std::vector<TarMember> remote_members(const detail::RemoteFile& shard, const detail::Remote& remote) {
+  constexpr std::uint64_t kMaxIndexBytes = std::uint64_t{1} << 30;
+  const std::string index = wds_index_path(shard.name()).string();
+  const auto bytes = remote.read_all(index, kMaxIndexBytes, /*missing_ok=*/true);
+  if (!bytes) return detail::list_tar(shard);
+  auto members = detail::parse_wds_index(*bytes, index);
+  for (const TarMember& m : members)
+    if (m.offset > shard.size() || m.size > shard.size() - m.offset)
+      throw DataError(index, "lists member " + m.name + " at bytes " + std::to_string(m.offset) + ".." +
+                                 std::to_string(m.offset + m.size) + ", past the end of " + shard.name() + " (" +
+                                 std::to_string(shard.size()) + " bytes): is it the index of another version?");
+  return members;
+}
+
+}  // namespace
+
+std::shared_ptr<const ImageDataset> ImageDataset::from_tars(const std::vector<fs::path>& shards,
+                                                            const RemoteOptions& remote) {
   if (shards.empty()) throw std::invalid_argument("ImageDataset::from_tars: no shard given");
   std::shared_ptr<ImageDataset> data(new ImageDataset());
   data->kind_ = Kind::tar;
   data->shards_ = shards;
   data->shard_begin_ = {0};
+  data->shard_bytes_.assign(shards.size(), 0);
   for (std::uint32_t s = 0; s < shards.size(); ++s) {
     const fs::path& shard = shards[s];
     const std::string name = shard.string();
-    std::error_code e1, e2;
-    const fs::path index = wds_index_path(shard);
-    const bool indexed =
-        fs::exists(index, e1) && fs::last_write_time(index, e1) >= fs::last_write_time(shard, e2) && !e1 && !e2;
-    const std::vector<TarMember> members = indexed ? read_wds_index(index) : list_tar(shard);
+    std::vector<TarMember> members;
+    if (is_url(name)) {
+      if (!data->remote_) data->remote_ = std::make_shared<const detail::Remote>(remote);
+      const detail::RemoteFile file(data->remote_, name);
+      data->shard_bytes_[s] = file.size();
+      members = remote_members(file, *data->remote_);
+    } else {
+      std::error_code e1, e2;
+      const fs::path index = wds_index_path(shard);
+      const bool indexed =
+          fs::exists(index, e1) && fs::last_write_time(index, e1) >= fs::last_write_time(shard, e2) && !e1 && !e2;
+      members = indexed ? read_wds_index(index) : list_tar(shard);
+    }
     // A sample is a run of members with one key.
     for (std::size_t i = 0; i < members.size();) {
       const std::string_view key = split_wds_name(members[i].name).first;
@@ -249,14 +281,29 @@ std::shared_ptr<const ImageDataset> ImageDataset::from_tars(const std::vector<fs
   return data;
 }
 
-std::shared_ptr<const ImageDataset> ImageDataset::open(const fs::path& path) {
+std::shared_ptr<const ImageDataset> ImageDataset::open(const fs::path& path, const RemoteOptions& remote) {
+  const std::string where = path.string();
   std::error_code error;
   const auto status = fs::status(path, error);
-  if (!fs::exists(status)) throw DataError(path.string(), "does not exist");
+  const bool url = is_url(where);
+  if (url || (!fs::exists(status) && where.find('{') != std::string::npos)) {
+    std::vector<fs::path> shards;
+    for (auto& name : expand_braces(where)) {
+      if (!lower(name).ends_with(".tar"))
+        throw DataError(where, url ? "a URL must name tar shards (ending in .tar): lists and class folders are read "
+                                     "from a local disk"
+                                   : "names in braces must be tar shards (ending in .tar), and '" + name + "' is not");
+      shards.emplace_back(std::move(name));
+    }
+    return from_tars(shards, remote);
+  }
+  if (!fs::exists(status)) throw DataError(where, "does not exist");
   if (fs::is_directory(status)) return from_folder(path);
-  if (lower(path.extension().string()) == ".tar") return from_tars({path});
+  if (lower(path.extension().string()) == ".tar") return from_tars({path}, remote);
   return from_list(path);
 }
+
+RemoteCounts ImageDataset::remote_counts() const noexcept { return remote_ ? remote_->counts() : RemoteCounts{}; }
 
 std::shared_ptr<const ImageDataset> ImageDataset::subset(std::span<const std::uint64_t> ids) const {
   if (ids.empty()) throw std::invalid_argument("ImageDataset::subset: no image asked for");
@@ -265,6 +312,7 @@ std::shared_ptr<const ImageDataset> ImageDataset::subset(std::span<const std::ui
   data->root_ = root_;
   data->classes_ = classes_;
   data->shard_begin_ = {0};
+  data->remote_ = remote_;
   std::uint32_t last_shard = 0;  // of this data set, for the image before
   for (std::size_t k = 0; k < ids.size(); ++k) {
     const std::uint64_t id = ids[k];
@@ -277,6 +325,7 @@ std::shared_ptr<const ImageDataset> ImageDataset::subset(std::span<const std::ui
       if (data->shards_.empty() || item.shard != last_shard) {
         if (!data->shards_.empty()) data->shard_begin_.push_back(data->items_.size());
         data->shards_.push_back(shards_[item.shard]);
+        data->shard_bytes_.push_back(shard_bytes_[item.shard]);
         last_shard = item.shard;
       }
       item.shard = static_cast<std::uint32_t>(data->shards_.size() - 1);
@@ -319,7 +368,21 @@ EncodedImage ImageDataset::read(std::uint64_t id, BufferPool& pool, const StageC
     out.label = item.label;
     return out;
   }
-  const detail::InputFile file(shards_[item.shard]);
+  const std::string shard = shards_[item.shard].string();
+  const bool remote = is_url(shard);
+  std::unique_ptr<const detail::RandomAccessFile> opened;
+  if (remote)
+    opened = std::make_unique<const detail::RemoteFile>(remote_, shard, shard_bytes_[item.shard]);
+  else
+    opened = std::make_unique<const detail::InputFile>(shards_[item.shard]);
+  const detail::RandomAccessFile& file = *opened;
+  // Reads that wait for a server give up when the pipeline stops.
+  const auto read_at = [&](std::uint64_t offset, std::span<std::byte> out) {
+    if (remote)
+      static_cast<const detail::RemoteFile&>(file).read_at(offset, out, ctx.stop);
+    else
+      file.read_at(offset, out);
+  };
   const auto past_end = [&](std::uint64_t offset, std::uint64_t size) {  // offset + size, without wrapping
     return offset > file.size() || size > file.size() - offset;
   };
@@ -328,16 +391,31 @@ EncodedImage ImageDataset::read(std::uint64_t id, BufferPool& pool, const StageC
                                   " bytes): was the shard changed after it was indexed?");
   if (item.label_size > 64)
     throw DataError(out.name, "its .cls label is " + std::to_string(item.label_size) + " bytes long");
-  char label[64];
-  file.read_at(item.label_offset, std::as_writable_bytes(std::span(label, item.label_size)));
-  const auto parsed = parse_label({label, item.label_size});
-  if (!parsed)
-    throw DataError(out.name, "its .cls label '" + std::string(label, item.label_size) +
-                                  "' is not a whole number from 0 to 2147483647");
-  out.label = *parsed;
   check_size(item.size);
+  const auto set_label = [&](const char* label) {
+    const auto parsed = parse_label({label, item.label_size});
+    if (!parsed)
+      throw DataError(out.name, "its .cls label '" + std::string(label, item.label_size) +
+                                    "' is not a whole number from 0 to 2147483647");
+    out.label = *parsed;
+  };
   out.data = pool.acquire(item.size, ctx);
-  file.read_at(item.offset, {out.data.data(), out.data.size()});
+  // A request costs far more than a few bytes more in it: a remote image and its label, which
+  // tar shards keep side by side, come in one, the bytes between them (a header) dropped.
+  constexpr std::uint64_t kJoinGap = 4096;
+  const std::uint64_t first = std::min(item.offset, item.label_offset);
+  const std::uint64_t end = std::max(item.offset + item.size, item.label_offset + item.label_size);
+  if (remote && end - first <= item.size + kJoinGap) {
+    Buffer both = pool.acquire(end - first, ctx);
+    read_at(first, {both.data(), both.size()});
+    set_label(reinterpret_cast<const char*>(both.data() + (item.label_offset - first)));
+    std::memcpy(out.data.data(), both.data() + (item.offset - first), item.size);
+    return out;
+  }
+  char label[64];
+  read_at(item.label_offset, std::as_writable_bytes(std::span(label, item.label_size)));
+  set_label(label);
+  read_at(item.offset, {out.data.data(), out.data.size()});
   return out;
 }
 

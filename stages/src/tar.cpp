@@ -12,8 +12,8 @@
 #include <sstream>
 #include <stdexcept>
 
-#include "file_io.h"
 #include "stoker/stages/reader.h"
+#include "tar_io.h"
 
 namespace stoker {
 
@@ -104,7 +104,10 @@ std::string octal(std::uint64_t value, std::size_t digits) {
 }  // namespace
 
 std::vector<TarMember> list_tar(const std::filesystem::path& archive) {
-  const detail::InputFile file(archive);
+  return detail::list_tar(detail::InputFile(archive));
+}
+
+std::vector<TarMember> detail::list_tar(const RandomAccessFile& file) {
   const std::string& name = file.name();
   std::vector<TarMember> members;
   std::string long_name;  // from a pax or GNU long-name entry, for the next member
@@ -198,9 +201,11 @@ void write_wds_index(const std::filesystem::path& index, std::span<const TarMemb
 }
 
 std::vector<TarMember> read_wds_index(const std::filesystem::path& index) {
-  const auto bytes = detail::read_file(index);
+  return detail::parse_wds_index(detail::read_file(index), index.string());
+}
+
+std::vector<TarMember> detail::parse_wds_index(std::span<const std::byte> bytes, const std::string& name) {
   std::istringstream in(std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size()));
-  const std::string name = index.string();
   std::string version;
   std::uint64_t samples = 0;
   if (!(in >> version >> samples) || version != "v1.2")

@@ -14,9 +14,14 @@
 #include "stoker/core/stage.h"
 #include "stoker/stages/buffer_pool.h"
 #include "stoker/stages/image.h"
+#include "stoker/stages/remote.h"
 #include "stoker/stages/shard.h"
 
 namespace stoker {
+
+namespace detail {
+class Remote;
+}
 
 /// The default limit on an image file's size (ImageSourceOptions::max_file_bytes): 256 MiB, just
 /// above an 8-bit RGB image of kDefaultMaxPixels stored without compression (268,435,455 bytes).
@@ -48,11 +53,20 @@ class ImageDataset {
   /// (wds_index_path(): DALI's wds2idx format) when it is there and no older than the shard, and
   /// by reading the shard's headers otherwise. Throws DataError naming the shard for a sample
   /// without exactly one image or without a label, and for a shard with no sample.
-  static std::shared_ptr<const ImageDataset> from_tars(const std::vector<std::filesystem::path>& shards);
+  ///
+  /// A shard may be a URL (is_url(): http://, https:// or s3://bucket/key; docs/remote.md): its
+  /// index is the URL with ".idx" for ".tar" when the server has it (one request), and its
+  /// headers are read otherwise (one range request each). Each image is then one range request
+  /// for its bytes and one for its label, made as `remote` says (timeouts, retries).
+  static std::shared_ptr<const ImageDataset> from_tars(const std::vector<std::filesystem::path>& shards,
+                                                       const RemoteOptions& remote = {});
 
   /// What `path` is: a folder -> from_folder(), a file ending in ".tar" -> from_tars({path}),
-  /// any other file -> from_list(). Throws DataError when it does not exist.
-  static std::shared_ptr<const ImageDataset> open(const std::filesystem::path& path);
+  /// any other file -> from_list(). A name with braces that is not a file, or a URL with
+  /// braces, stands for the shards expand_braces() makes of it ("train-{000..127}.tar"), and a
+  /// URL names tar shards only. Throws DataError when it does not exist, or a URL or a name in
+  /// braces does not end in ".tar".
+  static std::shared_ptr<const ImageDataset> open(const std::filesystem::path& path, const RemoteOptions& remote = {});
 
   /// The images `ids` (strictly increasing, each below size()) as a data set of their own, with
   /// ids 0 .. ids.size() - 1 in that order and the same files, labels and classes: a held-out
@@ -81,6 +95,9 @@ class ImageDataset {
   /// kind, the count and a hash of every name and label (tar: of names and member offsets).
   const std::string& fingerprint() const noexcept { return fingerprint_; }
 
+  /// What the reads of its remote shards did so far (all zero for local data).
+  RemoteCounts remote_counts() const noexcept;
+
  private:
   enum class Kind : std::uint8_t { list, folder, tar };
   struct Item {
@@ -106,6 +123,8 @@ class ImageDataset {
   std::vector<std::string> classes_;
   std::vector<std::uint64_t> shard_begin_{0};
   std::string fingerprint_;
+  std::shared_ptr<const detail::Remote> remote_;  // remote shards: how they are read
+  std::vector<std::uint64_t> shard_bytes_;        // tar: each remote shard's size, 0 for a local one
 };
 
 /// In what order an epoch reads a data set.

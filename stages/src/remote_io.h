@@ -1,0 +1,80 @@
+// SPDX-License-Identifier: Apache-2.0
+// Reading remote objects over HTTP(S) and S3 with libcurl, for the data sets. Private to
+// stoker_stages: no libcurl type leaves remote.cpp.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stop_token>
+#include <string>
+#include <vector>
+
+#include "file_io.h"
+#include "stoker/stages/remote.h"
+
+namespace stoker::detail {
+
+struct S3Settings;
+
+/// The reads of one data set's remote objects: its options, its retry budget and its counts.
+/// Thread-safe: each thread makes its requests on a libcurl handle of its own, which keeps its
+/// connections open from one request to the next.
+class Remote {
+ public:
+  explicit Remote(RemoteOptions options);
+  ~Remote();
+  Remote(const Remote&) = delete;
+  Remote& operator=(const Remote&) = delete;
+
+  /// The object's size in bytes (a HEAD request).
+  std::uint64_t size(const std::string& url) const;
+  /// Fills `out` with the object's bytes from `offset` (one range request); every byte or a
+  /// DataError, never part of them. Gives up, throwing PipelineStopped, within about a second
+  /// of `stop` being requested, in a request or between attempts.
+  void read(const std::string& url, std::uint64_t offset, std::span<std::byte> out, std::stop_token stop = {}) const;
+  /// The whole object, up to `limit` bytes (a longer one is a DataError); none when the server
+  /// says it is not there (404) and `missing_ok`.
+  std::optional<std::vector<std::byte>> read_all(const std::string& url, std::uint64_t limit, bool missing_ok) const;
+
+  RemoteCounts counts() const noexcept;
+  const RemoteOptions& options() const noexcept { return options_; }
+
+ private:
+  struct Outcome;
+  void with_retries(const std::string& url, const std::function<Outcome()>& once, std::stop_token stop = {}) const;
+  const S3Settings& s3() const;
+
+  RemoteOptions options_;
+  mutable std::unique_ptr<S3Settings> s3_;  // read from the environment and ~/.aws on first use
+  mutable std::once_flag s3_once_;
+  mutable std::atomic<std::uint64_t> requests_{0}, retries_{0}, bytes_{0}, budget_left_;
+};
+
+/// A remote object read at given offsets, as InputFile reads a local one.
+class RemoteFile final : public RandomAccessFile {
+ public:
+  /// Asks for its size (one request).
+  RemoteFile(std::shared_ptr<const Remote> remote, std::string url);
+  /// One whose size is known (from its listing): no request.
+  RemoteFile(std::shared_ptr<const Remote> remote, std::string url, std::uint64_t size)
+      : remote_(std::move(remote)), url_(std::move(url)), size_(size) {}
+  std::uint64_t size() const noexcept override { return size_; }
+  const std::string& name() const noexcept override { return url_; }
+  void read_at(std::uint64_t offset, std::span<std::byte> out) const override { remote_->read(url_, offset, out); }
+  void read_at(std::uint64_t offset, std::span<std::byte> out, std::stop_token stop) const {
+    remote_->read(url_, offset, out, std::move(stop));
+  }
+
+ private:
+  std::shared_ptr<const Remote> remote_;
+  std::string url_;
+  std::uint64_t size_ = 0;
+};
+
+}  // namespace stoker::detail

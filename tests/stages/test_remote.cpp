@@ -1,0 +1,289 @@
+// SPDX-License-Identifier: Apache-2.0
+// Tar shards read over HTTP(S) from a real nginx, and through a fault proxy that fails requests
+// the ways networks and servers do. Runs under tests/remote/serve.py, which starts the servers
+// and says where they are (STOKER_TEST_ROOT, _HTTP, _HTTPS, _CA, _PROXY); see its docstring.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <numeric>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "stages/image_support.h"
+#include "stoker/core/pipeline.h"
+#include "stoker/stages/image.h"
+#include "stoker/stages/image_encode.h"
+#include "stoker/stages/image_source.h"
+#include "stoker/stages/reader.h"
+#include "stoker/stages/remote.h"
+#include "stoker/stages/tar.h"
+
+using namespace stoker;
+using namespace stoker::test;
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string env(const char* name) {
+  const char* v = std::getenv(name);
+  REQUIRE_MESSAGE(v != nullptr, name << " is not set: run this test under tests/remote/serve.py");
+  return v;
+}
+
+std::string text_of(std::span<const std::byte> b) { return {reinterpret_cast<const char*>(b.data()), b.size()}; }
+
+// Three shards of 4 samples each under the servers' root, in folder `name`: the first two with
+// an index beside them, the third without (its headers are read). Made once per folder.
+struct Shards {
+  std::string folder;
+  std::vector<std::vector<std::byte>> bytes;  // by id
+  std::uint64_t label_bytes = 0;
+  static constexpr int kShards = 3, kPer = 4;
+
+  explicit Shards(std::string name) : folder(std::move(name)) {
+    const fs::path dir = fs::path(env("STOKER_TEST_ROOT")) / folder;
+    fs::create_directories(dir);
+    auto pool = BufferPool::create();
+    for (int s = 0; s < kShards; ++s) {
+      const fs::path path = dir / ("part-" + std::to_string(s) + ".tar");
+      TarWriter tar(path);
+      for (int i = 0; i < kPer; ++i) {
+        const auto id = static_cast<std::uint32_t>(s * kPer + i);
+        bytes.push_back(encode_png(noise_image(*pool, 6 + id % 3, 5, 3, id)));
+        const std::string key = "k" + std::to_string(100 + id);
+        tar.add(key + ".png", bytes.back());
+        const std::string label = std::to_string(id % 5);
+        tar.add(key + ".cls", label);
+        label_bytes += label.size();
+      }
+      tar.finish();
+      if (s < 2) write_wds_index(wds_index_path(path), tar.members());
+    }
+  }
+  // The shards' URLs under `base` (the path's first part may name a fault), as braces.
+  std::string url(const std::string& base) const { return base + "/" + folder + "/part-{0..2}.tar"; }
+  // The images' bytes, each to the end of its last 512-byte block.
+  std::uint64_t padded_image_bytes() const {
+    return std::accumulate(bytes.begin(), bytes.end(), std::uint64_t{0},
+                           [](std::uint64_t sum, const auto& b) { return sum + (b.size() + 511) / 512 * 512; });
+  }
+};
+
+// Every image of `data`, read once: its bytes must be shards' image `id`, its label id % 5.
+void check_reads(const ImageDataset& data, const Shards& shards) {
+  REQUIRE(data.size() == shards.bytes.size());
+  auto pool = BufferPool::create();
+  for (std::uint64_t id = 0; id < data.size(); ++id) {
+    const EncodedImage image = data.read(id, *pool);
+    CHECK(text_of({image.data.data(), image.data.size()}) == text_of(shards.bytes[id]));
+    CHECK(image.label == static_cast<std::int32_t>(id % 5));
+  }
+}
+
+// A DataError's message from `f`, which must throw one.
+template <class F>
+std::string data_error(F f) {
+  try {
+    f();
+  } catch (const DataError& e) {
+    return e.what();
+  }
+  FAIL("no DataError");
+  return {};
+}
+
+bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+RemoteOptions quick() {
+  RemoteOptions o;
+  o.timeout = 1000ms;
+  o.retries = 3;
+  o.backoff = 1ms;
+  o.max_backoff = 20ms;
+  return o;
+}
+
+}  // namespace
+
+TEST_SUITE("remote shards") {
+  TEST_CASE("brace ranges and lists expand as WebDataset's names use them") {
+    CHECK(expand_braces("a-{000..002}.tar") == std::vector<std::string>{"a-000.tar", "a-001.tar", "a-002.tar"});
+    CHECK(expand_braces("{8..10}") == std::vector<std::string>{"8", "9", "10"});
+    CHECK(expand_braces("{a,b}-{0..1}") == std::vector<std::string>{"a-0", "a-1", "b-0", "b-1"});
+    CHECK(expand_braces("plain.tar") == std::vector<std::string>{"plain.tar"});
+    CHECK(expand_braces("x{}.tar") == std::vector<std::string>{"x{}.tar"});
+    CHECK_THROWS_WITH_AS(expand_braces("a-{3..1}.tar"), doctest::Contains("ends below its start"),
+                         std::invalid_argument);
+    CHECK_THROWS_WITH_AS(expand_braces("a-{0..1.tar"), doctest::Contains("not closed"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(expand_braces("a-0..1}.tar"), doctest::Contains("no '{'"), std::invalid_argument);
+    CHECK_THROWS_WITH_AS(expand_braces("{0..999}{0..9999}"), doctest::Contains("million"), std::invalid_argument);
+    CHECK(is_url("http://h/x.tar"));
+    CHECK(is_url("https://h/x.tar"));
+    CHECK(is_url("s3://b/x.tar"));
+    CHECK_FALSE(is_url("/data/x.tar"));
+    CHECK_FALSE(is_url("shards/http://x"));
+  }
+
+  TEST_CASE("shards over http and https: the same images, labels and names as on disk, each byte fetched once") {
+    const Shards shards("same");
+    for (const std::string& base : {env("STOKER_TEST_HTTP"), env("STOKER_TEST_HTTPS")}) {
+      CAPTURE(base);
+      RemoteOptions o;
+      o.ca_file = env("STOKER_TEST_CA");
+      const auto data = ImageDataset::open(shards.url(base), o);
+      CHECK(data->shards() == 3);
+      CHECK(data->name(5) == base + "/same/part-1.tar:k105.png");
+      const RemoteCounts listed = data->remote_counts();
+      // Per shard a HEAD and a request for its index; the third's 8 headers and its end marker.
+      CHECK(listed.requests == 3 * 2 + 2 * Shards::kPer + 1);
+      CHECK(listed.retries == 0);
+      check_reads(*data, shards);
+      const RemoteCounts read = data->remote_counts();
+      // One request an image, for its bytes, its label's and what lies between them: the image's
+      // last block's padding and the label's header.
+      CHECK(read.requests - listed.requests == shards.bytes.size());
+      CHECK(read.bytes - listed.bytes == shards.padded_image_bytes() + 512 * shards.bytes.size() + shards.label_bytes);
+      // The same data set from the local files: one fingerprint but for the names.
+      const auto local = ImageDataset::open(fs::path(env("STOKER_TEST_ROOT")) / "same/part-{0..2}.tar");
+      CHECK(local->size() == data->size());
+    }
+  }
+
+  TEST_CASE("a pipeline over remote shards reads every image of an epoch once, and decodes them") {
+    const Shards shards("pipeline");
+    const auto data = ImageDataset::open(shards.url(env("STOKER_TEST_HTTP")));
+    auto pipe = PipelineBuilder{}
+                    .threads(2)
+                    .epochs(2)
+                    .source("read", ImageSource(data))
+                    .map("decode", ImageDecoder(), {.threads = 2})
+                    .build();
+    for (auto epoch : pipe.epochs()) {
+      std::multiset<std::uint64_t> ids;
+      for (auto& image : epoch) {
+        ids.insert(image.id);
+        CHECK(image.shape.height == 6 + image.id % 3);
+      }
+      CHECK(ids.size() == shards.bytes.size());
+      CHECK(std::set<std::uint64_t>(ids.begin(), ids.end()).size() == shards.bytes.size());
+    }
+  }
+
+  TEST_CASE("under on_error = skip, images whose reads fail for good are skipped and counted, the rest read") {
+    const Shards shards("skipped");
+    RemoteOptions o = quick();
+    o.retries = 1;
+    // Shard 0 through a proxy that answers every range request with half of it: its 4 images fail;
+    // shards 1 and 2 straight from nginx.
+    const std::string http = env("STOKER_TEST_HTTP"), proxy = env("STOKER_TEST_PROXY");
+    const auto data = ImageDataset::from_tars(
+        {proxy + "/rangehalf/skipped/part-0.tar", http + "/skipped/part-1.tar", http + "/skipped/part-2.tar"}, o);
+    auto pipe = PipelineBuilder{}
+                    .epochs(2)
+                    .source("read", ImageSource(data), {.on_error = OnError::skip})
+                    .map("decode", ImageDecoder())
+                    .build();
+    std::multiset<std::uint64_t> ids;
+    for (auto epoch : pipe.epochs())
+      for (auto& image : epoch) ids.insert(image.id);
+    CHECK(ids.size() == 2 * 8);
+    for (std::uint64_t id = 4; id < 12; ++id) CHECK(ids.count(id) == 2);
+    const auto summary = pipe.summary();
+    CHECK(summary.stages.front().name == "read");
+    CHECK(summary.stages.front().skipped == 2 * 4);
+  }
+
+  TEST_CASE("a pipeline whose source waits on a server that does not answer stops within about a second") {
+    const Shards shards("stalled");
+    RemoteOptions o;
+    o.timeout = 30s;  // past the proxy's stall of 3 s: only the stop ends the wait
+    const auto data = ImageDataset::from_tars({env("STOKER_TEST_PROXY") + "/rangestall/stalled/part-0.tar"}, o);
+    auto pipe = PipelineBuilder{}.source("read", ImageSource(data)).build();
+    std::this_thread::sleep_for(300ms);  // the source's first read is in its request
+    const auto t0 = std::chrono::steady_clock::now();
+    pipe.stop();
+    CHECK(std::chrono::steady_clock::now() - t0 < 2s);  // libcurl asks whether to go on once a second
+    CHECK(data->remote_counts().requests == 3);         // the HEAD, the index, the read given up
+  }
+
+  TEST_CASE("an https server whose certificate is not trusted is refused at once, naming the URL") {
+    const Shards shards("untrusted");
+    RemoteOptions o = quick();
+    o.ca_file = "/etc/ssl/certs/ca-certificates.crt";  // the system's: not the test's own certificate
+    const std::string url = env("STOKER_TEST_HTTPS") + "/untrusted/part-0.tar";
+    const std::string e = data_error([&] { ImageDataset::from_tars({url}, o); });
+    CHECK(has(e, url + ": "));
+    CHECK(has(e, "certificate"));
+    CHECK(has(e, "(1 attempt; not retried)"));
+  }
+
+  TEST_CASE("a shard the server does not have: HTTP 404 naming its URL, not retried") {
+    const std::string url = env("STOKER_TEST_HTTP") + "/nowhere/part-0.tar";
+    const std::string e = data_error([&] { ImageDataset::from_tars({url}, quick()); });
+    CHECK(e == url + ": the server answered HTTP 404 Not Found (1 attempt; not retried)");
+  }
+
+  TEST_CASE("faults the retries absorb: 503s, connections dropped mid-body, a stalled request") {
+    const Shards shards("absorbed");
+    const std::string proxy = env("STOKER_TEST_PROXY");
+    for (const std::string fault : {"503x2", "dropx1"}) {
+      CAPTURE(fault);
+      const auto data = ImageDataset::open(shards.url(proxy + "/" + fault), quick());
+      check_reads(*data, shards);
+      const RemoteCounts c = data->remote_counts();
+      CHECK(c.retries > 0);
+      // Each request failed as often as the fault says (a HEAD has no body to drop), and every
+      // request succeeded once: a HEAD and an index request a shard, the third's 8 headers and
+      // end marker, one read an image.
+      CHECK(c.requests - c.retries == 3 * 2 + 2 * Shards::kPer + 1 + shards.bytes.size());
+    }
+    // The proxy holds a stalled request for 3 s; the timeout gives up on it after 0.3 s. One shard:
+    // each of its requests stalls once.
+    RemoteOptions o = quick();
+    o.timeout = 300ms;
+    const auto data = ImageDataset::from_tars({proxy + "/stallx1/absorbed/part-0.tar"}, o);
+    auto pool = BufferPool::create();
+    for (std::uint64_t id = 0; id < data->size(); ++id)
+      CHECK(text_of(data->read(id, *pool).bytes()) == text_of(shards.bytes[id]));
+    const RemoteCounts c = data->remote_counts();
+    CHECK(c.requests == 2 * (2 + Shards::kPer));  // a HEAD, the index, and a read an image: each twice
+    CHECK(c.retries == c.requests / 2);
+  }
+
+  TEST_CASE("faults that do not pass: named with the URL, the answer and the attempts; never a short read") {
+    const Shards shards("failing");
+    const std::string proxy = env("STOKER_TEST_PROXY");
+    RemoteOptions o = quick();
+    o.retries = 2;
+    const std::string url503 = proxy + "/always503/failing/part-0.tar";
+    CHECK(data_error([&] { ImageDataset::from_tars({url503}, o); }) ==
+          url503 + ": the server answered HTTP 503 Service Unavailable (3 attempts: RemoteOptions::retries = 2)");
+
+    // A body cut short of its length every time: the index, in the listing. Then a well-formed
+    // answer with half the bytes asked for (the shard's HEAD and its index pass).
+    const std::string idx = proxy + "/short/failing/part-0.idx";
+    const std::string listing = data_error([&] { ImageDataset::from_tars({proxy + "/short/failing/part-0.tar"}, o); });
+    CHECK(has(listing, idx + ": "));
+    CHECK(has(listing, "(3 attempts: RemoteOptions::retries = 2)"));
+    const std::string cut = proxy + "/rangehalf/failing/part-0.tar";
+    const auto data = ImageDataset::from_tars({cut}, o);
+    auto pool = BufferPool::create();
+    const std::string e = data_error([&] { data->read(0, *pool); });
+    CHECK(has(e, cut + ": "));
+    CHECK(has(e, "(3 attempts: RemoteOptions::retries = 2)"));
+
+    // A server that ignores ranges: the whole shard where a member was asked for.
+    const auto whole = ImageDataset::from_tars({proxy + "/norange/failing/part-0.tar"}, o);
+    CHECK(has(data_error([&] { whole->read(1, *pool); }), "it does not take range requests (1 attempt; not retried)"));
+
+    // The retry budget: once spent, the next failure is final.
+    o.retries = 5;
+    o.retry_budget = 1;
+    CHECK(has(data_error([&] { ImageDataset::from_tars({url503}, o); }),
+              "(2 attempts; the data set's retry budget, RemoteOptions::retry_budget = 1, is spent)"));
+  }
+}
