@@ -37,8 +37,22 @@ export STOKER_BUILD_DIR="$build_dir"
 # libtorch's CPU build, for the example client (apps/stoker-torch-example), which is tested
 # when it is found, and PyTorch, pytest and NumPy for the Python module's tests; the demo needs
 # none of them.
-export STOKER_EXTRA_PACKAGES="${STOKER_EXTRA_PACKAGES:-} libtorch-dev chromium pkgconf python3-torch python3-torchvision python3-pil python3-pytest python3-pytest-timeout python3-numpy python3-venv python3-pip python3-setuptools python3-wheel python3-mypy"
+export STOKER_EXTRA_PACKAGES="${STOKER_EXTRA_PACKAGES:-} libtorch-dev chromium pkgconf python3-torch python3-torchvision python3-pil python3-pytest python3-pytest-timeout python3-numpy python3-venv python3-pip python3-setuptools python3-wheel python3-mypy curl"
 bash "$root/scripts/build.sh"
+
+# s3rver, the S3 server test_remote reads from (tests/remote/serve.py starts it): from the npm
+# registry, once, into the build tree. npm comes with Node.js (Debian's npm package where the
+# machine has no npm).
+s3rver_dir="$build_dir/node"
+if [[ ! -x "$s3rver_dir/node_modules/.bin/s3rver" ]]; then
+  if ! command -v npm >/dev/null 2>&1; then
+    # shellcheck source=deps.sh
+    source "$root/scripts/deps.sh"
+    stoker_deps npm
+  fi
+  echo "test: installing s3rver 3.7.1 into $s3rver_dir"
+  npm install --no-audit --no-fund --prefix "$s3rver_dir" s3rver@3.7.1
+fi
 
 ctest_args=()
 read -r -a ctest_args <<<"${STOKER_CTEST_ARGS:-}"

@@ -2,19 +2,22 @@
 # SPDX-License-Identifier: Apache-2.0
 """Runs a test program beside real servers on loopback, and stops them when it ends.
 
-    serve.py [--max-seconds S] -- PROGRAM [ARG...]
+    serve.py [--max-seconds S] [--s3rver PATH] -- PROGRAM [ARG...]
 
 Starts, in a temporary folder whose `root/` they serve:
   - nginx (Debian's nginx-light) over http and over https (a self-signed certificate for
     127.0.0.1, made with openssl), with range requests as nginx answers them;
   - a fault proxy of this script's own in front of nginx's http, which does to a request what the
     first part of its path says (below);
+  - with --s3rver, s3rver (npm's s3rver, run with node) over http, with an empty bucket
+    "stoker-test", access key id S3RVER, secret S3RVER;
 and runs PROGRAM with these in its environment:
   STOKER_TEST_ROOT   the folder the servers serve (the program writes its files there)
   STOKER_TEST_HTTP   http://127.0.0.1:PORT     (nginx)
   STOKER_TEST_HTTPS  https://127.0.0.1:PORT    (nginx)
   STOKER_TEST_CA     the certificate's PEM file
   STOKER_TEST_PROXY  http://127.0.0.1:PORT     (the fault proxy)
+  STOKER_TEST_S3     http://127.0.0.1:PORT     (s3rver; its endpoint, for AWS_ENDPOINT_URL)
 
 The proxy's faults, by the first part of the path (the rest is the file's path in the root):
   /ok/...          passed on
@@ -109,6 +112,21 @@ def start_nginx(tmp, root):
         sys.exit("serve.py: nginx did not start:\n" + f.read())
 
 
+def start_s3rver(script, tmp):
+    os.mkdir(f"{tmp}/s3")
+    for _ in range(5):
+        port = free_port()
+        s3 = subprocess.Popen(["node", script, "-d", f"{tmp}/s3", "-a", "127.0.0.1", "-p", str(port), "-s",
+                               "--configure-bucket", "stoker-test"],
+                              stdout=subprocess.DEVNULL, stderr=open(f"{tmp}/s3rver.log", "w"))
+        if wait_listening(port, s3, seconds=30):
+            return s3, port
+        s3.kill()
+        s3.wait()
+    with open(f"{tmp}/s3rver.log") as f:
+        sys.exit("serve.py: s3rver did not start:\n" + f.read())
+
+
 class Proxy(http.server.ThreadingHTTPServer):
     daemon_threads = True
 
@@ -198,6 +216,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--max-seconds", type=float, default=300)
     p.add_argument("--stall", type=float, default=3.0, help="how long a stalled request waits before closing")
+    p.add_argument("--s3rver", help="s3rver's script (node_modules/.bin/s3rver): also run it")
     p.add_argument("program", nargs=argparse.REMAINDER)
     args = p.parse_args()
     program = args.program[1:] if args.program[:1] == ["--"] else args.program
@@ -209,15 +228,22 @@ def main():
     tmp = tempfile.mkdtemp(prefix="stoker-serve-")
     root = os.path.join(tmp, "root")
     os.mkdir(root)
-    nginx = proxy = None
+    if args.s3rver and not os.access(args.s3rver, os.X_OK):
+        sys.exit(f"serve.py: s3rver is not installed at {args.s3rver}: scripts/test.sh installs it "
+                 f"(npm install --prefix BUILD/node s3rver@3.7.1)")
+    nginx = proxy = s3 = None
     try:
         nginx, ports = start_nginx(tmp, root)
+        extra = {}
+        if args.s3rver:
+            s3, port = start_s3rver(args.s3rver, tmp)
+            extra["STOKER_TEST_S3"] = f"http://127.0.0.1:{port}"
         proxy = Proxy(ports["http"], args.stall)
         threading.Thread(target=proxy.serve_forever, daemon=True).start()
         env = dict(os.environ, STOKER_TEST_ROOT=root, STOKER_TEST_CA=f"{tmp}/cert.pem",
                    STOKER_TEST_HTTP=f"http://127.0.0.1:{ports['http']}",
                    STOKER_TEST_HTTPS=f"https://127.0.0.1:{ports['https']}",
-                   STOKER_TEST_PROXY=f"http://127.0.0.1:{proxy.server_address[1]}")
+                   STOKER_TEST_PROXY=f"http://127.0.0.1:{proxy.server_address[1]}", **extra)
         child = subprocess.Popen(program, env=env)
         try:
             return child.wait(timeout=args.max_seconds)
@@ -229,13 +255,14 @@ def main():
     finally:
         if proxy is not None:
             proxy.shutdown()
-        if nginx is not None:
-            nginx.send_signal(signal.SIGTERM)
-            try:
-                nginx.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                nginx.kill()
-                nginx.wait()
+        for server in (nginx, s3):
+            if server is not None:
+                server.send_signal(signal.SIGTERM)
+                try:
+                    server.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    server.kill()
+                    server.wait()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <numeric>
 #include <set>
 #include <string>
@@ -20,6 +21,7 @@
 #include "stoker/stages/reader.h"
 #include "stoker/stages/remote.h"
 #include "stoker/stages/tar.h"
+#include "support.h"
 
 using namespace stoker;
 using namespace stoker::test;
@@ -208,6 +210,45 @@ TEST_SUITE("remote shards") {
     pipe.stop();
     CHECK(std::chrono::steady_clock::now() - t0 < 2s);  // libcurl asks whether to go on once a second
     CHECK(data->remote_counts().requests == 3);         // the HEAD, the index, the read given up
+  }
+
+  TEST_CASE("shards in S3 (s3rver): signed requests, credentials from the environment or ~/.aws files") {
+    const Shards shards("s3");
+    const std::string endpoint = env("STOKER_TEST_S3");
+    // s3rver takes unsigned uploads; the shards and their indexes go to bucket stoker-test.
+    const fs::path dir = fs::path(env("STOKER_TEST_ROOT")) / "s3";
+    for (const auto& file : fs::directory_iterator(dir)) {
+      const std::string put = "curl -sf -T '" + file.path().string() + "' '" + endpoint + "/stoker-test/s3/" +
+                              file.path().filename().string() + "' > /dev/null";
+      REQUIRE_MESSAGE(std::system(put.c_str()) == 0, put);
+    }
+    stoker::test::ScopedEnv environment({{"AWS_ENDPOINT_URL", endpoint},
+                                         {"AWS_REGION", "us-east-1"},
+                                         {"AWS_ACCESS_KEY_ID", "S3RVER"},
+                                         {"AWS_SECRET_ACCESS_KEY", "S3RVER"}});
+    const auto data = ImageDataset::open("s3://stoker-test/s3/part-{0..2}.tar");
+    CHECK(data->name(5) == "s3://stoker-test/s3/part-1.tar:k105.png");
+    check_reads(*data, shards);
+
+    // A key id the server does not know: 403, not retried, the s3:// URL named.
+    environment.set("AWS_ACCESS_KEY_ID", "NOBODY");
+    const std::string e = data_error([&] { ImageDataset::from_tars({"s3://stoker-test/s3/part-0.tar"}, quick()); });
+    CHECK(e == "s3://stoker-test/s3/part-0.tar: the server answered HTTP 403 Forbidden (1 attempt; not retried)");
+
+    // The same from the AWS tools' files, for a profile.
+    stoker::test::TempDir aws("aws");
+    {
+      std::ofstream(aws / "credentials") << "[default]\naws_access_key_id = NOBODY\n\n[stoker]\n"
+                                            "aws_access_key_id = S3RVER\naws_secret_access_key = S3RVER\n";
+      std::ofstream(aws / "config") << "[profile stoker]\nregion = us-east-1\nendpoint_url = " << endpoint << "\n";
+    }
+    environment.unset("AWS_ACCESS_KEY_ID");
+    environment.unset("AWS_SECRET_ACCESS_KEY");
+    environment.unset("AWS_ENDPOINT_URL");
+    environment.set("AWS_SHARED_CREDENTIALS_FILE", (aws / "credentials").string());
+    environment.set("AWS_CONFIG_FILE", (aws / "config").string());
+    environment.set("AWS_PROFILE", "stoker");
+    check_reads(*ImageDataset::open("s3://stoker-test/s3/part-{0..2}.tar"), shards);
   }
 
   TEST_CASE("an https server whose certificate is not trusted is refused at once, naming the URL") {
