@@ -46,6 +46,7 @@
 #include "stoker/stages/decode_crop.h"
 #include "stoker/stages/image.h"
 #include "stoker/stages/image_source.h"
+#include "stoker/stages/mix.h"
 
 namespace stoker::bench {
 namespace {
@@ -59,6 +60,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 struct ImagesOptions {
   std::string data;
   std::string remote;        // the same shards at a URL; empty: not run
+  bool mix = false;          // also run the pipeline on the data set as a mixture of its halves
   std::vector<int> threads;  // empty: 1, 2, 4, ... up to the cores, and the cores
   std::uint64_t images = 0;  // 0: all
   std::uint32_t size = 224;
@@ -234,6 +236,7 @@ constexpr std::size_t kVaryingPoolCache = std::size_t{32} << 20;
 struct Job {
   const ImagesOptions& options;
   std::shared_ptr<const ImageDataset> data;
+  std::vector<std::shared_ptr<const ImageDataset>> halves;  // non-empty: read as their mixture
   DecodeResizedCropOptions crop;  // pools are made per run
   Shape crop_shape;
   std::vector<std::uint64_t> order;  // the epoch's ids, as ImageSource reads them
@@ -292,12 +295,12 @@ RunResult run_pipeline(const Job& job, int n, ResizeAt at, bool deep, std::vecto
   RunResult r;
   const double cpu0 = cpu_seconds();
   const auto t0 = Clock::now();
-  const auto run = [&](auto decode_crop) {
+  const auto run = [&](auto decode_crop, auto source) {
     auto pipe = PipelineBuilder{}
                     .threads(l.threads)
                     .seed(job.options.seed)
                     .epochs(1)
-                    .source("read", ImageSource(job.data, {.pool = p.files}), {.queue = l.read_queue})
+                    .source("read", std::move(source), {.queue = l.read_queue})
                     .map("decode_crop", std::move(decode_crop),
                          {.threads = l.decode_threads, .queue = l.crop_queue, .max_chunk = 1})
                     .batch("batch", job.options.batch, {.queue = l.batch_queue})
@@ -307,10 +310,19 @@ RunResult run_pipeline(const Job& job, int n, ResizeAt at, bool deep, std::vecto
     for (Batch& batch : pipe.epoch()) r.tally.add(batch, deep);
     r.summary = pipe.summary();
   };
-  if (at == ResizeAt::collate)
-    run(DecodeCropWindow(crop_options(job, p)));
+  // The halves' mixture holds every image once, weighted by the halves' sizes.
+  const auto mixture = [&] {
+    return MixedImageSource(job.halves, {.weights = {static_cast<double>(job.halves[0]->size()),
+                                                     static_cast<double>(job.halves[1]->size())},
+                                         .stop = MixStop::all_exhausted,
+                                         .pool = p.files});
+  };
+  if (!job.halves.empty())
+    run(DecodeCropWindow(crop_options(job, p)), mixture());
+  else if (at == ResizeAt::collate)
+    run(DecodeCropWindow(crop_options(job, p)), ImageSource(job.data, {.pool = p.files}));
   else
-    run(DecodeResizedCrop(crop_options(job, p)));
+    run(DecodeResizedCrop(crop_options(job, p)), ImageSource(job.data, {.pool = p.files}));
   r.seconds = seconds_since(t0);
   r.cpu_seconds = cpu_seconds() - cpu0;
   return r;
@@ -453,7 +465,8 @@ std::string fixed(double v, int digits) {
 }
 
 const std::string kContenders[] = {"stoker_pipeline",        "stoker_pipeline_resize_in_map", "tight_loop",
-                                   "stoker_pipeline_remote", "torchvision_dataloader",        "stoker_python_loader"};
+                                   "stoker_pipeline_remote", "stoker_pipeline_mix",           "torchvision_dataloader",
+                                   "stoker_python_loader"};
 
 Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
   const std::vector<int> thread_counts = opt.threads.empty() ? default_threads() : opt.threads;
@@ -474,7 +487,7 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
 
   auto data = ImageDataset::open(opt.data);
   if (opt.images != 0 && opt.images < data->size()) data = data->subset(ids_below(opt.images));
-  Job job{.options = opt, .data = data, .crop = {}, .crop_shape = {}, .order = {}, .expected = {}};
+  Job job{.options = opt, .data = data, .halves = {}, .crop = {}, .crop_shape = {}, .order = {}, .expected = {}};
   job.crop.crop = {.size = {opt.size, opt.size},
                    .mirror = MirrorOptions{.axis = Axis::width, .p = kMirrorP},
                    .normalize = kImageNet,
@@ -532,6 +545,14 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
       throw std::invalid_argument("images: --remote " + opt.remote + " holds " + std::to_string(remote.data->size()) +
                                   " images, --data " + std::to_string(data->size()) + ": not the same shards");
   }
+  // The same job reading the data set as the mixture of its two halves: the same images, once each.
+  Job mixed = job;
+  const bool mix_run = opt.mix && wanted("stoker_pipeline_mix");
+  if (mix_run) {
+    const std::vector<std::uint64_t> ids = ids_below(data->size());
+    const auto half = static_cast<std::ptrdiff_t>(ids.size() / 2);
+    mixed.halves = {data->subset({ids.begin(), ids.begin() + half}), data->subset({ids.begin() + half, ids.end()})};
+  }
   std::vector<Contender> contenders;
   for (int n : thread_counts) {
     if (wanted("stoker_pipeline"))
@@ -549,6 +570,10 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
     if (remote_run)
       contenders.push_back({"stoker_pipeline_remote", n, [&remote, n](bool deep, std::vector<Pools>& pools) {
                               return run_pipeline(remote, n, ResizeAt::collate, deep, pools);
+                            }});
+    if (mix_run)
+      contenders.push_back({"stoker_pipeline_mix", n, [&mixed, n](bool deep, std::vector<Pools>& pools) {
+                              return run_pipeline(mixed, n, ResizeAt::collate, deep, pools);
                             }});
     if (torchvision) contenders.push_back({"torchvision_dataloader", n, nullptr});
     if (python_loader) contenders.push_back({"stoker_python_loader", n, nullptr});
@@ -643,12 +668,12 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
     results.push_back(std::move(entry));
   }
   Json ratios = Json::array(), vs_tight = Json::object(), vs_torch = Json::object(), loader_vs_torch = Json::object(),
-       loader_vs_pipeline = Json::object(), remote_vs_local = Json::object();
+       loader_vs_pipeline = Json::object(), remote_vs_local = Json::object(), mix_vs_single = Json::object();
   std::cout << "\n";
   for (int n : thread_counts) {
     const Contender *p = find("stoker_pipeline", n), *t = find("tight_loop", n), *v = find("torchvision_dataloader", n),
                     *m = find("stoker_pipeline_resize_in_map", n), *l = find("stoker_python_loader", n),
-                    *u = find("stoker_pipeline_remote", n);
+                    *u = find("stoker_pipeline_remote", n), *x = find("stoker_pipeline_mix", n);
     if (!p) continue;
     Json r = {{"threads", n}};
     const double pm = spread(p->rates).median;
@@ -667,6 +692,11 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
       const double q = spread(u->rates).median / pm;
       r["remote_over_local"] = remote_vs_local[std::to_string(n)] = q;
       std::cout << "  from --remote / from --data " << fixed(q, 3) << " (goal >= 0.9)";
+    }
+    if (x) {
+      const double q = spread(x->rates).median / pm;
+      r["mix_over_single"] = mix_vs_single[std::to_string(n)] = q;
+      std::cout << "  the halves' mixture / one source " << fixed(q, 3) << " (goal >= 0.95)";
     }
     if (v) {
       const double q = pm / spread(v->rates).median;
@@ -725,6 +755,9 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
       {"stoker_pipeline_remote",
        "stoker_pipeline on the same shards read from --remote (one range request per image and per label; the "
        "server's own page cache holds them)"},
+      {"stoker_pipeline_mix",
+       "stoker_pipeline reading the data set as MixedImageSource of its two halves (weights by their sizes, "
+       "MixStop::all_exhausted: every image once)"},
       {"same_output", "the pipelines and the loop make the same crops, bit for bit (checked in an untimed round)"},
       {"page_cache", "every file read once before the runs; mincore() of each file says how much stayed cached"},
       {"pools", opt.cold ? "cold: every run starts with empty buffer pools"
@@ -740,6 +773,10 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
   if (python_loader) {
     out["ratio"]["python_loader_over_stoker_pipeline"] = loader_vs_pipeline;
     out["ratio"]["goal_python_loader_vs_stoker_pipeline"] = 0.9;
+    if (!mix_vs_single.empty()) {
+      out["ratio"]["mix_over_single"] = mix_vs_single;
+      out["ratio"]["goal_mix_over_single"] = 0.95;
+    }
     if (!remote_vs_local.empty()) {
       out["ratio"]["remote_over_local"] = remote_vs_local;
       out["ratio"]["goal_remote_over_local"] = 0.9;
@@ -770,6 +807,9 @@ SuiteRun setup_images(CLI::App& command) {
                   "The same shards as --data at a URL (http://, https://, s3://; braces as WebDataset writes "
                   "them): adds the contender stoker_pipeline_remote, the stoker pipeline reading them there")
       ->type_name("URL");
+  command.add_flag("--mix", o->mix,
+                   "Adds the contender stoker_pipeline_mix: the stoker pipeline reading the data set as a mixture "
+                   "of its two halves (MixedImageSource), the same images once each");
   command
       .add_option("--threads", o->threads,
                   "Thread counts to run at, e.g. 1,2,4,8,16 (default: 1, 2, 4, ... up to the cores, and the cores)")
