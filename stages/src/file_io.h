@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <span>
+#include <stop_token>
 #include <string>
 #include <vector>
 
@@ -20,7 +21,9 @@ class RandomAccessFile {
   /// Its path or URL, as errors name it.
   virtual const std::string& name() const noexcept = 0;
   /// Fills `out` from `offset`; throws DataError naming the file when it ends first or a read fails.
-  virtual void read_at(std::uint64_t offset, std::span<std::byte> out) const = 0;
+  /// A read that waits for a server gives up once `stop` is requested (PipelineStopped).
+  virtual void read_at(std::uint64_t offset, std::span<std::byte> out, const std::stop_token& stop) const = 0;
+  void read_at(std::uint64_t offset, std::span<std::byte> out) const { read_at(offset, out, {}); }
 };
 
 /// A regular file open for reading at given offsets. Reads use pread, which does not move
@@ -35,7 +38,9 @@ class InputFile final : public RandomAccessFile {
 
   std::uint64_t size() const noexcept override { return size_; }
   const std::string& name() const noexcept override { return name_; }
-  void read_at(std::uint64_t offset, std::span<std::byte> out) const override;
+  using RandomAccessFile::read_at;
+  /// Reads from the local disk do not wait for a server: `stop` is not asked.
+  void read_at(std::uint64_t offset, std::span<std::byte> out, const std::stop_token& stop) const override;
 
  private:
   std::string name_;

@@ -376,13 +376,6 @@ EncodedImage ImageDataset::read(std::uint64_t id, BufferPool& pool, const StageC
   else
     opened = std::make_unique<const detail::InputFile>(shards_[item.shard]);
   const detail::RandomAccessFile& file = *opened;
-  // Reads that wait for a server give up when the pipeline stops.
-  const auto read_at = [&](std::uint64_t offset, std::span<std::byte> out) {
-    if (remote)
-      static_cast<const detail::RemoteFile&>(file).read_at(offset, out, ctx.stop);
-    else
-      file.read_at(offset, out);
-  };
   const auto past_end = [&](std::uint64_t offset, std::uint64_t size) {  // offset + size, without wrapping
     return offset > file.size() || size > file.size() - offset;
   };
@@ -407,15 +400,15 @@ EncodedImage ImageDataset::read(std::uint64_t id, BufferPool& pool, const StageC
   const std::uint64_t end = std::max(item.offset + item.size, item.label_offset + item.label_size);
   if (remote && end - first <= item.size + kJoinGap) {
     Buffer both = pool.acquire(end - first, ctx);
-    read_at(first, {both.data(), both.size()});
+    file.read_at(first, {both.data(), both.size()}, ctx.stop);
     set_label(reinterpret_cast<const char*>(both.data() + (item.label_offset - first)));
     std::memcpy(out.data.data(), both.data() + (item.offset - first), item.size);
     return out;
   }
   char label[64];
-  read_at(item.label_offset, std::as_writable_bytes(std::span(label, item.label_size)));
+  file.read_at(item.label_offset, std::as_writable_bytes(std::span(label, item.label_size)), ctx.stop);
   set_label(label);
-  read_at(item.offset, {out.data.data(), out.data.size()});
+  file.read_at(item.offset, {out.data.data(), out.data.size()}, ctx.stop);  // a remote read gives up on a stop
   return out;
 }
 

@@ -87,7 +87,7 @@ InputFile::InputFile(const std::filesystem::path& path) : name_(path.string()) {
 
 InputFile::~InputFile() { ::close(fd_); }
 
-void InputFile::read_at(std::uint64_t offset, std::span<std::byte> out) const {
+void InputFile::read_at(std::uint64_t offset, std::span<std::byte> out, const std::stop_token&) const {
   std::size_t done = 0;
   while (done < out.size()) {
     const ::ssize_t n = ::pread(fd_, out.data() + done, out.size() - done, static_cast<::off_t>(offset + done));

@@ -275,9 +275,10 @@ Remote::Remote(RemoteOptions options) : options_(options), budget_left_(options.
 
 Remote::~Remote() = default;
 
-const S3Settings& Remote::s3() const {
+const S3Settings* Remote::s3_of(const std::string& url) const {
+  if (!url.starts_with("s3://")) return nullptr;
   std::call_once(s3_once_, [&] { s3_ = std::make_unique<S3Settings>(); });
-  return *s3_;
+  return s3_.get();
 }
 
 RemoteCounts Remote::counts() const noexcept { return {requests_.load(), retries_.load(), bytes_.load()}; }
@@ -402,7 +403,7 @@ std::pair<bool, std::string> failure(const Answer& a) {
 }  // namespace
 
 std::uint64_t Remote::size(const std::string& url) const {
-  const S3Settings* s3s = url.starts_with("s3://") ? &s3() : nullptr;
+  const S3Settings* s3s = s3_of(url);
   std::uint64_t size = 0;
   with_retries(url, [&]() -> Outcome {
     Sink sink;
@@ -420,7 +421,7 @@ std::uint64_t Remote::size(const std::string& url) const {
 
 void Remote::read(const std::string& url, std::uint64_t offset, std::span<std::byte> out, std::stop_token stop) const {
   if (out.empty()) return;
-  const S3Settings* s3s = url.starts_with("s3://") ? &s3() : nullptr;
+  const S3Settings* s3s = s3_of(url);
   const std::string what = std::to_string(out.size()) + " bytes at offset " + std::to_string(offset);
   with_retries(
       url,
@@ -449,7 +450,7 @@ void Remote::read(const std::string& url, std::uint64_t offset, std::span<std::b
 
 std::optional<std::vector<std::byte>> Remote::read_all(const std::string& url, std::uint64_t limit,
                                                        bool missing_ok) const {
-  const S3Settings* s3s = url.starts_with("s3://") ? &s3() : nullptr;
+  const S3Settings* s3s = s3_of(url);
   std::vector<std::byte> body;
   bool missing = false;
   with_retries(url, [&]() -> Outcome {

@@ -48,7 +48,8 @@ class Remote {
  private:
   struct Outcome;
   void with_retries(const std::string& url, const std::function<Outcome()>& once, std::stop_token stop = {}) const;
-  const S3Settings& s3() const;
+  // The S3 settings for an s3:// URL (read on first use), none for another.
+  const S3Settings* s3_of(const std::string& url) const;
 
   RemoteOptions options_;
   mutable std::unique_ptr<S3Settings> s3_;  // read from the environment and ~/.aws on first use
@@ -66,9 +67,9 @@ class RemoteFile final : public RandomAccessFile {
       : remote_(std::move(remote)), url_(std::move(url)), size_(size) {}
   std::uint64_t size() const noexcept override { return size_; }
   const std::string& name() const noexcept override { return url_; }
-  void read_at(std::uint64_t offset, std::span<std::byte> out) const override { remote_->read(url_, offset, out); }
-  void read_at(std::uint64_t offset, std::span<std::byte> out, std::stop_token stop) const {
-    remote_->read(url_, offset, out, std::move(stop));
+  using RandomAccessFile::read_at;
+  void read_at(std::uint64_t offset, std::span<std::byte> out, const std::stop_token& stop) const override {
+    remote_->read(url_, offset, out, stop);
   }
 
  private:
