@@ -21,6 +21,7 @@
 #include "stoker/stages/image.h"
 #include "stoker/stages/image_source.h"
 #include "stoker/stages/image_transforms.h"
+#include "stoker/stages/mix.h"
 #include "stoker/stages/shard.h"
 
 namespace stoker::python {
@@ -188,6 +189,44 @@ a larger file is a DataError naming it, refused before it is read.)")
       .def("id_at", &ImageSource::id_at, py::arg("seed"), py::arg("epoch"), py::arg("k"),
            "The id of this rank's k-th image in an epoch of a pipeline seeded with `seed`.")
       .def_property_readonly("pool", &ImageSource::pool);
+
+  py::class_<MixedImageSource>(m, "MixedImageSource", R"(A pipeline source of one rank's images from several
+ImageDatasets, each draw choosing one by `weights` (one per data set, above 0; their scale does not
+matter). stop: 'first_exhausted' (the epoch ends at the draw that takes a data set's last image),
+'all_exhausted' (every image once; used-up data sets drop out of the draw) or 'resample' (the epoch
+is `epoch_images` draws, default the sizes summed; a used-up data set starts another pass in a new
+order). The draws follow from the pipeline's seed and the epoch; the k-th goes to rank k % world;
+resume_at goes on after the first `taken` draws at any number of ranks. An image's id is
+offset(part) + its id in its data set.)")
+      .def(py::init([](std::vector<std::shared_ptr<ImageDataset>> parts, std::vector<double> weights,
+                       std::string_view stop, std::uint64_t epoch_images, const ShardOptions& shard,
+                       std::shared_ptr<BufferPool> pool, std::optional<EpochCut> resume_at,
+                       std::uint64_t max_file_bytes) {
+             return MixedImageSource({parts.begin(), parts.end()},
+                                     {.weights = std::move(weights),
+                                      .stop = parse_choice<MixStop>(stop, "stop",
+                                                                    {{"first_exhausted", MixStop::first_exhausted},
+                                                                     {"all_exhausted", MixStop::all_exhausted},
+                                                                     {"resample", MixStop::resample}}),
+                                      .epoch_images = epoch_images,
+                                      .shard = shard,
+                                      .max_file_bytes = max_file_bytes,
+                                      .pool = std::move(pool),
+                                      .resume_at = resume_at});
+           }),
+           py::arg("parts"), py::arg("weights"), py::arg("stop") = "first_exhausted", py::arg("epoch_images") = 0,
+           py::arg("shard") = ShardOptions{}, py::arg("pool") = nullptr, py::arg("resume_at") = py::none(),
+           py::arg("max_file_bytes") = kMaxImageFileBytes)
+      .def("epoch_draws", &MixedImageSource::epoch_draws, py::arg("seed"), py::arg("epoch"),
+           "Draws in that epoch of a pipeline seeded with `seed`, all ranks together.")
+      .def("size_of", &MixedImageSource::size_of, py::arg("seed"), py::arg("epoch"),
+           "Images this rank reads in that epoch.")
+      .def("counts", &MixedImageSource::counts, py::arg("seed"), py::arg("epoch"),
+           "How many draws of that epoch, all ranks together, take each data set.")
+      .def("draw_at", &MixedImageSource::draw_at, py::arg("seed"), py::arg("epoch"), py::arg("k"),
+           "(data set, id in it) of this rank's k-th image of that epoch.")
+      .def("offset", &MixedImageSource::offset, py::arg("part"), "Where data set `part`'s ids begin.")
+      .def("__repr__", [](const MixedImageSource& s) { return "stoker.MixedImageSource(" + s.fingerprint() + ")"; });
 
   py::class_<DecodeOptions>(m, "DecodeOptions", R"(color: 'rgb' (3 channels) or 'gray' (1); images whose
 header claims more than max_pixels pixels are refused before anything is allocated.)")

@@ -35,6 +35,7 @@
 #include "stoker/stages/image.h"
 #include "stoker/stages/image_source.h"
 #include "stoker/stages/image_transforms.h"
+#include "stoker/stages/mix.h"
 #include "stoker/stages/npy.h"
 #include "stoker/stages/raw.h"
 #include "stoker/stages/shard.h"
@@ -67,7 +68,8 @@ struct item_of<Builder<T>> {
 using Items = Types<Sample, DeferredCrop, std::vector<Sample>, std::vector<DeferredCrop>, EncodedImage, DeferredResize,
                     std::vector<DeferredResize>, Batch, gpu::DeviceBatch, Object, std::vector<Object>>;
 // The C++ stage functions a Python pipeline runs, by the step that takes them.
-using Sources = Types<IdxReader, NpyReader, RawVolumeReader, SyntheticSource, ShuffledShard, ImageSource>;
+using Sources =
+    Types<IdxReader, NpyReader, RawVolumeReader, SyntheticSource, ShuffledShard, ImageSource, MixedImageSource>;
 using Maps = Types<CenterCrop, RandomMirror, Normalize, Collate, ImageDecoder, DecodeCropWindow, DecodeResizedCrop,
                    RandomResizedCrop, Resize, gpu::ToDevice>;
 using FlatMaps = Types<RandomCrops, gpu::GpuAugment>;
@@ -211,7 +213,14 @@ template <class F>
 Length source_length(const F& f) {
   if constexpr (std::is_same_v<F, ImageSource>)
     return {[f](std::uint32_t epoch) { return f.size_of(epoch); }, {}};
-  else
+  else if constexpr (std::is_same_v<F, MixedImageSource>) {
+    // Drawn until the first data set runs out, an epoch's length depends on the seed.
+    if (f.options().stop == MixStop::first_exhausted)
+      return Length::unknown(
+          "a MixedImageSource with stop 'first_exhausted' has epochs whose length depends on the pipeline's seed "
+          "(MixedImageSource.size_of(seed, epoch) says it)");
+    return {[f](std::uint32_t epoch) { return f.size_of(0, epoch); }, {}};
+  } else
     return Length::fixed(f.size());
 }
 
@@ -410,7 +419,8 @@ class PythonBuilder {
     if (!next) {
       if (!PyCallable_Check(s.fn.ptr()))
         throw py::type_error("source '" + s.name + "': a " + class_name(s.fn) +
-                             " is not a source (a reader, a ShuffledShard, an ImageSource, or a Python callable)");
+                             " is not a source (a reader, a ShuffledShard, an ImageSource, a MixedImageSource, or a "
+                             "Python callable)");
       length_ = py::hasattr(s.fn, "__len__") ? Length::fixed(py::len(s.fn))
                                              : Length::unknown("the source '" + s.name +
                                                                "' is a Python callable without __len__: how many "

@@ -273,6 +273,33 @@ class MirrorOptions:
     def p(self) -> float: ...
 
 
+class MixedImageSource:
+    """A pipeline source of one rank's images from several
+    ImageDatasets, each draw choosing one by `weights` (one per data set, above 0; their scale does not
+    matter). stop: 'first_exhausted' (the epoch ends at the draw that takes a data set's last image),
+    'all_exhausted' (every image once; used-up data sets drop out of the draw) or 'resample' (the epoch
+    is `epoch_images` draws, default the sizes summed; a used-up data set starts another pass in a new
+    order). The draws follow from the pipeline's seed and the epoch; the k-th goes to rank k % world;
+    resume_at goes on after the first `taken` draws at any number of ranks. An image's id is
+    offset(part) + its id in its data set."""
+    def __init__(self, parts: List[ImageDataset], weights: List[float], stop: str = ..., epoch_images: int = ..., shard: ShardOptions = ..., pool: BufferPool = ..., resume_at: Optional[EpochCut] = ..., max_file_bytes: int = ...) -> None: ...
+    def counts(self, seed: int, epoch: int) -> List[int]:
+        """How many draws of that epoch, all ranks together, take each data set."""
+        ...
+    def draw_at(self, seed: int, epoch: int, k: int) -> Tuple[int, int]:
+        """(data set, id in it) of this rank's k-th image of that epoch."""
+        ...
+    def epoch_draws(self, seed: int, epoch: int) -> int:
+        """Draws in that epoch of a pipeline seeded with `seed`, all ranks together."""
+        ...
+    def offset(self, part: int) -> int:
+        """Where data set `part`'s ids begin."""
+        ...
+    def size_of(self, seed: int, epoch: int) -> int:
+        """Images this rank reads in that epoch."""
+        ...
+
+
 class Normalize:
     """Cast to float32 and normalize (a map stage)."""
     def __init__(self, normalize: Normalizer, pool: BufferPool = ...) -> None: ...

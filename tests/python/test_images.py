@@ -256,6 +256,34 @@ def test_ranks_read_disjoint_shares_of_every_epoch(images):
         stoker.ImageSource(data, shard=stoker.ShardOptions(rank=2, world=2))
 
 
+def test_a_mixture_draws_from_its_data_sets_by_weight_and_reads_each_image_from_its_own(images):
+    data = stoker.ImageDataset.open(images / "train.txt")
+    first, rest = data.subset(list(range(8))), data.subset(list(range(8, COUNT)))
+    mix = stoker.MixedImageSource([first, rest], weights=[1, 2], stop="all_exhausted")
+    assert "all exhausted" in repr(mix)
+    assert mix.counts(seed=5, epoch=0) == [8, COUNT - 8]
+    pipe = (stoker.PipelineBuilder().seed(5).epochs(2).threads(2)
+            .source("read", mix).map("decode", stoker.ImageDecoder(), threads=2).build())
+    assert len(pipe) == COUNT  # all_exhausted: every image once, whatever the seed
+    for epoch in pipe.epochs():
+        ids = []
+        for image in epoch:
+            ids.append(image.id)  # offset(part) + the id in its data set: here, the list's own
+            assert image.label == labels_of(images)[image.id]
+        assert sorted(ids) == list(range(COUNT))
+
+    resampled = stoker.MixedImageSource([first, rest], weights=[1, 1], stop="resample", epoch_images=200)
+    counts = resampled.counts(seed=1, epoch=0)
+    assert sum(counts) == 200 and 70 < counts[0] < 130  # half of them, the small one repeating
+    lengthless = stoker.PipelineBuilder().source("read", stoker.MixedImageSource([first, rest], weights=[1, 1])).build()
+    with pytest.raises(TypeError, match="depends on the pipeline's seed"):
+        len(lengthless)
+    with pytest.raises(ValueError, match="stop"):
+        stoker.MixedImageSource([first, rest], weights=[1, 1], stop="never")
+    with pytest.raises(ValueError, match=r"weights\[1\] is 0"):
+        stoker.MixedImageSource([first, rest], weights=[1, 0])
+
+
 @pytest.fixture()
 def truncated(images, tmp_path):
     """The list with its sixth image cut to half its bytes."""

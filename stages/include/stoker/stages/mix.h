@@ -77,6 +77,7 @@ class MixedImageSource {
   std::vector<std::uint64_t> counts(std::uint64_t seed, std::uint32_t epoch) const;
   /// Where data set `part`'s ids begin among the mixture's.
   std::uint64_t offset(std::size_t part) const noexcept { return offsets_[part]; }
+  const MixOptions& options() const noexcept { return options_; }
 
   std::optional<EncodedImage> operator()(const StageContext& ctx);
   void seek(std::uint64_t) noexcept {}
