@@ -26,6 +26,7 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sched.h>
 #include <set>
 #include <sstream>
@@ -47,6 +48,7 @@
 #include "stoker/stages/image.h"
 #include "stoker/stages/image_source.h"
 #include "stoker/stages/mix.h"
+#include "stoker/stages/remote.h"
 
 namespace stoker::bench {
 namespace {
@@ -60,6 +62,7 @@ constexpr double kMiB = 1024.0 * 1024.0;
 struct ImagesOptions {
   std::string data;
   std::string remote;        // the same shards at a URL; empty: not run
+  std::string cache;         // with remote: a cache of them in a folder made here; empty: not run
   bool mix = false;          // also run the pipeline on the data set as a mixture of its halves
   std::vector<int> threads;  // empty: 1, 2, 4, ... up to the cores, and the cores
   std::uint64_t images = 0;  // 0: all
@@ -464,9 +467,37 @@ std::string fixed(double v, int digits) {
   return s.str();
 }
 
+// A folder made under `parent` for one run, removed with everything in it at the end.
+class RunFolder {
+ public:
+  RunFolder(const std::string& parent, const std::string& tag) {
+    std::string pattern = (std::filesystem::path(parent) / (tag + "-XXXXXX")).string();
+    if (!::mkdtemp(pattern.data()))
+      throw std::invalid_argument("images: cannot make a folder in '" + parent + "': " + std::strerror(errno));
+    path_ = pattern;
+  }
+  ~RunFolder() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  RunFolder(const RunFolder&) = delete;
+  RunFolder& operator=(const RunFolder&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  // The bytes of its files.
+  std::uint64_t bytes() const {
+    std::uint64_t sum = 0;
+    for (const auto& f : std::filesystem::directory_iterator(path_))
+      if (f.is_regular_file()) sum += f.file_size();
+    return sum;
+  }
+
+ private:
+  std::filesystem::path path_;
+};
+
 const std::string kContenders[] = {"stoker_pipeline",        "stoker_pipeline_resize_in_map", "tight_loop",
-                                   "stoker_pipeline_remote", "stoker_pipeline_mix",           "torchvision_dataloader",
-                                   "stoker_python_loader"};
+                                   "stoker_pipeline_remote", "stoker_pipeline_cached",        "stoker_pipeline_mix",
+                                   "torchvision_dataloader", "stoker_python_loader"};
 
 Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
   const std::vector<int> thread_counts = opt.threads.empty() ? default_threads() : opt.threads;
@@ -545,6 +576,22 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
       throw std::invalid_argument("images: --remote " + opt.remote + " holds " + std::to_string(remote.data->size()) +
                                   " images, --data " + std::to_string(data->size()) + ": not the same shards");
   }
+  // The same shards through a cache on the local disk, in a folder of its own under --cache, with
+  // room for all of them: the untimed round fetches them (epoch 1), the timed ones read the copies.
+  Job cached = job;
+  const bool cached_run = !opt.cache.empty() && wanted("stoker_pipeline_cached");
+  std::optional<RunFolder> cache_folder;
+  std::uint64_t cache_budget = 0;
+  if (cached_run) {
+    if (opt.remote.empty()) throw std::invalid_argument("images: --cache needs --remote, the shards to cache");
+    for (const auto& f : files) cache_budget += std::filesystem::file_size(f);
+    cache_folder.emplace(opt.cache, "stoker-bench-cache");
+    RemoteOptions options;
+    options.cache_dir = cache_folder->path();
+    options.cache_bytes = cache_budget;
+    cached.data = ImageDataset::open(opt.remote, options);
+    if (opt.images != 0 && opt.images < cached.data->size()) cached.data = cached.data->subset(ids_below(opt.images));
+  }
   // The same job reading the data set as the mixture of its two halves: the same images, once each.
   Job mixed = job;
   const bool mix_run = opt.mix && wanted("stoker_pipeline_mix");
@@ -571,6 +618,10 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
       contenders.push_back({"stoker_pipeline_remote", n, [&remote, n](bool deep, std::vector<Pools>& pools) {
                               return run_pipeline(remote, n, ResizeAt::collate, deep, pools);
                             }});
+    if (cached_run)
+      contenders.push_back({"stoker_pipeline_cached", n, [&cached, n](bool deep, std::vector<Pools>& pools) {
+                              return run_pipeline(cached, n, ResizeAt::collate, deep, pools);
+                            }});
     if (mix_run)
       contenders.push_back({"stoker_pipeline_mix", n, [&mixed, n](bool deep, std::vector<Pools>& pools) {
                               return run_pipeline(mixed, n, ResizeAt::collate, deep, pools);
@@ -583,10 +634,13 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
   // An untimed round, which also checks that the pipeline and the loop make the very same crops.
   std::uint64_t content = 0;
   bool have_content = false;
+  double fetching_rate = 0;  // the cached contender's first epoch, which fills its cache
   for (Contender& c : contenders) {
     if (!c.run) continue;
     const Confined cores(c.threads);
     const RunResult r = c.run(true, c.pools);
+    if (c.name == "stoker_pipeline_cached" && fetching_rate == 0)
+      fetching_rate = static_cast<double>(r.tally.images) / r.seconds;
     if (!r.tally.same_items(job.expected))
       throw std::runtime_error("images: " + c.name + " on " + std::to_string(c.threads) + " threads delivered " +
                                std::to_string(r.tally.images) + " of " + std::to_string(job.expected.images) +
@@ -668,7 +722,8 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
     results.push_back(std::move(entry));
   }
   Json ratios = Json::array(), vs_tight = Json::object(), vs_torch = Json::object(), loader_vs_torch = Json::object(),
-       loader_vs_pipeline = Json::object(), remote_vs_local = Json::object(), mix_vs_single = Json::object();
+       loader_vs_pipeline = Json::object(), remote_vs_local = Json::object(), mix_vs_single = Json::object(),
+       cached_vs_local = Json::object();
   std::cout << "\n";
   for (int n : thread_counts) {
     const Contender *p = find("stoker_pipeline", n), *t = find("tight_loop", n), *v = find("torchvision_dataloader", n),
@@ -692,6 +747,11 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
       const double q = spread(u->rates).median / pm;
       r["remote_over_local"] = remote_vs_local[std::to_string(n)] = q;
       std::cout << "  from --remote / from --data " << fixed(q, 3) << " (goal >= 0.9)";
+    }
+    if (const Contender* c = find("stoker_pipeline_cached", n)) {
+      const double q = spread(c->rates).median / pm;
+      r["cached_over_local"] = cached_vs_local[std::to_string(n)] = q;
+      std::cout << "  from the cache / from --data " << fixed(q, 3) << " (goal >= 0.95)";
     }
     if (x) {
       const double q = spread(x->rates).median / pm;
@@ -724,6 +784,17 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
     std::cout << "\nlast run of the stoker pipeline on " << last_pipeline->threads << " threads:\n";
     print_summary(std::cout, last_pipeline->last.summary);
   }
+  Json cache_json;
+  if (cached_run) {
+    const RemoteCounts c = cached.data->remote_counts();
+    const std::uint64_t held = cache_folder->bytes();
+    std::cout << "shard cache: epoch 1 (fetching every shard) " << fixed(fetching_rate, 1) << " images/s; "
+              << c.cache_fetches << " fetches, " << c.cache_hits << " reads of copies, " << c.cache_evictions
+              << " evictions; the folder holds " << held << " bytes of its budget of " << cache_budget << "\n";
+    if (held > cache_budget) throw std::runtime_error("images: the cache holds more than its budget");
+    cache_json = {{"epoch1_images_per_s", fetching_rate}, {"fetches", c.cache_fetches}, {"hits", c.cache_hits},
+                  {"evictions", c.cache_evictions},       {"bytes_held", held},         {"budget", cache_budget}};
+  }
   std::cout << "page cache: " << fixed(100 * cached_before, 1) << "% of the files' pages resident before the runs, "
             << fixed(100 * cached_after, 1) << "% after\n";
 
@@ -755,6 +826,9 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
       {"stoker_pipeline_remote",
        "stoker_pipeline on the same shards read from --remote (one range request per image and per label; the "
        "server's own page cache holds them)"},
+      {"stoker_pipeline_cached",
+       "stoker_pipeline on the shards of --remote through RemoteOptions::cache_dir (a folder made under --cache, "
+       "with room for them all): the untimed round fetches each shard whole, the timed rounds read the copies"},
       {"stoker_pipeline_mix",
        "stoker_pipeline reading the data set as MixedImageSource of its two halves (weights by their sizes, "
        "MixStop::all_exhausted: every image once)"},
@@ -773,15 +847,20 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
   if (python_loader) {
     out["ratio"]["python_loader_over_stoker_pipeline"] = loader_vs_pipeline;
     out["ratio"]["goal_python_loader_vs_stoker_pipeline"] = 0.9;
-    if (!mix_vs_single.empty()) {
-      out["ratio"]["mix_over_single"] = mix_vs_single;
-      out["ratio"]["goal_mix_over_single"] = 0.95;
-    }
-    if (!remote_vs_local.empty()) {
-      out["ratio"]["remote_over_local"] = remote_vs_local;
-      out["ratio"]["goal_remote_over_local"] = 0.9;
-    }
     if (torchvision) out["ratio"]["python_loader_over_torchvision"] = loader_vs_torch;
+  }
+  if (!mix_vs_single.empty()) {
+    out["ratio"]["mix_over_single"] = mix_vs_single;
+    out["ratio"]["goal_mix_over_single"] = 0.95;
+  }
+  if (!remote_vs_local.empty()) {
+    out["ratio"]["remote_over_local"] = remote_vs_local;
+    out["ratio"]["goal_remote_over_local"] = 0.9;
+  }
+  if (!cached_vs_local.empty()) {
+    out["ratio"]["cached_over_local"] = cached_vs_local;
+    out["ratio"]["goal_cached_over_local"] = 0.95;
+    out["cache"] = cache_json;
   }
   out["config"]["pin_memory"] = opt.pin_memory;
   out["page_cache"] = {{"resident_before_runs", cached_before}, {"resident_after_runs", cached_after}};
@@ -807,6 +886,11 @@ SuiteRun setup_images(CLI::App& command) {
                   "The same shards as --data at a URL (http://, https://, s3://; braces as WebDataset writes "
                   "them): adds the contender stoker_pipeline_remote, the stoker pipeline reading them there")
       ->type_name("URL");
+  command
+      .add_option("--cache", o->cache,
+                  "With --remote: adds the contender stoker_pipeline_cached, the stoker pipeline reading the shards "
+                  "of --remote through a cache on the local disk, in a folder made (and removed) under DIR")
+      ->type_name("DIR");
   command.add_flag("--mix", o->mix,
                    "Adds the contender stoker_pipeline_mix: the stoker pipeline reading the data set as a mixture "
                    "of its two halves (MixedImageSource), the same images once each");

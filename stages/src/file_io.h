@@ -32,6 +32,9 @@ class InputFile final : public RandomAccessFile {
  public:
   /// Throws DataError when the file cannot be opened or is not a regular file.
   explicit InputFile(const std::filesystem::path& path);
+  /// Takes `fd`, open for reading, as the file `name`: closes it, and throws DataError, when it is
+  /// not a regular file.
+  InputFile(int fd, std::string name);
   ~InputFile();
   InputFile(const InputFile&) = delete;
   InputFile& operator=(const InputFile&) = delete;
@@ -43,6 +46,8 @@ class InputFile final : public RandomAccessFile {
   void read_at(std::uint64_t offset, std::span<std::byte> out, const std::stop_token& stop) const override;
 
  private:
+  void adopt();  // checks fd_ and reads its size
+
   std::string name_;
   int fd_ = -1;
   std::uint64_t size_ = 0;

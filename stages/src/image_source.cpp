@@ -207,7 +207,10 @@ std::vector<TarMember> remote_members(const detail::RemoteFile& shard, const det
   constexpr std::uint64_t kMaxIndexBytes = std::uint64_t{1} << 30;
   const std::string index = wds_index_path(shard.name()).string();
   const auto bytes = remote.read_all(index, kMaxIndexBytes, /*missing_ok=*/true);
-  if (!bytes) return detail::list_tar(shard);
+  if (!bytes) {  // its headers: from the cache where there is one (one fetch), else a request each
+    if (const auto local = remote.cached(shard.name(), shard.size(), {})) return detail::list_tar(*local);
+    return detail::list_tar(shard);
+  }
   auto members = detail::parse_wds_index(*bytes, index);
   for (const TarMember& m : members)
     if (m.offset > shard.size() || m.size > shard.size() - m.offset)
@@ -369,12 +372,14 @@ EncodedImage ImageDataset::read(std::uint64_t id, BufferPool& pool, const StageC
     return out;
   }
   const std::string shard = shards_[item.shard].string();
-  const bool remote = is_url(shard);
   std::unique_ptr<const detail::RandomAccessFile> opened;
-  if (remote)
-    opened = std::make_unique<const detail::RemoteFile>(remote_, shard, shard_bytes_[item.shard]);
-  else
+  bool remote = false;  // read by requests, not from a local file or a cached copy
+  if (!is_url(shard)) {
     opened = std::make_unique<const detail::InputFile>(shards_[item.shard]);
+  } else if (!(opened = remote_->cached(shard, shard_bytes_[item.shard], ctx.stop))) {
+    opened = std::make_unique<const detail::RemoteFile>(remote_, shard, shard_bytes_[item.shard]);
+    remote = true;
+  }
   const detail::RandomAccessFile& file = *opened;
   const auto past_end = [&](std::uint64_t offset, std::uint64_t size) {  // offset + size, without wrapping
     return offset > file.size() || size > file.size() - offset;

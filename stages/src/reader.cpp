@@ -71,6 +71,12 @@ InputFile::InputFile(const std::filesystem::path& path) : name_(path.string()) {
   // refuses it; reads from a regular file ignore the flag.
   fd_ = ::open(name_.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd_ < 0) throw DataError(name_, "cannot open: " + errno_text());
+  adopt();
+}
+
+InputFile::InputFile(int fd, std::string name) : name_(std::move(name)), fd_(fd) { adopt(); }
+
+void InputFile::adopt() {
   struct stat st {};
   if (::fstat(fd_, &st) != 0) {
     const auto why = errno_text();

@@ -271,6 +271,8 @@ Remote::Remote(RemoteOptions options) : options_(options), budget_left_(options.
   if (options_.timeout.count() <= 0) throw std::invalid_argument("RemoteOptions::timeout must be above 0");
   if (options_.backoff.count() < 0 || options_.max_backoff < options_.backoff)
     throw std::invalid_argument("RemoteOptions::backoff must be 0 or more, and max_backoff no less than it");
+  if (!options_.cache_dir.empty())
+    cache_ = std::make_unique<const ShardCache>(options_.cache_dir, options_.cache_bytes);
 }
 
 Remote::~Remote() = default;
@@ -281,7 +283,10 @@ const S3Settings* Remote::s3_of(const std::string& url) const {
   return s3_.get();
 }
 
-RemoteCounts Remote::counts() const noexcept { return {requests_.load(), retries_.load(), bytes_.load()}; }
+RemoteCounts Remote::counts() const noexcept {
+  const CacheCounts c = cache_ ? cache_->counts() : CacheCounts{};
+  return {requests_.load(), retries_.load(), bytes_.load(), c.hits, c.fetches, c.evictions};
+}
 
 void Remote::with_retries(const std::string& url, const std::function<Outcome()>& once, std::stop_token stop) const {
   thread_local std::minstd_rand jitter(std::random_device{}());

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "file_io.h"
+#include "shard_cache.h"
 #include "stoker/stages/remote.h"
 
 namespace stoker::detail {
@@ -42,6 +43,12 @@ class Remote {
   /// says it is not there (404) and `missing_ok`.
   std::optional<std::vector<std::byte>> read_all(const std::string& url, std::uint64_t limit, bool missing_ok) const;
 
+  /// `url`'s copy in the cache (RemoteOptions::cache_dir), fetched there whole when missing;
+  /// none without a cache, or where the cache cannot keep it (ShardCache::open).
+  std::unique_ptr<InputFile> cached(const std::string& url, std::uint64_t size, const std::stop_token& stop) const {
+    return cache_ ? cache_->open(url, size, *this, stop) : nullptr;
+  }
+
   RemoteCounts counts() const noexcept;
   const RemoteOptions& options() const noexcept { return options_; }
 
@@ -52,6 +59,7 @@ class Remote {
   const S3Settings* s3_of(const std::string& url) const;
 
   RemoteOptions options_;
+  std::unique_ptr<const ShardCache> cache_;  // where options_.cache_dir is set
   mutable std::unique_ptr<S3Settings> s3_;  // read from the environment and ~/.aws on first use
   mutable std::once_flag s3_once_;
   mutable std::atomic<std::uint64_t> requests_{0}, retries_{0}, bytes_{0}, budget_left_;

@@ -29,6 +29,7 @@ The proxy's faults, by the first part of the path (the rest is the file's path i
   /short/...       every answer's body cut to half its Content-Length
   /rangestall/...  requests with a Range header: no answer for --stall seconds, then the
                    connection closed
+  /rangeslow/...   requests with a Range header answered 0.5 s late (readers that overlap)
   /rangehalf/...   requests with a Range header answered with the first half of the range only,
                    Content-Length and Content-Range saying so (a well-formed answer, too short)
 
@@ -173,6 +174,8 @@ class ProxyHandler(http.server.BaseHTTPRequestHandler):
             time.sleep(self.server.stall)
             self.close_connection = True
             return
+        if fault == "rangeslow" and "Range" in self.headers:
+            time.sleep(0.5)
         headers = {} if fault == "norange" or "Range" not in self.headers else {"Range": self.headers["Range"]}
         upstream = http.client.HTTPConnection("127.0.0.1", self.server.upstream_port, timeout=30)
         upstream.request(self.command, "/" + rest, headers=headers)

@@ -4,10 +4,14 @@
 // and says where they are (STOKER_TEST_ROOT, _HTTP, _HTTPS, _CA, _PROXY); see its docstring.
 #include <doctest/doctest.h>
 
+#include <spawn.h>
+#include <sys/wait.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <numeric>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -39,31 +43,35 @@ std::string env(const char* name) {
 std::string text_of(std::span<const std::byte> b) { return {reinterpret_cast<const char*>(b.data()), b.size()}; }
 
 // Three shards of 4 samples each under the servers' root, in folder `name`: the first two with
-// an index beside them, the third without (its headers are read). Made once per folder.
+// an index beside them, the third without (its headers are read). Made once per folder, unless
+// `write` is false: then only their images' bytes are made, the same again.
 struct Shards {
   std::string folder;
   std::vector<std::vector<std::byte>> bytes;  // by id
   std::uint64_t label_bytes = 0;
   static constexpr int kShards = 3, kPer = 4;
 
-  explicit Shards(std::string name) : folder(std::move(name)) {
+  explicit Shards(std::string name, bool write = true) : folder(std::move(name)) {
     const fs::path dir = fs::path(env("STOKER_TEST_ROOT")) / folder;
     fs::create_directories(dir);
     auto pool = BufferPool::create();
     for (int s = 0; s < kShards; ++s) {
       const fs::path path = dir / ("part-" + std::to_string(s) + ".tar");
-      TarWriter tar(path);
+      std::optional<TarWriter> tar;
+      if (write) tar.emplace(path);
       for (int i = 0; i < kPer; ++i) {
         const auto id = static_cast<std::uint32_t>(s * kPer + i);
         bytes.push_back(encode_png(noise_image(*pool, 6 + id % 3, 5, 3, id)));
         const std::string key = "k" + std::to_string(100 + id);
-        tar.add(key + ".png", bytes.back());
         const std::string label = std::to_string(id % 5);
-        tar.add(key + ".cls", label);
         label_bytes += label.size();
+        if (!tar) continue;
+        tar->add(key + ".png", bytes.back());
+        tar->add(key + ".cls", label);
       }
-      tar.finish();
-      if (s < 2) write_wds_index(wds_index_path(path), tar.members());
+      if (!tar) continue;
+      tar->finish();
+      if (s < 2) write_wds_index(wds_index_path(path), tar->members());
     }
   }
   // The shards' URLs under `base` (the path's first part may name a fault), as braces.
@@ -99,6 +107,31 @@ std::string data_error(F f) {
 }
 
 bool has(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// The files of a cache directory: its shards (locks and fetches in flight left out), and their bytes.
+struct CacheFiles {
+  std::set<std::string> shards;
+  std::uint64_t bytes = 0;
+  bool parts = false;  // a fetch's file, .part
+};
+CacheFiles cache_files(const fs::path& dir) {
+  CacheFiles out;
+  for (const auto& f : fs::directory_iterator(dir)) {
+    const std::string name = f.path().filename().string();
+    out.parts |= name.ends_with(".part");
+    if (name.starts_with(".") || name.ends_with(".lock")) continue;
+    out.bytes += fs::file_size(f.path());
+    if (!name.ends_with(".part")) out.shards.insert(name.substr(name.find('-') + 1));  // after the URL's hash
+  }
+  return out;
+}
+
+RemoteOptions cached(const fs::path& dir, std::uint64_t bytes) {
+  RemoteOptions o;
+  o.cache_dir = dir;
+  o.cache_bytes = bytes;
+  return o;
+}
 
 RemoteOptions quick() {
   RemoteOptions o;
@@ -326,5 +359,178 @@ TEST_SUITE("remote shards") {
     o.retry_budget = 1;
     CHECK(has(data_error([&] { ImageDataset::from_tars({url503}, o); }),
               "(2 attempts; the data set's retry budget, RemoteOptions::retry_budget = 1, is spent)"));
+  }
+
+  TEST_CASE("a cache: each shard fetched whole once, then every read, in this epoch and the next, from disk") {
+    const Shards shards("cache");
+    TempDir dir("cache");
+    const std::string http = env("STOKER_TEST_HTTP");
+    const auto data = ImageDataset::open(shards.url(http), cached(dir.path(), 1 << 30));
+    // Shards 0 and 1: a HEAD and the index; shard 2, which has no index, is fetched whole and
+    // listed from its copy: a HEAD, the index's 404, one request for its bytes.
+    const RemoteCounts listed = data->remote_counts();
+    CHECK(listed.requests == 2 * 2 + 3);
+    CHECK(listed.cache_fetches == 1);
+    check_reads(*data, shards);
+    const RemoteCounts read = data->remote_counts();
+    CHECK(read.requests - listed.requests == 2);  // shards 0 and 1, fetched at their first reads
+    CHECK(read.cache_fetches == 3);
+    CHECK(read.cache_hits == shards.bytes.size() - 2);
+    check_reads(*data, shards);  // a second epoch: all from the disk
+    CHECK(data->remote_counts().requests == read.requests);
+    CHECK(data->remote_counts().cache_hits == read.cache_hits + shards.bytes.size());
+    const CacheFiles files = cache_files(dir.path());
+    CHECK(files.shards == std::set<std::string>{"part-0.tar", "part-1.tar", "part-2.tar"});
+    CHECK_FALSE(files.parts);
+
+    // Another data set on the same cache (as another process would be): its listing asks the
+    // server for sizes and indexes only, and no read is a request.
+    const auto again = ImageDataset::open(shards.url(http), cached(dir.path(), 1 << 30));
+    check_reads(*again, shards);
+    CHECK(again->remote_counts().requests == 3 * 2);
+    CHECK(again->remote_counts().cache_fetches == 0);
+    CHECK(again->remote_counts().cache_hits == shards.bytes.size() + 1);
+  }
+
+  TEST_CASE("the cache's byte budget: least recently used shards make room, and the directory never holds more") {
+    const Shards shards("budget");
+    TempDir dir("cache");
+    const std::string http = env("STOKER_TEST_HTTP");
+    std::vector<std::uint64_t> sizes;
+    for (int s = 0; s < 3; ++s)
+      sizes.push_back(fs::file_size(fs::path(env("STOKER_TEST_ROOT")) / ("budget/part-" + std::to_string(s) + ".tar")));
+    // Room for two shards, not three; shard 2's is given by its index here, so all three are read
+    // alike.
+    const std::uint64_t budget = std::max({sizes[0] + sizes[1], sizes[1] + sizes[2], sizes[0] + sizes[2]}) +
+                                 std::min({sizes[0], sizes[1], sizes[2]}) - 1;
+    write_wds_index(wds_index_path(fs::path(env("STOKER_TEST_ROOT")) / "budget/part-2.tar"),
+                    list_tar(fs::path(env("STOKER_TEST_ROOT")) / "budget/part-2.tar"));
+    const auto data = ImageDataset::open(shards.url(http), cached(dir.path(), budget));
+    auto pool = BufferPool::create();
+    const auto read_shard = [&](int s) {  // its first image: fetches the shard, or reads its copy
+      const auto id = static_cast<std::uint64_t>(s * Shards::kPer);
+      CHECK(text_of(data->read(id, *pool).bytes()) == text_of(shards.bytes[id]));
+      CHECK(cache_files(dir.path()).bytes <= budget);
+    };
+    read_shard(0);
+    read_shard(1);
+    std::this_thread::sleep_for(1100ms);  // a use is marked once a second at most
+    read_shard(0);                        // now used after shard 1
+    CHECK(data->remote_counts().cache_evictions == 0);
+    read_shard(2);  // evicts shard 1, the least recently used, not shard 0, the first fetched
+    CHECK(data->remote_counts().cache_evictions == 1);
+    CHECK(cache_files(dir.path()).shards == std::set<std::string>{"part-0.tar", "part-2.tar"});
+    const auto fetches = data->remote_counts().cache_fetches;
+    read_shard(0);
+    CHECK(data->remote_counts().cache_fetches == fetches);  // a hit
+    read_shard(1);
+    CHECK(data->remote_counts().cache_fetches == fetches + 1);
+
+    // A budget below one shard: the cache keeps nothing, and every read is a request.
+    TempDir small("cache");
+    const auto direct = ImageDataset::open(shards.url(http), cached(small.path(), 100));
+    check_reads(*direct, shards);
+    CHECK(direct->remote_counts().cache_fetches == 0);
+    CHECK(direct->remote_counts().requests == 3 * 2 + shards.bytes.size());
+    CHECK(cache_files(small.path()).shards.empty());
+  }
+
+  TEST_CASE(
+      "the cache after failures: a stale copy is fetched again, a failed fetch leaves nothing, a dead fetch's file "
+      "goes") {
+    const Shards shards("stale");
+    TempDir dir("cache");
+    const std::string http = env("STOKER_TEST_HTTP"), proxy = env("STOKER_TEST_PROXY");
+    const auto data = ImageDataset::open(shards.url(http), cached(dir.path(), 1 << 30));
+    check_reads(*data, shards);
+    // A copy whose size is not the shard's (the object changed, or the file was damaged): the
+    // next reader fetches the shard again.
+    fs::path copy;
+    for (const auto& f : fs::directory_iterator(dir.path()))
+      if (f.path().filename().string().ends_with("-part-1.tar")) copy = f.path();
+    REQUIRE_FALSE(copy.empty());
+    fs::resize_file(copy, 100);
+    const auto fetched = data->remote_counts().cache_fetches;
+    check_reads(*data, shards);
+    CHECK(data->remote_counts().cache_fetches == fetched + 1);
+    CHECK(fs::file_size(copy) > 100);
+
+    // A fetch that fails for good (every range answered with half of it): a DataError naming the
+    // URL, and no file of it left in the cache.
+    TempDir other("cache");
+    const std::string cut = proxy + "/rangehalf/stale/part-0.tar";
+    RemoteOptions o = quick();
+    o.cache_dir = other.path();
+    o.cache_bytes = 1 << 30;
+    const auto failing = ImageDataset::from_tars({cut}, o);
+    auto pool = BufferPool::create();
+    CHECK(has(data_error([&] { failing->read(0, *pool); }), cut + ": "));
+    CHECK(cache_files(other.path()).bytes == 0);
+    CHECK_FALSE(cache_files(other.path()).parts);
+
+    // A fetch's file that no fetch holds (its process died): removed when the next fetch counts.
+    std::ofstream(other.path() / "0123456789abcdef-lost.tar.part") << std::string(5000, 'x');
+    const auto fresh = ImageDataset::from_tars({http + "/stale/part-0.tar"}, o);
+    CHECK(text_of(fresh->read(0, *pool).bytes()) == text_of(shards.bytes[0]));
+    CHECK_FALSE(cache_files(other.path()).parts);
+    CHECK(cache_files(other.path()).shards == std::set<std::string>{"part-0.tar"});
+  }
+
+  TEST_CASE("processes that share a cache fetch each shard once on the host") {
+    const Shards shards("shared");
+    TempDir dir("cache");
+    // Four processes (this program, run for the case below) read every image at once, through a
+    // proxy that answers range requests 0.5 s late: their fetches overlap.
+    std::vector<pid_t> children;
+    for (int i = 0; i < 4; ++i) {
+      const std::string out = (dir.path() / ("child-" + std::to_string(i))).string();
+      stoker::test::ScopedEnv child({{"STOKER_TEST_CACHE_CHILD", dir.path().string() + "/cache," + out}});
+      std::string self = fs::read_symlink("/proc/self/exe").string(), filter = "-tc=a reader of a shared cache*";
+      std::string quiet = "--minimal=true";  // its failures only
+      char* argv[] = {self.data(), filter.data(), quiet.data(), nullptr};
+      pid_t pid = 0;
+      REQUIRE(::posix_spawn(&pid, self.c_str(), nullptr, nullptr, argv, environ) == 0);
+      children.push_back(pid);
+    }
+    for (const pid_t pid : children) {
+      int status = 0;
+      REQUIRE(::waitpid(pid, &status, 0) == pid);
+      CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+    }
+    std::uint64_t fetches = 0, hits = 0;
+    for (int i = 0; i < 4; ++i) {
+      std::ifstream in(dir.path() / ("child-" + std::to_string(i)));
+      std::uint64_t f = 0, h = 0;
+      REQUIRE(static_cast<bool>(in >> f >> h));
+      fetches += f;
+      hits += h;
+    }
+    CHECK(fetches == 3);  // each shard once, by one of the four
+    CHECK(hits == 4 * (shards.bytes.size() + 1) - 3);
+    CHECK(cache_files(dir.path() / "cache").shards == std::set<std::string>{"part-0.tar", "part-1.tar", "part-2.tar"});
+  }
+
+  TEST_CASE("a reader of a shared cache (run by the case above, in processes of its own)") {
+    const char* child = std::getenv("STOKER_TEST_CACHE_CHILD");
+    if (!child) return;  // run alone, this case has nothing to do
+    const std::string spec = child;
+    const Shards shards("shared", /*write=*/false);  // the parent's
+    const auto data = ImageDataset::open(shards.url(env("STOKER_TEST_PROXY") + "/rangeslow"),
+                                         cached(spec.substr(0, spec.find(',')), 1 << 30));
+    check_reads(*data, shards);
+    std::ofstream(spec.substr(spec.find(',') + 1))
+        << data->remote_counts().cache_fetches << ' ' << data->remote_counts().cache_hits << '\n';
+  }
+
+  TEST_CASE("cache options that cannot work are refused, naming the option") {
+    TempDir dir("cache");
+    RemoteOptions o = cached(dir.path(), 0);
+    CHECK_THROWS_WITH_AS(ImageDataset::open(env("STOKER_TEST_HTTP") + "/x/part-0.tar", o),
+                         doctest::Contains("RemoteOptions::cache_bytes must be above 0"), std::invalid_argument);
+    std::ofstream(dir.path() / "file") << "x";
+    o = cached(dir.path() / "file", 1000);
+    const std::string named = "RemoteOptions::cache_dir '" + (dir.path() / "file").string() + "'";
+    CHECK_THROWS_WITH_AS(ImageDataset::open(env("STOKER_TEST_HTTP") + "/x/part-0.tar", o),
+                         doctest::Contains(named.c_str()), std::invalid_argument);
   }
 }

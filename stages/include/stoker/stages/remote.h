@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,6 +46,14 @@ struct RemoteOptions {
   /// The certificates (a PEM file) https:// servers are checked against; empty: the file
   /// CURL_CA_BUNDLE or SSL_CERT_FILE names (AWS_CA_BUNDLE for s3://), else the system's.
   std::string ca_file;
+  /// A directory on the local disk that keeps whole shards (docs/remote.md, "The cache"): a
+  /// shard's first read fetches all of it, and every later read of it, in this epoch and the
+  /// next ones, by this process or another of the host, reads the local copy. Empty: no cache,
+  /// every read is a request.
+  std::filesystem::path cache_dir;
+  /// The most bytes the cache directory holds: least recently used shards make room for new
+  /// ones. A shard larger than this is read from the server. Must be set with cache_dir.
+  std::uint64_t cache_bytes = 0;
 };
 
 /// What a data set's remote reads did so far (ImageDataset::remote_counts()).
@@ -52,6 +61,9 @@ struct RemoteCounts {
   std::uint64_t requests = 0;  ///< attempts made, retries included
   std::uint64_t retries = 0;   ///< of them, retries
   std::uint64_t bytes = 0;     ///< bytes of bodies kept: those of requests that succeeded
+  std::uint64_t cache_hits = 0;       ///< reads of a shard's local copy (RemoteOptions::cache_dir)
+  std::uint64_t cache_fetches = 0;    ///< shards this process fetched whole into the cache
+  std::uint64_t cache_evictions = 0;  ///< shards this process removed from the cache to make room
 };
 
 }  // namespace stoker
