@@ -25,8 +25,11 @@ std::shared_ptr<const ImageDataset> first(std::shared_ptr<const ImageDataset> da
   return data->subset(ids);
 }
 
-std::shared_ptr<const ImageDataset> open(const std::string& path, const char* option) {
-  auto data = ImageDataset::open(path);
+std::shared_ptr<const ImageDataset> open(const std::string& path, const char* option, const TrainOptions& o) {
+  RemoteOptions remote;
+  remote.cache_dir = o.cache;
+  remote.cache_bytes = o.cache_bytes;
+  auto data = ImageDataset::open(path, remote);
   if (data->classes().size() > static_cast<std::size_t>(kClasses))
     throw std::invalid_argument(std::string(option) + " " + path + ": " + std::to_string(data->classes().size()) +
                                 " classes, but the model has " + std::to_string(kClasses) + " outputs");
@@ -37,10 +40,10 @@ std::shared_ptr<const ImageDataset> open(const std::string& path, const char* op
 
 ImageSets open_image_sets(const TrainOptions& o) {
   ImageSets sets;
-  auto all = open(o.images, "--images");
+  auto all = open(o.images, "--images", o);
   if (!o.test_images.empty()) {
     sets.train = first(std::move(all), o.limit);
-    sets.test = first(open(o.test_images, "--test-images"), o.limit);
+    sets.test = first(open(o.test_images, "--test-images", o), o.limit);
     sets.test_source = o.test_images;
     return sets;
   }

@@ -267,6 +267,17 @@ void add_options(CLI::App& app, TrainOptions& o, bool& json) {
                  "every run, held out)")
       ->type_name("PATH")
       ->group("Data");
+  app.add_option("--cache", o.cache,
+                 "With --images at a URL: keep whole shards in DIR, a cache on the local disk that the ranks of a "
+                 "host share, so that epochs after the first read them there (docs/remote.md)")
+      ->type_name("DIR")
+      ->group("Data");
+  app.add_option("--cache-bytes", o.cache_bytes,
+                 "With --cache: the most it holds (a number of bytes, or with a unit: 500M, 20G); least recently "
+                 "used shards make room")
+      ->transform(CLI::AsSizeValue(false))
+      ->type_name("BYTES")
+      ->group("Data");
   app.add_option("--image-size", o.image_size, "With --images: the crops' side (default: --crop-size)")
       ->check(apps::in_range<std::uint32_t>(1, 1024))
       ->group("Data");

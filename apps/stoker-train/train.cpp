@@ -959,7 +959,11 @@ void validate(const TrainOptions& o, int ranks) {
     if (!o.test_images.empty()) fail("--test-images needs --images");
     if (o.image_size != 0) fail("--image-size needs --images (the IDX images' crops are --crop-size)");
     if (o.on_bad_input != "fail") fail("--on-bad-input skip needs --images (the IDX files are read whole)");
-  } else if (o.mode != "pipelined" || o.augment != "cpu" || o.remote_workers) {
+  }
+  if (!o.cache.empty() && !is_url(o.images) && !is_url(o.test_images))
+    fail("--cache keeps shards read from a URL: neither --images nor --test-images is one (http(s)://, s3://)");
+  if (o.cache.empty() != (o.cache_bytes == 0)) fail("--cache and --cache-bytes go together");
+  if (!o.images.empty() && (o.mode != "pipelined" || o.augment != "cpu" || o.remote_workers)) {
     fail("--images needs --mode pipelined and --augment cpu, and no --remote-workers");
   }
   if (o.remote_workers) {

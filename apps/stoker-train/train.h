@@ -101,6 +101,10 @@ struct TrainOptions {
   /// The test set's image files; empty = a tenth of `images` drawn at random (the same every
   /// run), held out.
   std::string test_images;
+  /// With `images` (or `test_images`) at a URL: a folder that keeps whole shards on the local disk
+  /// (RemoteOptions::cache_dir), and the most bytes it holds; empty: no cache.
+  std::string cache;
+  std::uint64_t cache_bytes = 0;
   /// What a bad image file does: fail (the run stops, naming the file) or skip (it is counted
   /// in skipped_images and left out).
   std::string on_bad_input = "fail";

@@ -8,6 +8,7 @@
 #include <pybind11/stl/filesystem.h>
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -22,6 +23,7 @@
 #include "stoker/stages/image_source.h"
 #include "stoker/stages/image_transforms.h"
 #include "stoker/stages/mix.h"
+#include "stoker/stages/remote.h"
 #include "stoker/stages/shard.h"
 
 namespace stoker::python {
@@ -95,14 +97,72 @@ DecodeResizedCropOptions decode_crop_options(const RandomResizedCropOptions& cro
 }  // namespace
 
 void bind_images(py::module_& m) {
+  py::class_<RemoteOptions>(m, "RemoteOptions", R"(How a data set's remote shards (http://, https://, s3://) are
+read (docs/remote.md): a request's timeout (seconds), retries with backoff (seconds, full jitter) on
+timeouts, dropped connections, 429 and 5xx, a retry budget for the data set, the https
+certificates (ca_file), and a cache of whole shards on the local disk (cache_dir, cache_bytes:
+both or neither).)")
+      .def(py::init([](double timeout, int retries, double backoff, double max_backoff, std::uint64_t retry_budget,
+                       const std::string& ca_file, std::optional<std::filesystem::path> cache_dir,
+                       std::uint64_t cache_bytes) {
+             const auto ms = [](double seconds, const char* name) {
+               if (!(seconds >= 0 && seconds < 1e9))
+                 throw py::value_error(std::string("RemoteOptions: ") + name +
+                                       " must be a number of seconds, 0 or more");
+               return std::chrono::milliseconds(static_cast<long long>(seconds * 1000 + 0.5));
+             };
+             if (cache_dir.has_value() != (cache_bytes != 0))
+               throw py::value_error("RemoteOptions: cache_dir and cache_bytes go together (a folder and its budget)");
+             RemoteOptions o;
+             o.timeout = ms(timeout, "timeout");
+             o.retries = retries;
+             o.backoff = ms(backoff, "backoff");
+             o.max_backoff = ms(max_backoff, "max_backoff");
+             o.retry_budget = retry_budget;
+             o.ca_file = ca_file;
+             o.cache_dir = cache_dir.value_or(std::filesystem::path());
+             o.cache_bytes = cache_bytes;
+             return o;
+           }),
+           py::kw_only(), py::arg("timeout") = 30.0, py::arg("retries") = 5, py::arg("backoff") = 0.1,
+           py::arg("max_backoff") = 10.0, py::arg("retry_budget") = 1000, py::arg("ca_file") = "",
+           py::arg("cache_dir") = py::none(), py::arg("cache_bytes") = 0)
+      .def_property_readonly("timeout", [](const RemoteOptions& o) { return o.timeout.count() / 1e3; })
+      .def_readonly("retries", &RemoteOptions::retries)
+      .def_property_readonly("backoff", [](const RemoteOptions& o) { return o.backoff.count() / 1e3; })
+      .def_property_readonly("max_backoff", [](const RemoteOptions& o) { return o.max_backoff.count() / 1e3; })
+      .def_readonly("retry_budget", &RemoteOptions::retry_budget)
+      .def_readonly("ca_file", &RemoteOptions::ca_file)
+      .def_property_readonly("cache_dir",
+                             [](const RemoteOptions& o) -> std::optional<std::filesystem::path> {
+                               if (o.cache_dir.empty()) return std::nullopt;
+                               return o.cache_dir;
+                             })
+      .def_readonly("cache_bytes", &RemoteOptions::cache_bytes)
+      .def("__repr__", [](const RemoteOptions& o) {
+        return repr_of("RemoteOptions",
+                       {{"timeout", py::float_(o.timeout.count() / 1e3)},
+                        {"retries", py::int_(o.retries)},
+                        {"backoff", py::float_(o.backoff.count() / 1e3)},
+                        {"max_backoff", py::float_(o.max_backoff.count() / 1e3)},
+                        {"retry_budget", py::int_(o.retry_budget)},
+                        {"ca_file", py::str(o.ca_file)},
+                        {"cache_dir", o.cache_dir.empty() ? py::object(py::none()) : py::cast(o.cache_dir)},
+                        {"cache_bytes", py::int_(o.cache_bytes)}});
+      });
+
   py::class_<ImageDataset, std::shared_ptr<ImageDataset>>(m, "ImageDataset", R"(Where the images of a data set
 are and what their labels are: a list file of `path label` lines, a folder per class, or
 WebDataset tar shards. Images have ids 0 .. len - 1. Immutable: share one between sources.
 Opening one reads folders or tar headers without the GIL.)")
       .def_static(
-          "open", [](const std::filesystem::path& path) { return held(ImageDataset::open(path)); }, py::arg("path"),
-          py::call_guard<py::gil_scoped_release>(),
-          "A folder (from_folder), a .tar file (from_tars) or a list file (from_list).")
+          "open",
+          [](const std::filesystem::path& path, const RemoteOptions& remote) {
+            return held(ImageDataset::open(path, remote));
+          },
+          py::arg("path"), py::arg("remote") = RemoteOptions{}, py::call_guard<py::gil_scoped_release>(),
+          "A folder (from_folder), a .tar file (from_tars) or a list file (from_list); a URL or a name with "
+          "braces stands for tar shards, read as `remote` says.")
       .def_static(
           "from_list", [](const std::filesystem::path& list) { return held(ImageDataset::from_list(list)); },
           py::arg("list"), py::call_guard<py::gil_scoped_release>(),
@@ -113,9 +173,11 @@ Opening one reads folders or tar headers without the GIL.)")
           "A subfolder per class, as torchvision's ImageFolder: labels in the classes' name order.")
       .def_static(
           "from_tars",
-          [](const std::vector<std::filesystem::path>& shards) { return held(ImageDataset::from_tars(shards)); },
-          py::arg("shards"), py::call_guard<py::gil_scoped_release>(),
-          "WebDataset tar shards: each sample an image and its .cls label.")
+          [](const std::vector<std::filesystem::path>& shards, const RemoteOptions& remote) {
+            return held(ImageDataset::from_tars(shards, remote));
+          },
+          py::arg("shards"), py::arg("remote") = RemoteOptions{}, py::call_guard<py::gil_scoped_release>(),
+          "WebDataset tar shards: each sample an image and its .cls label; shards at a URL read as `remote` says.")
       .def(
           "subset", [](const ImageDataset& d, const std::vector<std::uint64_t>& ids) { return held(d.subset(ids)); },
           py::arg("ids"), "The images `ids` (strictly increasing) as a data set of their own.")
@@ -124,6 +186,21 @@ Opening one reads folders or tar headers without the GIL.)")
       .def_property_readonly("classes", &ImageDataset::classes,
                              "Class names, label i being classes[i] (a folder per class; empty otherwise).")
       .def_property_readonly("shards", &ImageDataset::shards)
+      .def(
+          "remote_counts",
+          [](const ImageDataset& d) {
+            const RemoteCounts c = d.remote_counts();
+            py::dict out;
+            out["requests"] = c.requests;
+            out["retries"] = c.retries;
+            out["bytes"] = c.bytes;
+            out["cache_hits"] = c.cache_hits;
+            out["cache_fetches"] = c.cache_fetches;
+            out["cache_evictions"] = c.cache_evictions;
+            return out;
+          },
+          "What the reads of its remote shards did so far (all 0 for local data): requests, retries, bytes, "
+          "cache_hits, cache_fetches, cache_evictions.")
       .def("fingerprint", &ImageDataset::fingerprint)
       .def("__repr__", [](const ImageDataset& d) {
         std::string out = "stoker.ImageDataset(" + std::to_string(d.size()) + " images";

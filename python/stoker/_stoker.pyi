@@ -218,15 +218,18 @@ class ImageDataset:
         """`path label` lines, paths relative to the list's folder unless absolute."""
         ...
     @staticmethod
-    def from_tars(shards: List[Union[str, os.PathLike]]) -> ImageDataset:
-        """WebDataset tar shards: each sample an image and its .cls label."""
+    def from_tars(shards: List[Union[str, os.PathLike]], remote: RemoteOptions = ...) -> ImageDataset:
+        """WebDataset tar shards: each sample an image and its .cls label; shards at a URL read as `remote` says."""
         ...
     def name(self, id: int) -> str:
         """The file (or shard.tar:member) of image `id`."""
         ...
     @staticmethod
-    def open(path: Union[str, os.PathLike]) -> ImageDataset:
-        """A folder (from_folder), a .tar file (from_tars) or a list file (from_list)."""
+    def open(path: Union[str, os.PathLike], remote: RemoteOptions = ...) -> ImageDataset:
+        """A folder (from_folder), a .tar file (from_tars) or a list file (from_list); a URL or a name with braces stands for tar shards, read as `remote` says."""
+        ...
+    def remote_counts(self) -> dict:
+        """What the reads of its remote shards did so far (all 0 for local data): requests, retries, bytes, cache_hits, cache_fetches, cache_evictions."""
         ...
     @property
     def shards(self) -> int: ...
@@ -491,6 +494,31 @@ class NpyReader(Reader):
 
 class RawVolumeReader(Reader):
     def __init__(self, file: Union[str, os.PathLike], shape: Shape, dtype: str, label: int = ..., shard_index: int = ..., num_shards: int = ..., pool: BufferPool = ...) -> None: ...
+
+
+class RemoteOptions:
+    """How a data set's remote shards (http://, https://, s3://) are
+    read (docs/remote.md): a request's timeout (seconds), retries with backoff (seconds, full jitter) on
+    timeouts, dropped connections, 429 and 5xx, a retry budget for the data set, the https
+    certificates (ca_file), and a cache of whole shards on the local disk (cache_dir, cache_bytes:
+    both or neither)."""
+    def __init__(self, *, timeout: float = ..., retries: int = ..., backoff: float = ..., max_backoff: float = ..., retry_budget: int = ..., ca_file: str = ..., cache_dir: Optional[Union[str, os.PathLike]] = ..., cache_bytes: int = ...) -> None: ...
+    @property
+    def backoff(self) -> float: ...
+    @property
+    def ca_file(self) -> str: ...
+    @property
+    def cache_bytes(self) -> int: ...
+    @property
+    def cache_dir(self) -> Optional[Union[str, os.PathLike]]: ...
+    @property
+    def max_backoff(self) -> float: ...
+    @property
+    def retries(self) -> int: ...
+    @property
+    def retry_budget(self) -> int: ...
+    @property
+    def timeout(self) -> float: ...
 
 
 class Resize:

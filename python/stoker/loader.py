@@ -61,7 +61,9 @@ class ImageLoader:
     in a fixed order (``shuffle=False``).
 
     data: a folder per class (ImageFolder's layout), a list file of ``path label`` lines, a
-    ``.tar`` shard, a list of ``.tar`` shards, or a ``stoker.ImageDataset``.
+    ``.tar`` shard, a list of ``.tar`` shards, or a ``stoker.ImageDataset``. Shards may be URLs
+    (``http(s)://``, ``s3://``, with WebDataset's braces), read as ``remote`` (a
+    ``stoker.RemoteOptions``: timeouts, retries, a cache on the local disk) says.
 
     images: float32 ``[batch, 3, size, size]`` (``gray=True``: 1 channel), normalized as
     torchvision's ``Normalize(mean, std)`` after ``ToTensor()``; ``channels_last=True`` gives
@@ -118,9 +120,10 @@ class ImageLoader:
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         on_error: str = "fail",
+        remote: Optional["_stoker.RemoteOptions"] = None,
     ) -> None:
         torch = _torch()
-        self.dataset = data if isinstance(data, _stoker.ImageDataset) else _open(data)
+        self.dataset = data if isinstance(data, _stoker.ImageDataset) else _open(data, remote)
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"ImageLoader: batch_size must be a whole number of at least 1, not {batch_size!r}")
         self.batch_size = batch_size
@@ -397,11 +400,12 @@ class ImageLoader:
         return images, labels
 
 
-def _open(data) -> "_stoker.ImageDataset":
+def _open(data, remote) -> "_stoker.ImageDataset":
+    remote = _stoker.RemoteOptions() if remote is None else remote
     if isinstance(data, (str, os.PathLike)):
-        return _stoker.ImageDataset.open(data)
+        return _stoker.ImageDataset.open(data, remote)
     if isinstance(data, Sequence) and data and all(isinstance(p, (str, os.PathLike)) for p in data):
-        return _stoker.ImageDataset.from_tars(list(data))
+        return _stoker.ImageDataset.from_tars(list(data), remote)
     raise TypeError("ImageLoader: data must be a folder, a list file, a .tar shard, a list of .tar shards "
                     f"or a stoker.ImageDataset, not {type(data).__name__}")
 

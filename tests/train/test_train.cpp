@@ -886,6 +886,16 @@ TEST_CASE("--images options are refused naming the option" * doctest::timeout(10
   bad.images = "/nonexistent/list.txt";
   CHECK_THROWS_WITH_AS(stoker::train::run_training(bad), doctest::Contains("/nonexistent/list.txt: does not exist"),
                        stoker::DataError);
+  bad = o;
+  bad.images = "list.txt";
+  bad.cache = "/tmp/cache";
+  bad.cache_bytes = 1 << 30;
+  CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--cache keeps shards read from a URL"), std::invalid_argument);
+  bad.images = "https://data.example.com/train-{0..9}.tar";
+  CHECK_NOTHROW(validate(bad));
+  bad.cache_bytes = 0;
+  CHECK_THROWS_WITH_AS(validate(bad), doctest::Contains("--cache and --cache-bytes go together"),
+                       std::invalid_argument);
 }
 
 TEST_CASE("--images on Fashion-MNIST as PNG files learns as the IDX files do, with the same model and crops" *
