@@ -100,11 +100,12 @@ void bind_images(py::module_& m) {
   py::class_<RemoteOptions>(m, "RemoteOptions", R"(How a data set's remote shards (http://, https://, s3://) are
 read (docs/remote.md): a request's timeout (seconds), retries with backoff (seconds, full jitter) on
 timeouts, dropped connections, 429 and 5xx, a retry budget for the data set, the https
-certificates (ca_file), and a cache of whole shards on the local disk (cache_dir, cache_bytes:
-both or neither).)")
+certificates (ca_file), a cache of whole shards on the local disk (cache_dir, cache_bytes: both
+or neither), how many shards ahead are fetched into it in shard order (prefetch), and the most
+bytes of answers in flight at once (max_bytes_in_flight).)")
       .def(py::init([](double timeout, int retries, double backoff, double max_backoff, std::uint64_t retry_budget,
                        const std::string& ca_file, std::optional<std::filesystem::path> cache_dir,
-                       std::uint64_t cache_bytes) {
+                       std::uint64_t cache_bytes, std::uint32_t prefetch, std::uint64_t max_bytes_in_flight) {
              const auto ms = [](double seconds, const char* name) {
                if (!(seconds >= 0 && seconds < 1e9))
                  throw py::value_error(std::string("RemoteOptions: ") + name +
@@ -122,11 +123,15 @@ both or neither).)")
              o.ca_file = ca_file;
              o.cache_dir = cache_dir.value_or(std::filesystem::path());
              o.cache_bytes = cache_bytes;
+             o.prefetch = prefetch;
+             o.max_bytes_in_flight = max_bytes_in_flight;
              return o;
            }),
            py::kw_only(), py::arg("timeout") = 30.0, py::arg("retries") = 5, py::arg("backoff") = 0.1,
            py::arg("max_backoff") = 10.0, py::arg("retry_budget") = 1000, py::arg("ca_file") = "",
-           py::arg("cache_dir") = py::none(), py::arg("cache_bytes") = 0)
+           py::arg("cache_dir") = py::none(), py::arg("cache_bytes") = 0,
+           py::arg("prefetch") = RemoteOptions{}.prefetch,
+           py::arg("max_bytes_in_flight") = RemoteOptions{}.max_bytes_in_flight)
       .def_property_readonly("timeout", [](const RemoteOptions& o) { return o.timeout.count() / 1e3; })
       .def_readonly("retries", &RemoteOptions::retries)
       .def_property_readonly("backoff", [](const RemoteOptions& o) { return o.backoff.count() / 1e3; })
@@ -139,6 +144,8 @@ both or neither).)")
                                return o.cache_dir;
                              })
       .def_readonly("cache_bytes", &RemoteOptions::cache_bytes)
+      .def_readonly("prefetch", &RemoteOptions::prefetch)
+      .def_readonly("max_bytes_in_flight", &RemoteOptions::max_bytes_in_flight)
       .def("__repr__", [](const RemoteOptions& o) {
         return repr_of("RemoteOptions",
                        {{"timeout", py::float_(o.timeout.count() / 1e3)},
@@ -148,7 +155,9 @@ both or neither).)")
                         {"retry_budget", py::int_(o.retry_budget)},
                         {"ca_file", py::str(o.ca_file)},
                         {"cache_dir", o.cache_dir.empty() ? py::object(py::none()) : py::cast(o.cache_dir)},
-                        {"cache_bytes", py::int_(o.cache_bytes)}});
+                        {"cache_bytes", py::int_(o.cache_bytes)},
+                        {"prefetch", py::int_(o.prefetch)},
+                        {"max_bytes_in_flight", py::int_(o.max_bytes_in_flight)}});
       });
 
   py::class_<ImageDataset, std::shared_ptr<ImageDataset>>(m, "ImageDataset", R"(Where the images of a data set
@@ -197,10 +206,11 @@ Opening one reads folders or tar headers without the GIL.)")
             out["cache_hits"] = c.cache_hits;
             out["cache_fetches"] = c.cache_fetches;
             out["cache_evictions"] = c.cache_evictions;
+            out["peak_bytes_in_flight"] = c.peak_bytes_in_flight;
             return out;
           },
           "What the reads of its remote shards did so far (all 0 for local data): requests, retries, bytes, "
-          "cache_hits, cache_fetches, cache_evictions.")
+          "cache_hits, cache_fetches, cache_evictions, peak_bytes_in_flight.")
       .def("fingerprint", &ImageDataset::fingerprint)
       .def("__repr__", [](const ImageDataset& d) {
         std::string out = "stoker.ImageDataset(" + std::to_string(d.size()) + " images";

@@ -308,6 +308,15 @@ std::shared_ptr<const ImageDataset> ImageDataset::open(const fs::path& path, con
 
 RemoteCounts ImageDataset::remote_counts() const noexcept { return remote_ ? remote_->counts() : RemoteCounts{}; }
 
+std::uint32_t ImageDataset::prefetch_depth() const noexcept {
+  return remote_ && remote_->prefetches() ? remote_->options().prefetch : 0;
+}
+
+void ImageDataset::prefetch(std::uint32_t s) const {
+  if (kind_ == Kind::tar && s < shards_.size() && is_url(shards_[s].string()) && remote_)
+    remote_->prefetch(shards_[s].string(), shard_bytes_[s]);
+}
+
 std::shared_ptr<const ImageDataset> ImageDataset::subset(std::span<const std::uint64_t> ids) const {
   if (ids.empty()) throw std::invalid_argument("ImageDataset::subset: no image asked for");
   std::shared_ptr<ImageDataset> data(new ImageDataset());
@@ -376,11 +385,21 @@ EncodedImage ImageDataset::read(std::uint64_t id, BufferPool& pool, const StageC
   bool remote = false;  // read by requests, not from a local file or a cached copy
   if (!is_url(shard)) {
     opened = std::make_unique<const detail::InputFile>(shards_[item.shard]);
-  } else if (!(opened = remote_->cached(shard, shard_bytes_[item.shard], ctx.stop))) {
-    opened = std::make_unique<const detail::RemoteFile>(remote_, shard, shard_bytes_[item.shard]);
-    remote = true;
+  } else {
+    // A wait for the network (or for another's fetch), not this call's computing: no turn of a
+    // ThreadBudget is held meanwhile. Its scope ends after the cache's locks are let go.
+    const detail::TurnReleased waiting(ctx);
+    if (!(opened = remote_->cached(shard, shard_bytes_[item.shard], ctx.stop))) {
+      opened = std::make_unique<const detail::RemoteFile>(remote_, shard, shard_bytes_[item.shard]);
+      remote = true;
+    }
   }
   const detail::RandomAccessFile& file = *opened;
+  const auto read_at = [&](std::uint64_t offset, std::span<std::byte> bytes) {
+    if (!remote) return file.read_at(offset, bytes, ctx.stop);
+    const detail::TurnReleased waiting(ctx);  // as above
+    file.read_at(offset, bytes, ctx.stop);    // gives up on a stop
+  };
   const auto past_end = [&](std::uint64_t offset, std::uint64_t size) {  // offset + size, without wrapping
     return offset > file.size() || size > file.size() - offset;
   };
@@ -405,15 +424,15 @@ EncodedImage ImageDataset::read(std::uint64_t id, BufferPool& pool, const StageC
   const std::uint64_t end = std::max(item.offset + item.size, item.label_offset + item.label_size);
   if (remote && end - first <= item.size + kJoinGap) {
     Buffer both = pool.acquire(end - first, ctx);
-    file.read_at(first, {both.data(), both.size()}, ctx.stop);
+    read_at(first, {both.data(), both.size()});
     set_label(reinterpret_cast<const char*>(both.data() + (item.label_offset - first)));
     std::memcpy(out.data.data(), both.data() + (item.offset - first), item.size);
     return out;
   }
   char label[64];
-  file.read_at(item.label_offset, std::as_writable_bytes(std::span(label, item.label_size)), ctx.stop);
+  read_at(item.label_offset, std::as_writable_bytes(std::span(label, item.label_size)));
   set_label(label);
-  file.read_at(item.offset, {out.data.data(), out.data.size()}, ctx.stop);  // a remote read gives up on a stop
+  read_at(item.offset, {out.data.data(), out.data.size()});
   return out;
 }
 
@@ -476,8 +495,14 @@ std::optional<EncodedImage> ImageSource::operator()(const StageContext& ctx) {
   if (ctx.index >= size_of(ctx.epoch)) return std::nullopt;
   if (options_.order == ImageOrder::shards && (!plan_ || plan_->seed != ctx.seed || plan_->epoch != ctx.epoch))
     plan_ = plan(ctx.seed, ctx.epoch);
-  return data_->read(id_in(plan_ ? &*plan_ : nullptr, ctx.seed, ctx.epoch, ctx.index), *options_.pool, ctx,
-                     options_.max_file_bytes);
+  const std::uint64_t id = id_in(plan_ ? &*plan_ : nullptr, ctx.seed, ctx.epoch, ctx.index);
+  // Come to a shard in shard order: the epoch's next ones are fetched meanwhile.
+  if (const std::uint32_t depth = plan_ ? data_->prefetch_depth() : 0; depth > 0 && at_shard_ != data_->shard_of(id)) {
+    at_shard_ = data_->shard_of(id);
+    const auto here = std::find(plan_->order.begin(), plan_->order.end(), *at_shard_);
+    for (auto next = here + 1; next != plan_->order.end() && next - here <= depth; ++next) data_->prefetch(*next);
+  }
+  return data_->read(id, *options_.pool, ctx, options_.max_file_bytes);
 }
 
 std::string ImageSource::fingerprint() const {

@@ -271,6 +271,9 @@ Remote::Remote(RemoteOptions options) : options_(options), budget_left_(options.
   if (options_.timeout.count() <= 0) throw std::invalid_argument("RemoteOptions::timeout must be above 0");
   if (options_.backoff.count() < 0 || options_.max_backoff < options_.backoff)
     throw std::invalid_argument("RemoteOptions::backoff must be 0 or more, and max_backoff no less than it");
+  if (options_.prefetch > 64) throw std::invalid_argument("RemoteOptions::prefetch must be at most 64 (shards ahead)");
+  if (options_.max_bytes_in_flight == 0)
+    throw std::invalid_argument("RemoteOptions::max_bytes_in_flight must be above 0");
   if (!options_.cache_dir.empty())
     cache_ = std::make_unique<const ShardCache>(options_.cache_dir, options_.cache_bytes);
 }
@@ -285,7 +288,62 @@ const S3Settings* Remote::s3_of(const std::string& url) const {
 
 RemoteCounts Remote::counts() const noexcept {
   const CacheCounts c = cache_ ? cache_->counts() : CacheCounts{};
-  return {requests_.load(), retries_.load(), bytes_.load(), c.hits, c.fetches, c.evictions};
+  std::uint64_t peak = 0;
+  {
+    std::lock_guard lock(flight_mutex_);
+    peak = peak_in_flight_;
+  }
+  return {requests_.load(), retries_.load(), bytes_.load(), c.hits, c.fetches, c.evictions, peak};
+}
+
+void Remote::admit(std::uint64_t bytes, const std::stop_token& stop) const {
+  std::unique_lock lock(flight_mutex_);
+  flight_changed_.wait(lock, stop, [&] {
+    return in_flight_ == 0 ||
+           (in_flight_ <= options_.max_bytes_in_flight && bytes <= options_.max_bytes_in_flight - in_flight_);
+  });
+  if (stop.stop_requested()) throw PipelineStopped();
+  in_flight_ += bytes;
+  peak_in_flight_ = std::max(peak_in_flight_, in_flight_);
+}
+
+void Remote::release(std::uint64_t bytes) const {
+  {
+    std::lock_guard lock(flight_mutex_);
+    in_flight_ -= bytes;
+  }
+  flight_changed_.notify_all();
+}
+
+void Remote::prefetch(const std::string& url, std::uint64_t size) const {
+  if (!prefetches()) return;
+  {
+    std::lock_guard lock(prefetch_mutex_);
+    if (!prefetch_pending_.insert(url).second) return;
+    prefetch_queue_.emplace_back(url, size);
+    if (prefetchers_.empty())
+      for (std::uint32_t i = 0; i < options_.prefetch; ++i)
+        prefetchers_.emplace_back([this](std::stop_token stop) { prefetcher(stop); });
+  }
+  prefetch_asked_.notify_one();
+}
+
+void Remote::prefetcher(std::stop_token stop) const {
+  for (;;) {
+    std::pair<std::string, std::uint64_t> job;
+    {
+      std::unique_lock lock(prefetch_mutex_);
+      if (!prefetch_asked_.wait(lock, stop, [&] { return !prefetch_queue_.empty(); })) return;  // stopped
+      job = std::move(prefetch_queue_.front());
+      prefetch_queue_.pop_front();
+    }
+    try {
+      cache_->open(job.first, job.second, *this, stop, /*read=*/false);
+    } catch (...) {  // a stop, or a failure the reads will meet and report
+    }
+    std::lock_guard lock(prefetch_mutex_);
+    prefetch_pending_.erase(job.first);
+  }
 }
 
 void Remote::with_retries(const std::string& url, const std::function<Outcome()>& once, std::stop_token stop) const {
@@ -426,6 +484,12 @@ std::uint64_t Remote::size(const std::string& url) const {
 
 void Remote::read(const std::string& url, std::uint64_t offset, std::span<std::byte> out, std::stop_token stop) const {
   if (out.empty()) return;
+  admit(out.size(), stop);
+  struct Release {
+    const Remote& remote;
+    std::uint64_t bytes;
+    ~Release() { remote.release(bytes); }
+  } release{*this, out.size()};
   const S3Settings* s3s = s3_of(url);
   const std::string what = std::to_string(out.size()) + " bytes at offset " + std::to_string(offset);
   with_retries(

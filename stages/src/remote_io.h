@@ -4,15 +4,20 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <span>
 #include <stop_token>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "file_io.h"
@@ -48,6 +53,13 @@ class Remote {
   std::unique_ptr<InputFile> cached(const std::string& url, std::uint64_t size, const std::stop_token& stop) const {
     return cache_ ? cache_->open(url, size, *this, stop) : nullptr;
   }
+  /// Whether prefetch() does anything: a cache, and RemoteOptions::prefetch above 0.
+  bool prefetches() const noexcept { return cache_ && options_.prefetch > 0; }
+  /// Asks for `url` (`size` bytes) to be fetched into the cache in the background, by one of
+  /// RemoteOptions::prefetch threads of this object's own (started at the first call); a URL
+  /// already asked for and not yet done is not asked again. A fetch that fails is left to the
+  /// reads, which meet the failure themselves and report it. Nothing without prefetches().
+  void prefetch(const std::string& url, std::uint64_t size) const;
 
   RemoteCounts counts() const noexcept;
   const RemoteOptions& options() const noexcept { return options_; }
@@ -58,11 +70,27 @@ class Remote {
   // The S3 settings for an s3:// URL (read on first use), none for another.
   const S3Settings* s3_of(const std::string& url) const;
 
+  // Waits (giving up on a stop) until `bytes` more fit under RemoteOptions::max_bytes_in_flight,
+  // or none are in flight, and counts them in; release() counts them out.
+  void admit(std::uint64_t bytes, const std::stop_token& stop) const;
+  void release(std::uint64_t bytes) const;
+  void prefetcher(std::stop_token stop) const;  // a prefetch thread's loop
+
   RemoteOptions options_;
   std::unique_ptr<const ShardCache> cache_;  // where options_.cache_dir is set
   mutable std::unique_ptr<S3Settings> s3_;  // read from the environment and ~/.aws on first use
   mutable std::once_flag s3_once_;
   mutable std::atomic<std::uint64_t> requests_{0}, retries_{0}, bytes_{0}, budget_left_;
+
+  mutable std::mutex flight_mutex_;
+  mutable std::condition_variable_any flight_changed_;
+  mutable std::uint64_t in_flight_ = 0, peak_in_flight_ = 0;
+
+  mutable std::mutex prefetch_mutex_;
+  mutable std::condition_variable_any prefetch_asked_;
+  mutable std::deque<std::pair<std::string, std::uint64_t>> prefetch_queue_;
+  mutable std::set<std::string> prefetch_pending_;  // queued or being fetched
+  mutable std::vector<std::jthread> prefetchers_;   // last: stopped and joined first
 };
 
 /// A remote object read at given offsets, as InputFile reads a local one.

@@ -89,7 +89,7 @@ std::string ShardCache::entry_name(const std::string& url) const {
 }
 
 std::unique_ptr<InputFile> ShardCache::open(const std::string& url, std::uint64_t size, const Remote& remote,
-                                            const std::stop_token& stop) const {
+                                            const std::stop_token& stop, bool read) const {
   const fs::path whole = dir_ / entry_name(url);
   const auto hit = [&]() -> std::unique_ptr<InputFile> {
     Fd f(::open(whole.c_str(), O_RDONLY | O_CLOEXEC));
@@ -103,7 +103,7 @@ std::unique_ptr<InputFile> ShardCache::open(const std::string& url, std::uint64_
     if (std::chrono::system_clock::now() - std::chrono::system_clock::from_time_t(st.st_mtim.tv_sec) >
         std::chrono::seconds(1))
       ::futimens(f.fd, nullptr);
-    hits_.fetch_add(1, std::memory_order_relaxed);
+    if (read) hits_.fetch_add(1, std::memory_order_relaxed);
     return std::make_unique<InputFile>(f.release(), whole.string());
   };
   if (auto file = hit()) return file;

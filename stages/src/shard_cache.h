@@ -44,9 +44,10 @@ class ShardCache {
   /// size is a stale one, fetched again), or fetched whole through `remote`. None where it
   /// cannot be kept (it is larger than the budget, or shards being fetched hold the budget): its
   /// reads then go to the server. A fetch that fails throws what `remote` threw; a stop throws
-  /// PipelineStopped, within about 10 ms where it waits for another's fetch.
+  /// PipelineStopped, within about 10 ms where it waits for another's fetch. `read`: false for a
+  /// prefetch, whose finding the copy there counts as no hit.
   std::unique_ptr<InputFile> open(const std::string& url, std::uint64_t size, const Remote& remote,
-                                  const std::stop_token& stop) const;
+                                  const std::stop_token& stop, bool read = true) const;
 
   CacheCounts counts() const noexcept { return {hits_.load(), fetches_.load(), evictions_.load()}; }
   const std::filesystem::path& dir() const noexcept { return dir_; }

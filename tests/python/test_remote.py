@@ -78,7 +78,8 @@ def test_remote_options_spell_seconds_and_a_cache_and_refuse_half_a_cache(tmp_pa
     o = stoker.RemoteOptions(timeout=5, retries=2, cache_dir=tmp_path, cache_bytes=1 << 20)
     assert (o.timeout, o.retries, o.backoff, o.cache_dir, o.cache_bytes) == (5.0, 2, 0.1, tmp_path, 1 << 20)
     assert repr(o).startswith("stoker.RemoteOptions(timeout=5.0, retries=2, backoff=0.1, max_backoff=10.0")
-    assert stoker.RemoteOptions().cache_dir is None
+    assert stoker.RemoteOptions().cache_dir is None and stoker.RemoteOptions().prefetch == 2
+    assert stoker.RemoteOptions(max_bytes_in_flight=1 << 20).max_bytes_in_flight == 1 << 20
     with pytest.raises(ValueError, match="cache_dir and cache_bytes go together"):
         stoker.RemoteOptions(cache_dir=tmp_path)
     with pytest.raises(ValueError, match="timeout must be a number of seconds"):

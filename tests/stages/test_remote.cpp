@@ -19,6 +19,7 @@
 
 #include "stages/image_support.h"
 #include "stoker/core/pipeline.h"
+#include "stoker/core/thread_budget.h"
 #include "stoker/stages/image.h"
 #include "stoker/stages/image_encode.h"
 #include "stoker/stages/image_source.h"
@@ -522,7 +523,7 @@ TEST_SUITE("remote shards") {
         << data->remote_counts().cache_fetches << ' ' << data->remote_counts().cache_hits << '\n';
   }
 
-  TEST_CASE("cache options that cannot work are refused, naming the option") {
+  TEST_CASE("remote and cache options that cannot work are refused, naming the option") {
     TempDir dir("cache");
     RemoteOptions o = cached(dir.path(), 0);
     CHECK_THROWS_WITH_AS(ImageDataset::open(env("STOKER_TEST_HTTP") + "/x/part-0.tar", o),
@@ -532,5 +533,97 @@ TEST_SUITE("remote shards") {
     const std::string named = "RemoteOptions::cache_dir '" + (dir.path() / "file").string() + "'";
     CHECK_THROWS_WITH_AS(ImageDataset::open(env("STOKER_TEST_HTTP") + "/x/part-0.tar", o),
                          doctest::Contains(named.c_str()), std::invalid_argument);
+    o = cached(dir.path(), 1000);
+    o.prefetch = 65;
+    CHECK_THROWS_WITH_AS(ImageDataset::open(env("STOKER_TEST_HTTP") + "/x/part-0.tar", o),
+                         doctest::Contains("RemoteOptions::prefetch must be at most 64"), std::invalid_argument);
+    o = RemoteOptions{};
+    o.max_bytes_in_flight = 0;
+    CHECK_THROWS_WITH_AS(ImageDataset::open(env("STOKER_TEST_HTTP") + "/x/part-0.tar", o),
+                         doctest::Contains("RemoteOptions::max_bytes_in_flight must be above 0"),
+                         std::invalid_argument);
+  }
+
+  TEST_CASE("in shard order, the epoch's next shards are fetched into the cache while the current one is read") {
+    const Shards shards("prefetch");
+    TempDir dir("cache");
+    RemoteOptions o = cached(dir.path(), 1 << 30);
+    o.prefetch = 1;
+    // Range requests 0.5 s late: a fetch is slow enough to be seen under way. Shard 2, which has
+    // no index, is fetched to be listed; shards 0 and 1 are not in the cache.
+    const auto data = ImageDataset::open(shards.url(env("STOKER_TEST_PROXY") + "/rangeslow"), o);
+    CHECK(data->prefetch_depth() == 1);
+    CHECK(cache_files(dir.path()).shards == std::set<std::string>{"part-2.tar"});
+    ImageSource source(data, {.order = ImageOrder::shards});
+    const StageContext ctx{.seed = 11};
+    std::vector<std::uint32_t> order;  // the epoch's shards, in its order
+    for (std::uint64_t k = 0; k < data->size(); ++k)
+      if (const auto s = data->shard_of(source.id_at(11, 0, k)); order.empty() || order.back() != s) order.push_back(s);
+    REQUIRE(order.size() == 3);
+    CAPTURE(order[0]);
+    CAPTURE(order[1]);
+    // The first read: its own shard, fetched by the reader; the next one in the plan, fetched
+    // meanwhile, and there while nothing has read it.
+    CHECK(source(ctx)->id == source.id_at(11, 0, 0));
+    const auto named = [](std::uint32_t s) { return "part-" + std::to_string(s) + ".tar"; };
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (!cache_files(dir.path()).shards.contains(named(order[1])) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(20ms);
+    CHECK(cache_files(dir.path()).shards.contains(named(order[1])));
+    CHECK(data->remote_counts().cache_hits == (order[0] == 2 ? 1u : 0u));  // the first read's, if listed: none of it
+    // The rest of the epoch: every image right, no read waits for a fetch of its own.
+    auto pool = BufferPool::create();
+    for (std::uint64_t k = 1; k < data->size(); ++k) {
+      const StageContext next{.seed = 11, .index = k};
+      const auto image = source(next);
+      REQUIRE(image.has_value());
+      CHECK(text_of(image->bytes()) == text_of(shards.bytes[image->id]));
+    }
+    CHECK(data->remote_counts().cache_fetches == 3);  // each shard once: listed, read, prefetched
+  }
+
+  TEST_CASE("the bytes in flight stay within RemoteOptions::max_bytes_in_flight, readers waiting their turn") {
+    const Shards shards("flight");
+    std::uint64_t largest = 0;  // an image, its label and what lies between
+    for (const auto& b : shards.bytes)
+      largest = std::max<std::uint64_t>(largest, (b.size() + 511) / 512 * 512 + 512 + 2);
+    for (const bool tight : {false, true}) {
+      CAPTURE(tight);
+      RemoteOptions o;
+      if (tight) o.max_bytes_in_flight = largest;  // room for one read at a time
+      const auto data = ImageDataset::open(shards.url(env("STOKER_TEST_PROXY") + "/rangeslow"), o);
+      // Four threads read three images each at once; each request takes 0.5 s.
+      std::vector<std::string> got(shards.bytes.size());
+      {
+        std::vector<std::jthread> readers;
+        for (int t = 0; t < 4; ++t)
+          readers.emplace_back([&, t] {
+            auto pool = BufferPool::create();
+            for (std::uint64_t id = static_cast<std::uint64_t>(t); id < got.size(); id += 4)
+              got[id] = text_of(data->read(id, *pool).bytes());
+          });
+      }
+      for (std::uint64_t id = 0; id < got.size(); ++id) CHECK(got[id] == text_of(shards.bytes[id]));
+      const std::uint64_t peak = data->remote_counts().peak_bytes_in_flight;
+      if (tight)
+        CHECK(peak <= largest);
+      else
+        CHECK(peak > largest);  // the same readers, unbounded: several reads at once
+    }
+  }
+
+  TEST_CASE("a source waiting for the network holds no turn of its pipeline's ThreadBudget") {
+    const Shards shards("turns");
+    // Every range request 0.5 s late: the source is mostly waiting.
+    const auto data = ImageDataset::open(shards.url(env("STOKER_TEST_PROXY") + "/rangeslow"));
+    auto budget = std::make_shared<ThreadBudget>(2);
+    auto pipe = PipelineBuilder{}.budget(budget).source("read", ImageSource(data)).build();
+    int idle = 0;  // moments at which no body held a turn
+    for (int i = 0; i < 20; ++i) {
+      std::this_thread::sleep_for(50ms);
+      idle += budget->running() == 0;
+    }
+    pipe.stop();
+    CHECK(idle >= 15);  // a held turn would make it 0
   }
 }

@@ -57,7 +57,7 @@ class ImageDataset {
   /// A shard may be a URL (is_url(): http://, https:// or s3://bucket/key; docs/remote.md): its
   /// index is the URL with ".idx" for ".tar" when the server has it (one request), and its
   /// headers are read otherwise (one range request each). Each image is then one range request
-  /// for its bytes and one for its label, made as `remote` says (timeouts, retries).
+  /// for its bytes and its label, made as `remote` says (timeouts, retries, a cache).
   static std::shared_ptr<const ImageDataset> from_tars(const std::vector<std::filesystem::path>& shards,
                                                        const RemoteOptions& remote = {});
 
@@ -97,6 +97,16 @@ class ImageDataset {
 
   /// What the reads of its remote shards did so far (all zero for local data).
   RemoteCounts remote_counts() const noexcept;
+
+  /// The tar shard that holds image `id` (0 for a list or a folder); `id` below size().
+  std::uint32_t shard_of(std::uint64_t id) const noexcept { return kind_ == Kind::tar ? items_[id].shard : 0; }
+  /// How many shards ahead of the one it reads a reader in shard order asks prefetch() for:
+  /// RemoteOptions::prefetch where remote shards go through a cache, else 0.
+  std::uint32_t prefetch_depth() const noexcept;
+  /// Asks for shard `s` to be fetched into the cache in the background; nothing for a local
+  /// shard, or without a cache. An ImageSource in ImageOrder::shards asks for the epoch's next
+  /// prefetch_depth() shards each time it comes to a shard.
+  void prefetch(std::uint32_t s) const;
 
  private:
   enum class Kind : std::uint8_t { list, folder, tar };
@@ -212,6 +222,7 @@ class ImageSource {
   ImageSourceOptions options_;
   std::uint64_t per_rank_ = 0;
   std::optional<ShardPlan> plan_;  // the current epoch's, for ImageOrder::shards
+  std::optional<std::uint32_t> at_shard_;  // the shard the last read was in, for prefetch()
 };
 
 }  // namespace stoker

@@ -54,6 +54,15 @@ struct RemoteOptions {
   /// The most bytes the cache directory holds: least recently used shards make room for new
   /// ones. A shard larger than this is read from the server. Must be set with cache_dir.
   std::uint64_t cache_bytes = 0;
+  /// With a cache, for a source in ImageOrder::shards: how many of the epoch's next shards are
+  /// fetched into the cache in the background while the current one is read, each by a thread of
+  /// the data set's own (each fetch holds an 8 MiB buffer). 0: none; a shard is fetched when it
+  /// is first read.
+  std::uint32_t prefetch = 2;
+  /// The most bytes that answers still to come may fill at once, all of the data set's requests
+  /// together (reads and fetches; a fetch asks 8 MiB at a time): a request whose bytes do not
+  /// fit waits for others to end. One larger than this goes alone.
+  std::uint64_t max_bytes_in_flight = std::uint64_t{256} << 20;
 };
 
 /// What a data set's remote reads did so far (ImageDataset::remote_counts()).
@@ -64,6 +73,7 @@ struct RemoteCounts {
   std::uint64_t cache_hits = 0;       ///< reads of a shard's local copy (RemoteOptions::cache_dir)
   std::uint64_t cache_fetches = 0;    ///< shards this process fetched whole into the cache
   std::uint64_t cache_evictions = 0;  ///< shards this process removed from the cache to make room
+  std::uint64_t peak_bytes_in_flight = 0;  ///< the most bytes asked for and not yet arrived, at once
 };
 
 }  // namespace stoker
