@@ -173,9 +173,13 @@ Opening one reads folders or tar headers without the GIL.)")
           "A folder (from_folder), a .tar file (from_tars) or a list file (from_list); a URL or a name with "
           "braces stands for tar shards, read as `remote` says.")
       .def_static(
-          "from_list", [](const std::filesystem::path& list) { return held(ImageDataset::from_list(list)); },
-          py::arg("list"), py::call_guard<py::gil_scoped_release>(),
-          "`path label` lines, paths relative to the list's folder unless absolute.")
+          "from_list",
+          [](const std::filesystem::path& list, const RemoteOptions& remote) {
+            return held(ImageDataset::from_list(list, remote));
+          },
+          py::arg("list"), py::arg("remote") = RemoteOptions{}, py::call_guard<py::gil_scoped_release>(),
+          "`path label` lines, paths relative to the list's folder unless absolute; the list and its paths "
+          "may be URLs, read as `remote` says.")
       .def_static(
           "from_folder", [](const std::filesystem::path& root) { return held(ImageDataset::from_folder(root)); },
           py::arg("root"), py::call_guard<py::gil_scoped_release>(),

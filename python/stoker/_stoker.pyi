@@ -214,8 +214,8 @@ class ImageDataset:
         """A subfolder per class, as torchvision's ImageFolder: labels in the classes' name order."""
         ...
     @staticmethod
-    def from_list(list: Union[str, os.PathLike]) -> ImageDataset:
-        """`path label` lines, paths relative to the list's folder unless absolute."""
+    def from_list(list: Union[str, os.PathLike], remote: RemoteOptions = ...) -> ImageDataset:
+        """`path label` lines, paths relative to the list's folder unless absolute; the list and its paths may be URLs, read as `remote` says."""
         ...
     @staticmethod
     def from_tars(shards: List[Union[str, os.PathLike]], remote: RemoteOptions = ...) -> ImageDataset:

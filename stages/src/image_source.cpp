@@ -93,10 +93,19 @@ void ImageDataset::seal(const std::string& what) {
   fingerprint_ = what + ": " + std::to_string(items_.size()) + " images, hash " + hex(hash);
 }
 
-std::shared_ptr<const ImageDataset> ImageDataset::from_list(const fs::path& list) {
-  const auto bytes = detail::read_file(list);
-  std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+std::shared_ptr<const ImageDataset> ImageDataset::from_list(const fs::path& list, const RemoteOptions& remote) {
   const std::string name = list.string();
+  const bool at_url = is_url(name);
+  std::shared_ptr<const detail::Remote> fetcher;
+  std::vector<std::byte> bytes;
+  if (at_url) {
+    constexpr std::uint64_t kMaxListBytes = std::uint64_t{1} << 30;
+    fetcher = std::make_shared<const detail::Remote>(remote);
+    bytes = std::move(*fetcher->read_all(name, kMaxListBytes, /*missing_ok=*/false));
+  } else {
+    bytes = detail::read_file(list);
+  }
+  std::string_view text(reinterpret_cast<const char*>(bytes.data()), bytes.size());
   // An image given where a list was expected (open() on a file): say so, not "line 1 has no label".
   const auto starts = [&](std::string_view magic) { return text.substr(0, magic.size()) == magic; };
   const char* image = starts("\xff\xd8\xff") ? "a JPEG image" : starts("\x89PNG\r\n\x1a\n") ? "a PNG image" : nullptr;
@@ -106,7 +115,7 @@ std::shared_ptr<const ImageDataset> ImageDataset::from_list(const fs::path& list
   if (starts("\xef\xbb\xbf")) text.remove_prefix(3);  // a UTF-8 byte order mark, as some editors write
   std::shared_ptr<ImageDataset> data(new ImageDataset());
   data->kind_ = Kind::list;
-  data->root_ = list.parent_path();
+  data->root_ = at_url ? fs::path(name.substr(0, name.rfind('/'))) : list.parent_path();
   std::size_t line_number = 0;
   for (std::size_t at = 0; at < text.size();) {
     const std::size_t end = std::min(text.find('\n', at), text.size());
@@ -123,8 +132,14 @@ std::shared_ptr<const ImageDataset> ImageDataset::from_list(const fs::path& list
     if (!label)
       throw DataError(name, where + "label '" + std::string(word) +
                                 "' is not a whole number from 0 to 2147483647: expected '<path> <label>'");
-    data->add(trim(line.substr(0, static_cast<std::size_t>(line.rend() - space))), Item{.label = *label});
+    const std::string_view path = trim(line.substr(0, static_cast<std::size_t>(line.rend() - space)));
+    if (is_url(path) && !fetcher) fetcher = std::make_shared<const detail::Remote>(remote);
+    if (at_url && !is_url(path) && path.starts_with('/'))
+      throw DataError(name, where + "'" + std::string(path) +
+                                "': a path in a list at a URL is a URL or relative to the list's folder");
+    data->add(path, Item{.label = *label});
   }
+  data->remote_ = std::move(fetcher);
   if (data->items_.empty()) throw DataError(name, "the list names no image");
   data->seal("list " + name);
   return data;
@@ -289,13 +304,16 @@ std::shared_ptr<const ImageDataset> ImageDataset::open(const fs::path& path, con
   std::error_code error;
   const auto status = fs::status(path, error);
   const bool url = is_url(where);
+  if (url && where.find('{') == std::string::npos && !lower(where).ends_with(".tar")) {
+    if (where.ends_with('/'))
+      throw DataError(where, "is a folder at a URL, which cannot be listed: give a list file or tar shards there");
+    return from_list(path, remote);
+  }
   if (url || (!fs::exists(status) && where.find('{') != std::string::npos)) {
     std::vector<fs::path> shards;
     for (auto& name : expand_braces(where)) {
       if (!lower(name).ends_with(".tar"))
-        throw DataError(where, url ? "a URL must name tar shards (ending in .tar): lists and class folders are read "
-                                     "from a local disk"
-                                   : "names in braces must be tar shards (ending in .tar), and '" + name + "' is not");
+        throw DataError(where, "names in braces must be tar shards (ending in .tar), and '" + name + "' is not");
       shards.emplace_back(std::move(name));
     }
     return from_tars(shards, remote);
@@ -358,7 +376,14 @@ std::string ImageDataset::name(std::uint64_t id) const {
                             std::to_string(size()) + " images");
   const Item& item = items_[id];
   if (kind_ == Kind::tar) return shards_[item.shard].string() + ":" + std::string(stored_name(item));
-  return (root_ / fs::path(stored_name(item))).string();
+  return path_of(item);
+}
+
+std::string ImageDataset::path_of(const Item& item) const {
+  const std::string_view stored = stored_name(item);
+  if (is_url(stored)) return std::string(stored);
+  if (is_url(root_.native())) return root_.native() + "/" + std::string(stored);
+  return (root_ / fs::path(stored)).string();
 }
 
 EncodedImage ImageDataset::read(std::uint64_t id, BufferPool& pool, const StageContext& ctx,
@@ -372,8 +397,19 @@ EncodedImage ImageDataset::read(std::uint64_t id, BufferPool& pool, const StageC
       throw DataError(out.name, "holds " + std::to_string(size) + " bytes, over the limit of " +
                                     std::to_string(max_bytes) + " (ImageSourceOptions::max_file_bytes): not read");
   };
+  if (kind_ != Kind::tar && is_url(out.name)) {  // one request for the whole object
+    std::vector<std::byte> body;
+    {
+      const detail::TurnReleased waiting(ctx);  // the network: no turn of a ThreadBudget held meanwhile
+      body = std::move(*remote_->read_all(out.name, max_bytes, /*missing_ok=*/false, ctx.stop));
+    }
+    out.data = pool.acquire(body.size(), ctx);
+    std::memcpy(out.data.data(), body.data(), body.size());
+    out.label = item.label;
+    return out;
+  }
   if (kind_ != Kind::tar) {
-    const detail::InputFile file(root_ / fs::path(stored_name(item)));
+    const detail::InputFile file(out.name);
     check_size(file.size());
     out.data = pool.acquire(file.size(), ctx);
     file.read_at(0, {out.data.data(), out.data.size()});

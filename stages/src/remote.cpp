@@ -517,29 +517,32 @@ void Remote::read(const std::string& url, std::uint64_t offset, std::span<std::b
   bytes_.fetch_add(out.size(), std::memory_order_relaxed);
 }
 
-std::optional<std::vector<std::byte>> Remote::read_all(const std::string& url, std::uint64_t limit,
-                                                       bool missing_ok) const {
+std::optional<std::vector<std::byte>> Remote::read_all(const std::string& url, std::uint64_t limit, bool missing_ok,
+                                                       std::stop_token stop) const {
   const S3Settings* s3s = s3_of(url);
   std::vector<std::byte> body;
   bool missing = false;
-  with_retries(url, [&]() -> Outcome {
-    body.clear();
-    Sink sink{.fixed = {}, .grow = &body, .limit = limit};
-    const Answer a = perform(url, {}, sink, options_, s3s);
-    if (sink.overflow) return {Outcome::final, "holds more than " + std::to_string(limit) + " bytes"};
-    if (a.code == CURLE_OK && a.status == 200) {
-      if (a.length >= 0 && static_cast<std::uint64_t>(a.length) != body.size())
-        return {Outcome::again, "the answer ended after " + std::to_string(body.size()) + " of its " +
-                                    std::to_string(a.length) + " bytes"};
-      return {};
-    }
-    if (a.code == CURLE_OK && a.status == 404 && missing_ok) {
-      missing = true;
-      return {};
-    }
-    const auto [retry, why] = failure(a);
-    return {retry ? Outcome::again : Outcome::final, why};
-  });
+  with_retries(
+      url,
+      [&]() -> Outcome {
+        body.clear();
+        Sink sink{.fixed = {}, .grow = &body, .limit = limit};
+        const Answer a = perform(url, {}, sink, options_, s3s, stop);
+        if (sink.overflow) return {Outcome::final, "holds more than " + std::to_string(limit) + " bytes"};
+        if (a.code == CURLE_OK && a.status == 200) {
+          if (a.length >= 0 && static_cast<std::uint64_t>(a.length) != body.size())
+            return {Outcome::again, "the answer ended after " + std::to_string(body.size()) + " of its " +
+                                        std::to_string(a.length) + " bytes"};
+          return {};
+        }
+        if (a.code == CURLE_OK && a.status == 404 && missing_ok) {
+          missing = true;
+          return {};
+        }
+        const auto [retry, why] = failure(a);
+        return {retry ? Outcome::again : Outcome::final, why};
+      },
+      stop);
   if (missing) return std::nullopt;
   bytes_.fetch_add(body.size(), std::memory_order_relaxed);
   return body;

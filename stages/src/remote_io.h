@@ -46,7 +46,8 @@ class Remote {
   void read(const std::string& url, std::uint64_t offset, std::span<std::byte> out, std::stop_token stop = {}) const;
   /// The whole object, up to `limit` bytes (a longer one is a DataError); none when the server
   /// says it is not there (404) and `missing_ok`.
-  std::optional<std::vector<std::byte>> read_all(const std::string& url, std::uint64_t limit, bool missing_ok) const;
+  std::optional<std::vector<std::byte>> read_all(const std::string& url, std::uint64_t limit, bool missing_ok,
+                                                 std::stop_token stop = {}) const;
 
   /// `url`'s copy in the cache (RemoteOptions::cache_dir), fetched there whole when missing;
   /// none without a cache, or where the cache cannot keep it (ShardCache::open).

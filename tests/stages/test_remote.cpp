@@ -626,4 +626,40 @@ TEST_SUITE("remote shards") {
     pipe.stop();
     CHECK(idle >= 15);  // a held turn would make it 0
   }
+
+  TEST_CASE("a list file at a URL, and URLs in a list: each image read whole with one request") {
+    const Shards shards("lists");  // the images' bytes; the files below are written beside the shards
+    const fs::path dir = fs::path(env("STOKER_TEST_ROOT")) / "lists";
+    const std::string http = env("STOKER_TEST_HTTP");
+    std::ofstream list(dir / "train.txt"), urls(dir / "urls.txt");
+    for (std::size_t id = 0; id < shards.bytes.size(); ++id) {
+      const std::string file = "img" + std::to_string(id) + ".png";
+      std::ofstream(dir / file, std::ios::binary) << text_of(shards.bytes[id]);
+      // The list at the server: relative paths, and every third image by its whole URL.
+      list << (id % 3 == 0 ? http + "/lists/" + file : file) << ' ' << id % 5 << '\n';
+      urls << http << "/lists/" << file << ' ' << id % 5 << '\n';  // a local list of URLs
+    }
+    list.close();
+    urls.close();
+    for (const std::string where : {http + "/lists/train.txt", (dir / "urls.txt").string()}) {
+      CAPTURE(where);
+      const auto data = ImageDataset::open(where);
+      CHECK(data->name(1) == http + "/lists/img1.png");
+      const RemoteCounts listed = data->remote_counts();
+      check_reads(*data, shards);
+      CHECK(data->remote_counts().requests - listed.requests == shards.bytes.size());
+    }
+    // An image the server does not have: a DataError naming its URL; a folder at a URL; an absolute
+    // path in a list at a URL.
+    std::ofstream(dir / "missing.txt") << "nowhere.png 1\n";
+    auto pool = BufferPool::create();
+    const auto missing = ImageDataset::open(http + "/lists/missing.txt");
+    CHECK(data_error([&] { missing->read(0, *pool); }) ==
+          http + "/lists/nowhere.png: the server answered HTTP 404 Not Found (1 attempt; not retried)");
+    CHECK(
+        has(data_error([&] { ImageDataset::open(http + "/lists/"); }), "is a folder at a URL, which cannot be listed"));
+    std::ofstream(dir / "absolute.txt") << "/etc/passwd 1\n";
+    CHECK(has(data_error([&] { ImageDataset::open(http + "/lists/absolute.txt"); }),
+              "line 1: '/etc/passwd': a path in a list at a URL is a URL or relative to the list's folder"));
+  }
 }

@@ -38,7 +38,12 @@ class ImageDataset {
   /// word, a whole number 0 to 2^31 - 1; the path is everything before it, relative to the list
   /// file's folder unless absolute. Blank lines are skipped. Throws DataError naming the list and
   /// the line for a malformed line, and for a list with no image.
-  static std::shared_ptr<const ImageDataset> from_list(const std::filesystem::path& list);
+  ///
+  /// The list may be a URL (http://, https://, s3://; docs/remote.md), and its paths too: a path
+  /// in a list at a URL is a URL or relative to the list's folder there, and each image at a URL
+  /// is read whole with one request, made as `remote` says (its cache is for tar shards only).
+  static std::shared_ptr<const ImageDataset> from_list(const std::filesystem::path& list,
+                                                       const RemoteOptions& remote = {});
 
   /// A folder with one subfolder per class, as torchvision's ImageFolder reads it: classes sorted
   /// by name get labels 0 .. n - 1 (classes() says which), and each class holds the .jpg, .jpeg
@@ -63,9 +68,10 @@ class ImageDataset {
 
   /// What `path` is: a folder -> from_folder(), a file ending in ".tar" -> from_tars({path}),
   /// any other file -> from_list(). A name with braces that is not a file, or a URL with
-  /// braces, stands for the shards expand_braces() makes of it ("train-{000..127}.tar"), and a
-  /// URL names tar shards only. Throws DataError when it does not exist, or a URL or a name in
-  /// braces does not end in ".tar".
+  /// braces, stands for the shards expand_braces() makes of it ("train-{000..127}.tar"); a URL
+  /// ending in ".tar" is a shard, any other a list. Throws DataError when it does not exist, a
+  /// name in braces does not end in ".tar", or a URL ends in "/" (a folder at a URL cannot be
+  /// listed).
   static std::shared_ptr<const ImageDataset> open(const std::filesystem::path& path, const RemoteOptions& remote = {});
 
   /// The images `ids` (strictly increasing, each below size()) as a data set of their own, with
@@ -124,6 +130,8 @@ class ImageDataset {
     return {names_.data() + item.name_at, item.name_size};
   }
   void seal(const std::string& what);
+  // A list's or a folder's image: its path, or its URL.
+  std::string path_of(const Item& item) const;
 
   Kind kind_ = Kind::list;
   std::filesystem::path root_;                 // list, folder: what names are relative to

@@ -59,9 +59,11 @@ struct RemoteOptions {
   /// the data set's own (each fetch holds an 8 MiB buffer). 0: none; a shard is fetched when it
   /// is first read.
   std::uint32_t prefetch = 2;
-  /// The most bytes that answers still to come may fill at once, all of the data set's requests
-  /// together (reads and fetches; a fetch asks 8 MiB at a time): a request whose bytes do not
-  /// fit waits for others to end. One larger than this goes alone.
+  /// The most bytes that answers still to come may fill at once, all of the data set's range
+  /// requests together (reads of shard members, and fetches, which ask 8 MiB at a time): a
+  /// request whose bytes do not fit waits for others to end. One larger than this goes alone.
+  /// Reads of whole objects, whose size is not known before (an index, a list, an image a list
+  /// names), are not counted: each is bounded by its own limit.
   std::uint64_t max_bytes_in_flight = std::uint64_t{256} << 20;
 };
 
