@@ -61,9 +61,16 @@ class ImageLoader:
     in a fixed order (``shuffle=False``).
 
     data: a folder per class (ImageFolder's layout), a list file of ``path label`` lines, a
-    ``.tar`` shard, a list of ``.tar`` shards, or a ``stoker.ImageDataset``. Shards may be URLs
-    (``http(s)://``, ``s3://``, with WebDataset's braces), read as ``remote`` (a
-    ``stoker.RemoteOptions``: timeouts, retries, a cache on the local disk) says.
+    ``.tar`` shard, a list of ``.tar`` shards, or a ``stoker.ImageDataset``. Shards and lists may
+    be URLs (``http(s)://``, ``s3://``, with WebDataset's braces), read as ``remote`` (a
+    ``stoker.RemoteOptions``: timeouts, retries, a cache on the local disk) says. A dict of
+    data sets (any of these) to weights, ``{"web/train-{000..099}.tar": 0.7, "curated.txt":
+    0.3}``, is a mixture (``stoker.MixedImageSource``): each image drawn from a data set chosen by
+    the weights, the epoch ending as ``mix`` says (``"first_exhausted"``, ``"all_exhausted"``, or
+    ``"resample"`` after ``mix_images`` draws); its draws follow from the seed, so ``len()``,
+    ``set_epoch`` and ``state_dict`` work as for one data set (with ``"first_exhausted"`` an
+    epoch's length depends on the epoch, and ``len()`` is the next epoch's). For training only
+    (``shuffle=True``).
 
     images: float32 ``[batch, 3, size, size]`` (``gray=True``: 1 channel), normalized as
     torchvision's ``Normalize(mean, std)`` after ``ToTensor()``; ``channels_last=True`` gives
@@ -96,7 +103,7 @@ class ImageLoader:
 
     def __init__(
         self,
-        data: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]], "_stoker.ImageDataset"],
+        data: Union[str, os.PathLike, Sequence[Union[str, os.PathLike]], "_stoker.ImageDataset", Dict[Any, float]],
         batch_size: int = 64,
         *,
         train: bool = True,
@@ -121,14 +128,26 @@ class ImageLoader:
         world_size: Optional[int] = None,
         on_error: str = "fail",
         remote: Optional["_stoker.RemoteOptions"] = None,
+        mix: str = "first_exhausted",
+        mix_images: int = 0,
     ) -> None:
         torch = _torch()
-        self.dataset = data if isinstance(data, _stoker.ImageDataset) else _open(data, remote)
+        if isinstance(data, dict):
+            if not data:
+                raise ValueError("ImageLoader: a mixture (a dict of data sets to weights) needs a data set")
+            parts = [d if isinstance(d, _stoker.ImageDataset) else _open(d, remote) for d in data]
+            self._data: Any = _Mixture(parts, [float(w) for w in data.values()], mix, int(mix_images))
+        else:
+            self._data = _Single(data if isinstance(data, _stoker.ImageDataset) else _open(data, remote))
+        self.dataset = getattr(self._data, "dataset", None)  # one data set: it; a mixture: None
+        self.datasets = self._data.datasets
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"ImageLoader: batch_size must be a whole number of at least 1, not {batch_size!r}")
         self.batch_size = batch_size
         self.train = bool(train)
         self.shuffle = self.train if shuffle is None else bool(shuffle)
+        if isinstance(self._data, _Mixture) and not self.shuffle:
+            raise ValueError("ImageLoader: a mixture draws its images at random: it needs shuffle=True (train=True)")
         self.drop_last = bool(drop_last)
         self.size = _size(size)
         if resize_size is None:  # torchvision's evaluation: Resize(256) before CenterCrop(224)
@@ -193,8 +212,9 @@ class ImageLoader:
     # -- DataLoader's conventions --------------------------------------------------------------
 
     def __len__(self) -> int:
-        """Batches per epoch for this rank (a whole epoch's, as DataLoader's len())."""
-        return self._batches_of(self._per_rank(0))
+        """Batches per epoch for this rank (a whole epoch's, as DataLoader's len()): of the epoch the
+        next iteration yields, where epochs differ (a mixture that ends at the first exhausted)."""
+        return self._batches_of(self._per_rank(self._epoch, 0))
 
     def set_epoch(self, epoch: int) -> None:
         """The next iteration yields epoch ``epoch`` (DistributedSampler.set_epoch)."""
@@ -211,7 +231,7 @@ class ImageLoader:
     @property
     def classes(self):
         """Class names, label i being classes[i] (a folder per class; empty otherwise)."""
-        return self.dataset.classes
+        return self._data.classes
 
     def __iter__(self) -> Iterator[Tuple[Any, Any]]:
         if self._iterating:  # an iteration left before the epoch's end: a new one is the next epoch
@@ -246,16 +266,16 @@ class ImageLoader:
         same images, and each image with the same crop and flip."""
         epoch, cut = self._epoch, self._cut
         if self._iterating:
-            if self._batches >= self._batches_of(self._per_rank(cut)):
+            if self._batches >= self._batches_of(self._per_rank(epoch, cut)):
                 epoch, cut = epoch + 1, 0  # every batch of the epoch was taken
             else:
-                cut = min(cut + self._batches * self.batch_size * self.world_size, len(self.dataset))
+                cut = min(cut + self._batches * self.batch_size * self.world_size, self._data.images(self.seed, epoch))
         return {
             "version": _STATE_VERSION,
             "epoch": epoch,
             "taken": cut,
-            "dataset": self.dataset.fingerprint(),
-            "images": len(self.dataset),
+            "dataset": self._data.fingerprint(),
+            "images": self._data.images(self.seed, epoch),
             "seed": self.seed,
             "batch_size": self.batch_size,
             "world_size": self.world_size,
@@ -274,10 +294,10 @@ class ImageLoader:
             if state[key] != mine[key]:
                 raise ValueError(f"ImageLoader.load_state_dict: the state's {key} is {state[key]!r}, "
                                  f"this loader's {mine[key]!r}")
-        taken = int(state["taken"])
-        if not 0 <= taken < len(self.dataset):
+        taken, images = int(state["taken"]), self._data.images(self.seed, int(state["epoch"]))
+        if not 0 <= taken < images:
             raise ValueError(f"ImageLoader.load_state_dict: taken {taken} is not a position of the "
-                             f"{len(self.dataset)} images' order")
+                             f"{images} images' order")
         self._epoch, self._cut, self._iterating, self._batches = int(state["epoch"]), taken, False, 0
 
     # -- the pipeline ---------------------------------------------------------------------------
@@ -301,13 +321,13 @@ class ImageLoader:
             pass
 
     def __repr__(self) -> str:
-        return (f"stoker.ImageLoader({len(self.dataset)} images, batch_size={self.batch_size}, "
+        return (f"stoker.ImageLoader({self._data}, batch_size={self.batch_size}, "
                 f"train={self.train}, shuffle={self.shuffle}, drop_last={self.drop_last}, size={self.size}, "
                 f"device={str(self.device)!r}, threads={self.threads}, rank={self.rank}, "
                 f"world_size={self.world_size}, epoch={self._epoch})")
 
-    def _per_rank(self, cut: int) -> int:
-        rest = len(self.dataset) - cut
+    def _per_rank(self, epoch: int, cut: int) -> int:
+        rest = self._data.images(self.seed, epoch) - cut
         if self.drop_last:
             return rest // self.world_size
         return -(-rest // self.world_size)
@@ -323,8 +343,7 @@ class ImageLoader:
         n = self.threads
         layout = "channels_last" if self.channels_last else "planar"
         color = "gray" if self.gray else "rgb"
-        source = s.ImageSource(
-            self.dataset,
+        source = self._data.source(
             shard=s.ShardOptions(rank=self.rank, world=self.world_size,
                                  remainder="drop" if self.drop_last else "pad"),
             order="shuffle" if self.shuffle else "fixed",
@@ -398,6 +417,59 @@ class ImageLoader:
         if self.channels_last:  # [N, H, W, C] in memory: NCHW in torch.channels_last format
             images = images.permute(0, 3, 1, 2)
         return images, labels
+
+
+class _Single:
+    """One data set, as the loader reads it."""
+
+    def __init__(self, dataset: "_stoker.ImageDataset") -> None:
+        self.dataset, self.datasets = dataset, [dataset]
+
+    def images(self, seed: int, epoch: int) -> int:
+        return len(self.dataset)
+
+    def fingerprint(self) -> str:
+        return self.dataset.fingerprint()
+
+    @property
+    def classes(self):
+        return self.dataset.classes
+
+    def source(self, **options):
+        return _stoker.ImageSource(self.dataset, **options)
+
+    def __str__(self) -> str:
+        return f"{len(self.dataset)} images"
+
+
+class _Mixture:
+    """Data sets drawn by weights (stoker.MixedImageSource), as the loader reads them."""
+
+    def __init__(self, parts, weights, stop: str, epoch_images: int) -> None:
+        self.datasets, self.weights, self.stop, self.epoch_images = parts, weights, stop, epoch_images
+        self._plan = self._make()  # checks the weights and the stop; the draws of every epoch
+
+    def _make(self, **options):
+        return _stoker.MixedImageSource(self.datasets, self.weights, stop=self.stop,
+                                        epoch_images=self.epoch_images, **options)
+
+    def images(self, seed: int, epoch: int) -> int:
+        return self._plan.epoch_draws(seed, epoch)
+
+    def fingerprint(self) -> str:
+        return repr(self._plan)
+
+    @property
+    def classes(self):
+        first = self.datasets[0].classes
+        return first if all(d.classes == first for d in self.datasets) else []
+
+    def source(self, order: str, **options):
+        return self._make(**options)
+
+    def __str__(self) -> str:
+        return (f"a mixture of {len(self.datasets)} data sets of "
+                f"{'+'.join(str(len(d)) for d in self.datasets)} images, {self.stop}")
 
 
 def _open(data, remote) -> "_stoker.ImageDataset":

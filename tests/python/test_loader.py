@@ -310,3 +310,57 @@ def test_set_epoch_after_an_iteration_left_early_gives_that_epoch_whole(images):
     train.set_epoch(1)
     again = [y.tolist() for _, y in train]
     assert len(again) == len(train) and sorted(sum(again, [])) == list(range(COUNT))
+
+
+@pytest.fixture(scope="module")
+def halves(images):
+    """The ids list's images as two lists: ids 0-23 and 24-39 (labels are ids)."""
+    lines = (images / "ids.txt").read_text().splitlines()
+    (images / "first.txt").write_text("\n".join(lines[:24]) + "\n")
+    (images / "second.txt").write_text("\n".join(lines[24:]) + "\n")
+    return images / "first.txt", images / "second.txt"
+
+
+def test_a_mixture_of_two_lists_gives_every_image_once_and_resumes_at_another_world_size(halves):
+    first, second = halves
+    mix = dict(size=SIZE, threads=2, seed=5, mix="all_exhausted")
+    whole_loader = stoker.ImageLoader({first: 3, second: 1}, batch_size=4, **mix)
+    assert len(whole_loader) == COUNT // 4
+    assert "a mixture of 2 data sets of 24+16 images, all_exhausted" in repr(whole_loader)
+    whole = ids_and_images(whole_loader)  # every image once, each with its crop
+    assert sorted(whole) == list(range(COUNT))
+
+    # One rank takes 3 steps of 2; two ranks go on from its state: the rest of the same draws.
+    one = stoker.ImageLoader({first: 3, second: 1}, batch_size=2, drop_last=True, **mix)
+    it = iter(one)
+    before = ids_and_images([next(it) for _ in range(3)])
+    state = one.state_dict()
+    one.close()
+    assert state["taken"] == 6
+    after = {}
+    for r in range(2):
+        resumed = stoker.ImageLoader({first: 3, second: 1}, batch_size=2, drop_last=True, rank=r, world_size=2,
+                                     **mix)
+        resumed.load_state_dict(state)
+        after.update(ids_and_images(resumed))
+    assert not set(before) & set(after)
+    assert len(before) + len(after) == COUNT - 2  # 34 draws left: 8 steps of 2 ranks x 2, 2 left out
+    for image_id, crop in {**before, **after}.items():
+        assert torch.equal(crop, whole[image_id]), image_id
+
+
+def test_a_mixture_that_ends_at_the_first_exhausted_follows_its_weights_and_len_says_its_epoch(halves):
+    first, second = halves
+    loader = stoker.ImageLoader({first: 1, second: 1}, batch_size=1, size=SIZE, threads=2, seed=9)
+    for epoch in range(2):
+        n = len(loader)
+        labels = [int(y) for _, y in loader]
+        assert len(labels) == n
+        assert len(set(labels)) == n  # no image twice
+        small = sum(label >= 24 for label in labels)
+        assert small == 16 or sum(label < 24 for label in labels) == 24  # one list used up: the end
+        assert loader.epoch == epoch + 1
+    with pytest.raises(ValueError, match="a mixture draws its images at random: it needs shuffle=True"):
+        stoker.ImageLoader({first: 1, second: 1}, train=False)
+    with pytest.raises(ValueError, match="stop"):
+        stoker.ImageLoader({first: 1, second: 1}, mix="sometimes")
