@@ -784,6 +784,12 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
     std::cout << "\nlast run of the stoker pipeline on " << last_pipeline->threads << " threads:\n";
     print_summary(std::cout, last_pipeline->last.summary);
   }
+  if (remote_run) {
+    const RemoteCounts c = remote.data->remote_counts();
+    std::cout << "remote reads: " << c.requests << " requests, " << c.retries << " retries; at most "
+              << c.peak_bytes_in_flight << " bytes in flight at once (RemoteOptions::max_bytes_in_flight "
+              << RemoteOptions{}.max_bytes_in_flight << ")\n";
+  }
   Json cache_json;
   if (cached_run) {
     const RemoteCounts c = cached.data->remote_counts();
@@ -870,6 +876,10 @@ Json run_images(const ImagesOptions& opt, const CommonOptions& common) {
                     "files (2 read_queue + N) x max_file_bytes + windows N x max_image_pixels x 3 + crops "
                     "(crop_queue + N + batch x (1 + batch_queue + collate_threads)) x crop bytes + batches "
                     "(collate_queue + collate_threads + 1) x batch bytes + 2 x 32 MiB of idle pool memory"}};
+  if (remote_run)
+    out["remote"] = {{"requests", remote.data->remote_counts().requests},
+                     {"peak_bytes_in_flight", remote.data->remote_counts().peak_bytes_in_flight},
+                     {"max_bytes_in_flight", RemoteOptions{}.max_bytes_in_flight}};
   out["verified"] = {{"images_per_run", job.expected.images}, {"same_crops_in_pipeline_and_loop", have_content}};
   if (last_pipeline) out["pipeline_stages"] = stage_table(last_pipeline->last.summary);
   return out;
