@@ -210,11 +210,12 @@ Opening one reads folders or tar headers without the GIL.)")
             out["cache_hits"] = c.cache_hits;
             out["cache_fetches"] = c.cache_fetches;
             out["cache_evictions"] = c.cache_evictions;
+            out["cache_skipped"] = c.cache_skipped;
             out["peak_bytes_in_flight"] = c.peak_bytes_in_flight;
             return out;
           },
           "What the reads of its remote shards did so far (all 0 for local data): requests, retries, bytes, "
-          "cache_hits, cache_fetches, cache_evictions, peak_bytes_in_flight.")
+          "cache_hits, cache_fetches, cache_evictions, cache_skipped, peak_bytes_in_flight.")
       .def("fingerprint", &ImageDataset::fingerprint)
       .def("__repr__", [](const ImageDataset& d) {
         std::string out = "stoker.ImageDataset(" + std::to_string(d.size()) + " images";

@@ -448,13 +448,18 @@ class _Mixture:
     def __init__(self, parts, weights, stop: str, epoch_images: int) -> None:
         self.datasets, self.weights, self.stop, self.epoch_images = parts, weights, stop, epoch_images
         self._plan = self._make()  # checks the weights and the stop; the draws of every epoch
+        self._draws: Dict[Tuple[int, int], int] = {}  # epoch_draws makes the epoch's plan: kept
 
     def _make(self, **options):
         return _stoker.MixedImageSource(self.datasets, self.weights, stop=self.stop,
                                         epoch_images=self.epoch_images, **options)
 
     def images(self, seed: int, epoch: int) -> int:
-        return self._plan.epoch_draws(seed, epoch)
+        if (seed, epoch) not in self._draws:
+            if len(self._draws) > 8:
+                self._draws.clear()
+            self._draws[(seed, epoch)] = self._plan.epoch_draws(seed, epoch)
+        return self._draws[(seed, epoch)]
 
     def fingerprint(self) -> str:
         return repr(self._plan)

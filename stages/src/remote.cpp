@@ -278,7 +278,9 @@ Remote::Remote(RemoteOptions options) : options_(options), budget_left_(options.
     cache_ = std::make_unique<const ShardCache>(options_.cache_dir, options_.cache_bytes);
 }
 
-Remote::~Remote() = default;
+Remote::~Remote() {
+  for (auto& t : prefetchers_) t.request_stop();  // all at once; the members' destruction joins them
+}
 
 const S3Settings* Remote::s3_of(const std::string& url) const {
   if (!url.starts_with("s3://")) return nullptr;
@@ -293,7 +295,7 @@ RemoteCounts Remote::counts() const noexcept {
     std::lock_guard lock(flight_mutex_);
     peak = peak_in_flight_;
   }
-  return {requests_.load(), retries_.load(), bytes_.load(), c.hits, c.fetches, c.evictions, peak};
+  return {requests_.load(), retries_.load(), bytes_.load(), c.hits, c.fetches, c.evictions, c.skipped, peak};
 }
 
 void Remote::admit(std::uint64_t bytes, const std::stop_token& stop) const {

@@ -61,6 +61,14 @@ Fd lock_file(const fs::path& path, const std::stop_token& stop) {
 
 bool reserved_suffix(std::string_view name) { return name.ends_with(".part") || name.ends_with(".lock"); }
 
+// Whether `name` is one of the cache's own files (entry_name(): 16 hex digits and a dash first):
+// other files in the directory are neither counted nor ever removed.
+bool own_file(std::string_view name) {
+  return name.size() > 17 && name[16] == '-' && std::all_of(name.begin(), name.begin() + 16, [](char c) {
+           return std::isxdigit(static_cast<unsigned char>(c));
+         });
+}
+
 }  // namespace
 
 ShardCache::ShardCache(fs::path dir, std::uint64_t budget) : dir_(std::move(dir)), budget_(budget) {
@@ -106,15 +114,20 @@ std::unique_ptr<InputFile> ShardCache::open(const std::string& url, std::uint64_
     if (read) hits_.fetch_add(1, std::memory_order_relaxed);
     return std::make_unique<InputFile>(f.release(), whole.string());
   };
+  const auto not_kept = [&]() -> std::unique_ptr<InputFile> {  // read from the server instead
+    if (read) skipped_.fetch_add(1, std::memory_order_relaxed);
+    return nullptr;
+  };
   if (auto file = hit()) return file;
-  if (size == 0 || size > budget_) return nullptr;
+  if (size == 0 || size > budget_) return not_kept();
   const Fd shard_lock = lock_file(fs::path(whole) += ".lock", stop);
   if (auto file = hit()) return file;  // fetched while this one waited
   std::error_code ignored;
   fs::remove(whole, ignored);  // a copy of another size: the object changed since it was kept
   const fs::path part = fs::path(whole) += ".part";
+  fs::remove(part, ignored);  // a dead fetch's: this one holds the shard's lock
   Fd out(reserve(part, size, url, stop));
-  if (out.fd < 0) return nullptr;
+  if (out.fd < 0) return not_kept();
   try {
     fetch(url, size, remote, out.fd, part, whole, stop);
   } catch (...) {
@@ -140,8 +153,7 @@ int ShardCache::reserve(const fs::path& part, std::uint64_t size, const std::str
     const fs::path& path = it->path();
     const std::string name = path.filename().string();
     struct stat st {};
-    if (name.starts_with(".") || name.ends_with(".lock") || ::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
-      continue;
+    if (!own_file(name) || name.ends_with(".lock") || ::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
     if (name.ends_with(".part")) {
       // A fetch's, while its shard's lock is held; else left by a process that died mid-fetch.
       const Fd lock(::open((dir_ / (name.substr(0, name.size() - 5) + ".lock")).c_str(), O_RDWR | O_CLOEXEC));
@@ -156,21 +168,23 @@ int ShardCache::reserve(const fs::path& part, std::uint64_t size, const std::str
     total += static_cast<std::uint64_t>(st.st_size);
   }
   if (error) throw DataError(dir_.string(), "cannot list the cache: " + error.message());
+  std::uint64_t fetching = total;  // the bytes of fetches in flight, which no eviction frees
+  for (const Shard& s : shards) fetching -= s.bytes;
+  if (fetching > budget_ || size > budget_ - fetching) return -1;  // evicting could not make room
   std::sort(shards.begin(), shards.end(), [](const Shard& a, const Shard& b) { return a.used_ns < b.used_ns; });
   for (const Shard& s : shards) {  // least recently used first
     if (total <= budget_ && size <= budget_ - total) break;
     if (fs::remove(s.path, ignored)) evictions_.fetch_add(1, std::memory_order_relaxed);
     total -= s.bytes;  // removed now, or by another meanwhile
   }
-  if (total > budget_ || size > budget_ - total) return -1;  // fetches in flight hold the rest
   Fd out(::open(part.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (out.fd < 0) throw DataError(part.string(), "cannot create this cache file: " + errno_text());
-  // The whole size now, so that the next count sees it, and a full disk fails here, not mid-fetch.
+  // The whole size now, so that the next count sees it, and a full disk is met here, not mid-fetch.
   if (const int e = ::posix_fallocate(out.fd, 0, static_cast<::off_t>(size)); e != 0) {
     fs::remove(part, ignored);
-    throw DataError(dir_.string(), "cannot keep the " + std::to_string(size) + " bytes of " + url +
-                                       " in the cache: " + errno_text(e) + " (RemoteOptions::cache_bytes is " +
-                                       std::to_string(budget_) + ": does the disk have that much free?)");
+    if (e == ENOSPC || e == EDQUOT) return -1;  // the disk is full (removed copies still open hold space)
+    throw DataError(dir_.string(),
+                    "cannot keep the " + std::to_string(size) + " bytes of " + url + " in the cache: " + errno_text(e));
   }
   return out.release();
 }

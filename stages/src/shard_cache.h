@@ -18,13 +18,14 @@ class Remote;
 
 /// What a cache did so far (RemoteCounts's cache_ fields).
 struct CacheCounts {
-  std::uint64_t hits = 0, fetches = 0, evictions = 0;
+  std::uint64_t hits = 0, fetches = 0, evictions = 0, skipped = 0;
 };
 
 /// A directory of whole shards, each named for its URL.
 ///
-/// Invariant: the files of the directory (shards, and shards being fetched, which take their
-/// whole size when their fetch starts) never hold more than the budget in all. Every step that
+/// Invariant: the cache's files in the directory (shards, and shards being fetched, which take
+/// their whole size when their fetch starts) never hold more than the budget in all. Other files
+/// there are neither counted nor removed. Every step that
 /// adds bytes to it takes the directory's lock (a file lock, `.stoker-cache.lock`), counts what
 /// is there, and evicts least recently used shards first.
 ///
@@ -42,14 +43,14 @@ class ShardCache {
 
   /// The local copy of `url`, which holds `size` bytes: there already (a hit; a copy of another
   /// size is a stale one, fetched again), or fetched whole through `remote`. None where it
-  /// cannot be kept (it is larger than the budget, or shards being fetched hold the budget): its
-  /// reads then go to the server. A fetch that fails throws what `remote` threw; a stop throws
-  /// PipelineStopped, within about 10 ms where it waits for another's fetch. `read`: false for a
-  /// prefetch, whose finding the copy there counts as no hit.
+  /// cannot be kept (it is larger than the budget, shards being fetched hold the budget, or the
+  /// disk is full): its reads then go to the server, and are counted as skipped. A fetch that fails throws what
+  /// `remote` threw; a stop throws PipelineStopped, within about 10 ms where it waits for another's fetch. `read`:
+  /// false for a prefetch, whose finding the copy there counts as no hit.
   std::unique_ptr<InputFile> open(const std::string& url, std::uint64_t size, const Remote& remote,
                                   const std::stop_token& stop, bool read = true) const;
 
-  CacheCounts counts() const noexcept { return {hits_.load(), fetches_.load(), evictions_.load()}; }
+  CacheCounts counts() const noexcept { return {hits_.load(), fetches_.load(), evictions_.load(), skipped_.load()}; }
   const std::filesystem::path& dir() const noexcept { return dir_; }
 
  private:
@@ -65,7 +66,7 @@ class ShardCache {
 
   std::filesystem::path dir_;
   std::uint64_t budget_;
-  mutable std::atomic<std::uint64_t> hits_{0}, fetches_{0}, evictions_{0};
+  mutable std::atomic<std::uint64_t> hits_{0}, fetches_{0}, evictions_{0}, skipped_{0};
 };
 
 }  // namespace stoker::detail

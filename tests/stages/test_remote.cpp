@@ -120,7 +120,7 @@ CacheFiles cache_files(const fs::path& dir) {
   for (const auto& f : fs::directory_iterator(dir)) {
     const std::string name = f.path().filename().string();
     out.parts |= name.ends_with(".part");
-    if (name.starts_with(".") || name.ends_with(".lock")) continue;
+    if (name.starts_with(".") || name.ends_with(".lock") || name.ends_with(".txt")) continue;  // .txt: the user's
     out.bytes += fs::file_size(f.path());
     if (!name.ends_with(".part")) out.shards.insert(name.substr(name.find('-') + 1));  // after the URL's hash
   }
@@ -406,6 +406,9 @@ TEST_SUITE("remote shards") {
                                  std::min({sizes[0], sizes[1], sizes[2]}) - 1;
     write_wds_index(wds_index_path(fs::path(env("STOKER_TEST_ROOT")) / "budget/part-2.tar"),
                     list_tar(fs::path(env("STOKER_TEST_ROOT")) / "budget/part-2.tar"));
+    // A file of the user's own in the directory, older than any shard: never counted, never removed.
+    std::ofstream(dir.path() / "notes.txt") << std::string(10'000, 'n');
+    fs::last_write_time(dir.path() / "notes.txt", fs::file_time_type::clock::now() - std::chrono::hours(24));
     const auto data = ImageDataset::open(shards.url(http), cached(dir.path(), budget));
     auto pool = BufferPool::create();
     const auto read_shard = [&](int s) {  // its first image: fetches the shard, or reads its copy
@@ -426,12 +429,15 @@ TEST_SUITE("remote shards") {
     CHECK(data->remote_counts().cache_fetches == fetches);  // a hit
     read_shard(1);
     CHECK(data->remote_counts().cache_fetches == fetches + 1);
+    CHECK(fs::file_size(dir.path() / "notes.txt") == 10'000);
+    CHECK(data->remote_counts().cache_skipped == 0);
 
     // A budget below one shard: the cache keeps nothing, and every read is a request.
     TempDir small("cache");
     const auto direct = ImageDataset::open(shards.url(http), cached(small.path(), 100));
     check_reads(*direct, shards);
     CHECK(direct->remote_counts().cache_fetches == 0);
+    CHECK(direct->remote_counts().cache_skipped == shards.bytes.size());
     CHECK(direct->remote_counts().requests == 3 * 2 + shards.bytes.size());
     CHECK(cache_files(small.path()).shards.empty());
   }

@@ -75,6 +75,9 @@ struct RemoteCounts {
   std::uint64_t cache_hits = 0;       ///< reads of a shard's local copy (RemoteOptions::cache_dir)
   std::uint64_t cache_fetches = 0;    ///< shards this process fetched whole into the cache
   std::uint64_t cache_evictions = 0;  ///< shards this process removed from the cache to make room
+  /// reads that went to the server because the cache could not keep their shard: larger than
+  /// cache_bytes, the budget held by fetches in flight, or the disk full
+  std::uint64_t cache_skipped = 0;
   std::uint64_t peak_bytes_in_flight = 0;  ///< the most bytes asked for and not yet arrived, at once
 };
 
