@@ -90,7 +90,7 @@ std::string ShardCache::entry_name(const std::string& url) const {
   if (last.size() > 80) last.erase(0, last.size() - 80);
   for (char& c : last)
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '-' && c != '_') c = '_';
-  if (reserved_suffix(last)) last += '_';  // the names of fetches and locks are not shards'
+  if (last.empty() || reserved_suffix(last)) last += '_';  // not empty (own_file()), not a fetch's or a lock's
   char hash[17];
   std::snprintf(hash, sizeof hash, "%016llx", static_cast<unsigned long long>(hash_name(url)));
   return std::string(hash) + "-" + last;
